@@ -1,0 +1,79 @@
+"""The simulated switch driver: `OpticalSwitch` over an in-process `SwitchModel`.
+
+It has no transport and no codec, only the model; everything else (validation, diff, read-back,
+retries, events, deadlines) is the same code path as the real drivers (`labctl.ocs.converge`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from labctl.clock import now_ns
+from labctl.errors import HardwareError
+from labctl.events import Event
+from labctl.mapping import Mapping, MappingDiff, PortSpace
+from labctl.ocs import ApplyResult, EventSink, SwitchOps, TimeoutPolicy, Timed, converge
+from labctl.sim.switch_model import SwitchModel
+
+
+class SimSwitch:
+    """Satisfies `OpticalSwitch`. Switching time comes from the model's delay profile."""
+
+    def __init__(self, model: SwitchModel, emit: EventSink, timeouts: TimeoutPolicy | None = None) -> None:
+        self.model = model
+        self.name = model.name
+        self.space: PortSpace = model.space
+        self.timeouts = timeouts or TimeoutPolicy()
+        self._emit = emit
+        self._connected = False
+
+    async def connect(self) -> None:
+        self._connected = True
+
+    async def close(self) -> None:
+        self._connected = False
+
+    def _require_connected(self) -> None:
+        if not self._connected:
+            raise HardwareError(f"{self.name}: not connected")
+
+    async def _read(self) -> Mapping:
+        return self.model.patches
+
+    async def _send(self, diff: MappingDiff) -> None:
+        await self.model.execute(diff)
+
+    async def get_mapping(self) -> Timed[Mapping]:
+        self._require_connected()
+        start = now_ns()
+        mapping = await self._read()
+        end = now_ns()
+        self._emit(Event(t_ns=end, kind="ocs.read", source=f"ocs:{self.name}", value=len(mapping),
+                         meta={"patches": sorted(mapping), "elapsed_ns": end - start}))
+        return Timed(mapping, start, end)
+
+    async def apply(
+        self, mapping: Iterable[tuple[int, int]], *, scope: Iterable[int] | None = None,
+        context: dict[str, Any] | None = None,
+    ) -> Timed[ApplyResult]:
+        self._require_connected()
+        start = now_ns()
+        async with self.timeouts.deadline(self.name, "apply"):
+            result = await converge(
+                self.name, self.space, SwitchOps(self._read, self._send), mapping, scope, self._emit, context
+            )
+        return Timed(result, start, now_ns())
+
+    async def disconnect(self, ports: Iterable[int], *, context: dict[str, Any] | None = None) -> Timed[ApplyResult]:
+        return await self.apply((), scope=ports, context=context)
+
+    async def port_power(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
+        self._require_connected()
+        start = now_ns()
+        powers = {p: self.model.power_dbm(p) for p in ports}
+        end = now_ns()
+        for port, dbm in powers.items():
+            self._emit(Event(t_ns=end, kind="rx_power", source=f"ocs:{self.name}/{port}", value=dbm,
+                             meta={"monitor": "switch"}))
+        return Timed(powers, start, end)

@@ -1,0 +1,258 @@
+"""The `labctl` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from labctl.errors import InputError, LabctlError
+
+app = typer.Typer(
+    help="labctl: time optical circuit switch reconfigurations, from the switch command to traffic resuming.\n\n"
+    "Start with `labctl run experiments/reconfig-timeline.yaml` (simulated Opus testbed, no root needed), "
+    "then `labctl report runs/` and open the run's timeline.png.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+inventory_app = typer.Typer(help="Inspect and validate inventory files.", no_args_is_help=True)
+app.add_typer(inventory_app, name="inventory")
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+InventoryOpt = Annotated[
+    Path, typer.Option("--inventory", "-i", help="Lab inventory (switches, hosts, NIC ports, fibers).")
+]
+
+EXIT_ABORTED = 130
+
+
+def fmt_ns(value: float | int | None) -> str:
+    """Human duration for tables: 25.1 ms, 74 µs, 6.021 s."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    v = float(value)
+    if abs(v) >= 1e9:
+        return f"{v / 1e9:.3f} s"
+    if abs(v) >= 1e6:
+        return f"{v / 1e6:.1f} ms"
+    if abs(v) >= 1e3:
+        return f"{v / 1e3:.0f} µs"
+    return f"{v:.0f} ns"
+
+
+class RichProgress:
+    """Live progress on a terminal; one line per reconfiguration otherwise (CI logs, pipes)."""
+
+    def __init__(self) -> None:
+        self.live = err.is_terminal
+        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=err, transient=False)
+        self.task: Any = None
+        self.total = 0
+
+    def started(self, run_dir: Path, total: int) -> None:
+        self.total = total
+        err.print(f"run directory: [bold]{run_dir}[/]")
+        if self.live:
+            self.bar.start()
+            self.task = self.bar.add_task("starting", total=total)
+
+    def _describe(self, text: str) -> None:
+        if self.live:
+            self.bar.update(self.task, description=text)
+
+    def reconfig_started(self, n: int, phase: str, expected: int) -> None:
+        self._describe(f"reconfig {n}/{self.total - 1} → {phase}: 0/{expected} ports back")
+
+    def port_recovered(self, n: int, recovered: int, expected: int) -> None:
+        if self.live:
+            desc = self.bar.tasks[0].description.rsplit(":", 1)[0]
+            self._describe(f"{desc}: {recovered}/{expected} ports back")
+
+    def reconfig_done(self, n: int, phase: str, timed_out: list[str]) -> None:
+        note = f"  [red]{len(timed_out)} ports timed out[/]" if timed_out else ""
+        if self.live and n < self.total:
+            self.bar.advance(self.task)
+            if timed_out:
+                self.bar.console.print(f"reconfig {n} → {phase}:{note}")
+        elif not self.live:
+            err.print(f"reconfig {n}/{self.total - 1} → {phase} done{note}")
+
+    def message(self, text: str) -> None:
+        (self.bar.console if self.live else err).print(text)
+
+    def stop(self) -> None:
+        if self.live:
+            self.bar.stop()
+
+
+def _summary_table(summary: dict[str, Any], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("phase")
+    for col in ("count", "min", "p5", "median", "p95", "max"):
+        table.add_column(col, justify="right")
+    for name, stats in summary.get("phases", {}).items():
+        table.add_row(name, str(stats["count"]), *(fmt_ns(stats[c]) for c in ("min", "p5", "median", "p95", "max")))
+    return table
+
+
+async def _run_with_signals(coro: Any, progress: RichProgress) -> Any:
+    """Run the main coroutine; first SIGINT/SIGTERM cancels it (the controller restores the baseline),
+    a second one abandons the restore."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(coro)
+    hits = 0
+
+    def on_signal(name: str) -> None:
+        nonlocal hits
+        hits += 1
+        if hits == 1:
+            progress.message(f"[yellow]{name}: stopping; restoring the baseline (send again to abandon)[/]")
+        else:
+            progress.message(f"[red]{name}: abandoning the baseline restore[/]")
+        task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig.name)
+    try:
+        return await task
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+@app.command()
+def run(
+    experiment: Annotated[Path, typer.Argument(help="Experiment file, e.g. experiments/reconfig-timeline.yaml.")],
+    inventory: InventoryOpt = Path("inventory.yaml"),
+    profile: Annotated[str | None, typer.Option(
+        help="Delay profile of the simulated/emulated lab: opus-testbed (default, ~1 min), "
+        "opus-testbed-autoneg-off, fast (seconds), or one from the inventory's `profiles:`.")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Where run directories are created.")] = Path("runs"),
+    seed: Annotated[int | None, typer.Option(help="Seed for the profile's jitter (recorded in run.json).")] = None,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip timeline.png/.svg and distributions.png.")]
+    = False,
+) -> None:
+    """Run an experiment: sequence the OCS phases, time every affected port's recovery, write runs/<id>/.
+
+    Writes run.json, events.jsonl, breakdown.csv/.parquet, summary.json, timeline.png/.svg and
+    distributions.png. Ctrl-C stops cleanly: the baseline mapping is restored and the run is marked aborted.
+    """
+    from labctl.controller import run_experiment
+
+    progress = RichProgress()
+    try:
+        outcome = asyncio.run(_run_with_signals(
+            run_experiment(experiment, inventory, profile=profile, out_dir=out_dir, seed=seed, progress=progress,
+                           plots=not no_plots),
+            progress,
+        ))
+    except asyncio.CancelledError:
+        progress.stop()
+        err.print("[red]aborted[/]")
+        raise typer.Exit(EXIT_ABORTED) from None
+    finally:
+        progress.stop()
+    out.print(_summary_table(outcome.summary, f"link-up breakdown ({outcome.summary.get('reconfigurations', 0)} "
+                             f"reconfigurations, {outcome.summary.get('rows', 0)} port rows)"))
+    if outcome.summary.get("timed_out"):
+        out.print(f"[red]{outcome.summary['timed_out']} port recoveries timed out[/]")
+    out.print(f"status: [bold]{outcome.status}[/]" + (f" ({outcome.error})" if outcome.error else ""))
+    out.print(f"run directory: {outcome.run_dir}")
+    if outcome.status == "aborted":
+        raise typer.Exit(EXIT_ABORTED)
+    if outcome.status != "completed":
+        raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    run_path: Annotated[Path, typer.Argument(metavar="RUN", help="A run directory, or runs/ for the newest run.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print run status and summary as JSON.")] = False,
+) -> None:
+    """Summarize a run: status, and min/p5/median/p95/max of each link-up phase."""
+    from labctl.breakdown import summarize
+    from labctl.store import load_run
+
+    run_data = load_run(run_path)
+    summary = run_data.summary or summarize(run_data.breakdown)
+    meta = run_data.meta
+    if as_json:
+        print(json.dumps({"run": str(run_data.path), "run_id": meta.get("run_id"), "status": run_data.status,
+                          "error": meta.get("error"), "events": len(run_data.events), "summary": summary}, indent=2))
+        return
+    out.print(f"run {meta.get('run_id')}  status: [bold]{run_data.status}[/]"
+              + (f"  ({meta['error']})" if meta.get("error") else ""))
+    if run_data.status == "running":
+        out.print(f"[yellow]run.json still says running (pid {meta.get('pid')}): the process was killed or is "
+                  "still going; the breakdown below is computed from the events on disk[/]")
+    out.print(f"{len(run_data.events)} events, profile {meta.get('profile', {}).get('name')}, seed {meta.get('seed')}")
+    out.print(_summary_table(summary, "link-up breakdown"))
+
+
+@app.command()
+def plot(
+    run_path: Annotated[Path, typer.Argument(metavar="RUN", help="A run directory, or runs/ for the newest run.")],
+    reconfig: Annotated[int | None, typer.Option(help="Which reconfiguration to draw (default: the first).")]
+    = None,
+) -> None:
+    """(Re)draw timeline.png/.svg for one reconfiguration and distributions.png."""
+    from labctl.plots import plot_run
+    from labctl.store import resolve_run_path
+
+    path = resolve_run_path(run_path)
+    for p in plot_run(path, reconfig=reconfig):
+        out.print(str(p))
+
+
+@inventory_app.command("check")
+def inventory_check(
+    file: Annotated[Path, typer.Argument(help="Inventory file to validate.")] = Path("inventory.yaml"),
+) -> None:
+    """Validate an inventory: schema, switch names, port ranges and directions, ports used twice, rails."""
+    from labctl.inventory import load_inventory
+
+    inv = load_inventory(file)
+    ports = inv.ports
+    out.print(f"{file}: ok — lab {inv.lab}: {len(inv.switches)} switch(es), {len(inv.hosts)} hosts, "
+              f"{len(ports)} NIC ports on rails {inv.rails}, profile {inv.model.profile}")
+
+
+def main() -> None:
+    """Console entry point: bad input is one line on stderr and exit code 2, never a traceback."""
+    try:
+        app(standalone_mode=False)
+    except InputError as e:
+        err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except LabctlError as e:
+        err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(1)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        err.print("aborted")
+        sys.exit(EXIT_ABORTED)
+    except (typer.BadParameter, Exception) as e:  # click usage errors carry their own exit code
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

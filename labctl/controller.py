@@ -1,0 +1,309 @@
+"""The controller: sequences OCS mappings on the rails and waits for every affected port to recover.
+
+One reconfiguration = one phase applied on all rails concurrently, tagged with a number. The controller
+waits until every port that got a new peer carries traffic again, or until the recovery timeout (which is
+recorded as a `run.timeout` event naming the ports still down, never hidden). On cancellation (Ctrl-C,
+SIGTERM) it restores the baseline, marks the run aborted and keeps every event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from labctl.breakdown import EventIndex, compute_breakdown, summarize, write_breakdown
+from labctl.clock import Timebase, now_ns
+from labctl.errors import LabctlError
+from labctl.events import Event, EventLog
+from labctl.experiment import Plan, RailPhase, build_plan, load_experiment
+from labctl.inventory import Inventory, load_inventory
+from labctl.lab import Lab, LabContext, build_lab
+from labctl.mapping import Mapping
+from labctl.store import RunDir, new_run_id, versions, write_json_atomic
+from labctl.topology import peers_of, rail_scope
+
+log = logging.getLogger("labctl.controller")
+
+FLUSH_INTERVAL_S = 0.5
+
+
+class ProgressSink(Protocol):
+    """What the controller tells a UI. Every method must return quickly."""
+
+    def started(self, run_dir: Path, total: int) -> None: ...
+
+    def reconfig_started(self, n: int, phase: str, expected: int) -> None: ...
+
+    def port_recovered(self, n: int, recovered: int, expected: int) -> None: ...
+
+    def reconfig_done(self, n: int, phase: str, timed_out: list[str]) -> None: ...
+
+    def message(self, text: str) -> None: ...
+
+
+class NullProgress:
+    def started(self, run_dir: Path, total: int) -> None: ...
+    def reconfig_started(self, n: int, phase: str, expected: int) -> None: ...
+    def port_recovered(self, n: int, recovered: int, expected: int) -> None: ...
+    def reconfig_done(self, n: int, phase: str, timed_out: list[str]) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+class RecoveryTracker:
+    """Watches the event stream for the ports of one reconfiguration until each carries traffic again.
+
+    A port counts as recovered at the first `traffic.ok` after t0 that follows either a carrier-up or a
+    traffic loss seen after t0, so traffic still flowing on the old circuit never counts.
+    """
+
+    def __init__(self, expected: set[str], t0_ns: int, on_progress: Callable[[int], None]) -> None:
+        self.pending = set(expected)
+        self.total = len(expected)
+        self.t0_ns = t0_ns
+        self._armed: set[str] = set()
+        self._on_progress = on_progress
+        self.done = asyncio.Event()
+        if not self.pending:
+            self.done.set()
+
+    def __call__(self, e: Event) -> None:
+        if e.source not in self.pending or e.t_ns < self.t0_ns:
+            return
+        if (e.kind == "carrier" and e.value == 1) or e.kind == "traffic.lost":
+            self._armed.add(e.source)
+        elif e.kind == "traffic.ok" and e.source in self._armed:
+            self.pending.discard(e.source)
+            self._on_progress(self.total - len(self.pending))
+            if not self.pending:
+                self.done.set()
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    status: str
+    error: str | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    events: int = 0
+
+
+class Controller:
+    """Runs one plan on one lab, writing every event to `events`."""
+
+    def __init__(self, plan: Plan, inventory: Inventory, lab: Lab, events: EventLog,
+                 progress: ProgressSink) -> None:
+        self.plan = plan
+        self.inventory = inventory
+        self.lab = lab
+        self.events = events
+        self.progress = progress
+        self.current: dict[int, Mapping] = {rail: frozenset() for rail in plan.rails}
+        self.reconfig = 0
+        self._drops_seen: dict[str, int] = {}
+
+    # -- one reconfiguration ---------------------------------------------------------------------------------
+    def _affected(self, target: dict[int, RailPhase]) -> list[dict[str, Any]]:
+        ports = []
+        for rail, rp in target.items():
+            before = peers_of(self.inventory, rail, self.current[rail])
+            after = peers_of(self.inventory, rail, rp.mapping)
+            for port in sorted(after, key=lambda p: p.source):
+                if before.get(port) != after[port]:
+                    peer = after[port]
+                    ports.append({"source": port.source, "host": port.host, "port": port.ifname, "rail": rail,
+                                  "peer": peer.source if peer else None})
+        return ports
+
+    async def _apply_rail(self, rp: RailPhase) -> None:
+        switch = self.lab.switches[rp.switch]
+        await switch.apply(rp.mapping, scope=rail_scope(self.inventory, rp.rail), context={"rail": rp.rail})
+        self.current[rp.rail] = rp.mapping
+        # Re-target traffic only once the switch acknowledged: until then the old circuit is still
+        # probed, so the moment its traffic stops is measured too.
+        peers = peers_of(self.inventory, rp.rail, rp.mapping)
+        circuits = {p.source: (q.source if q else None) for p, q in peers.items()}
+        for probe in self.lab.circuit_probes:
+            probe.set_circuits(circuits)
+
+    async def reconfigure(self, phase: str, step: int | None, *, measured: bool = True,
+                          wait: bool = True) -> list[str]:
+        """Apply `phase` on every rail; returns the ports that did not recover in time."""
+        n = self.reconfig
+        target = self.plan.phases[phase]
+        ports = self._affected(target)
+        expected = {p["source"] for p in ports if p["peer"] is not None}
+        self.events.reconfig = n
+        t0 = now_ns()
+        self.events.emit(t0, "phase", "controller", phase, meta={
+            "step": step, "measured": measured, "rails": list(target), "ports": ports,
+        })
+        self.progress.reconfig_started(n, phase, len(expected) if wait else 0)
+        tracker = RecoveryTracker(expected, t0, lambda k: self.progress.port_recovered(n, k, len(expected)))
+        unsubscribe = self.events.subscribe(tracker)
+        pending: list[str] = []
+        try:
+            await asyncio.gather(*(self._apply_rail(rp) for rp in target.values()))
+            if wait:
+                timeout = self.plan.spec.recovery_timeout_s - (now_ns() - t0) / 1e9
+                try:
+                    await asyncio.wait_for(tracker.done.wait(), max(timeout, 0))
+                except TimeoutError:
+                    pending = sorted(tracker.pending)
+                    self.events.emit(now_ns(), "run.timeout", "controller", len(pending), meta={
+                        "pending": pending, "timeout_s": self.plan.spec.recovery_timeout_s,
+                    })
+        finally:
+            unsubscribe()
+            self.events.flush(durable=True)
+        self.progress.reconfig_done(n, phase, pending)
+        self.reconfig += 1
+        return pending
+
+    # -- the whole run -----------------------------------------------------------------------------------------
+    async def _pump(self, probe: Any) -> None:
+        async for event in probe.events():
+            self.events.record(event)
+
+    def _record_drops(self) -> None:
+        for probe in self.lab.probes:
+            dropped = probe.dropped
+            if dropped > self._drops_seen.get(probe.name, 0):
+                self._drops_seen[probe.name] = dropped
+                self.events.emit(now_ns(), "sampler.drop", f"probe:{probe.name}", dropped)
+
+    async def _flusher(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            self._record_drops()
+            self.events.flush()
+
+    async def sequence(self) -> None:
+        spec = self.plan.spec
+        await self.reconfigure(spec.baseline, None, measured=True)
+        for step, phase in self.plan.steps:
+            await self.reconfigure(phase, step)
+            if spec.hold_s:
+                await asyncio.sleep(spec.hold_s)
+
+    async def restore_baseline(self) -> None:
+        baseline = self.plan.phases[self.plan.spec.baseline]
+        if any(self.current[rail] != rp.mapping for rail, rp in baseline.items()):
+            self.progress.message(f"restoring baseline '{self.plan.spec.baseline}'")
+            await self.reconfigure(self.plan.spec.baseline, None, measured=False, wait=False)
+
+    async def run(self) -> tuple[str, str | None]:
+        """Returns (status, error). Cancellation is absorbed here: the baseline is restored first."""
+        status, error = "completed", None
+        async with contextlib.AsyncExitStack() as stack:
+            for sw in self.lab.switches.values():
+                await sw.connect()
+                stack.push_async_callback(sw.close)
+            tasks: list[asyncio.Task[None]] = []
+            for probe in self.lab.probes:
+                await stack.enter_async_context(probe)
+                tasks.append(asyncio.create_task(self._pump(probe), name=f"pump:{probe.name}"))
+            tasks.append(asyncio.create_task(self._flusher(), name="flusher"))
+            try:
+                await self.sequence()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                status, error = "aborted", "interrupted by signal"
+                self.events.emit(now_ns(), "run.abort", "controller", error)
+            except LabctlError as e:
+                status, error = "failed", str(e)
+                log.error("run failed: %s", e)
+            try:
+                await self.restore_baseline()
+            except asyncio.CancelledError:
+                error = (error or "") + "; baseline NOT restored (interrupted again)"
+                status = "aborted"
+            except LabctlError as e:
+                error = (error + "; " if error else "") + f"baseline NOT restored: {e}"
+                status = "failed" if status == "completed" else status
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        # Probes have stopped: drain what their queues still hold, then close the lab's models.
+        self._record_drops()
+        self.lab.close()
+        return status, error
+
+
+def _git_describe() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                             timeout=2, cwd=Path(__file__).parent, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+async def run_experiment(
+    experiment: Path, inventory_path: Path, *, profile: str | None = None, out_dir: Path = Path("runs"),
+    seed: int | None = None, progress: ProgressSink | None = None, plots: bool = True,
+) -> RunOutcome:
+    """Everything `labctl run` does: validate, run, analyse, plot. InputErrors surface before any I/O."""
+    progress = progress or NullProgress()
+    inventory = load_inventory(inventory_path)
+    spec, src = load_experiment(experiment)
+    plan = build_plan(spec, inventory, src)
+    profile_obj = inventory.profile(profile)
+    profile_name = profile or inventory.model.profile
+    seed = seed if seed is not None else secrets.randbits(32)
+    timebase = Timebase.capture()
+    run = RunDir.create(out_dir, new_run_id(spec.name), {
+        "experiment": spec.model_dump(mode="json"),
+        "experiment_path": str(experiment),
+        "inventory": inventory.snapshot(),
+        "inventory_path": str(inventory_path),
+        "profile": {"name": profile_name, **profile_obj.model_dump(mode="json")},
+        "seed": seed,
+        "timebase": {"clock": "CLOCK_MONOTONIC", "mono0_ns": timebase.mono0_ns, "wall0_ns": timebase.wall0_ns},
+        "clock_offsets": {},
+        "versions": {**versions(), "git": _git_describe()},
+        "started_wall_ns": timebase.wall0_ns,
+    })
+    events = EventLog(run.events_path, timebase)
+    events.emit(now_ns(), "run.start", "controller", spec.name, meta={
+        "run_id": run.meta["run_id"], "profile": profile_name, "seed": seed,
+        "rx_power_threshold_dbm": spec.analysis.rx_power_threshold_dbm,
+    })
+    lab = build_lab(LabContext(inventory, profile_obj, random.Random(seed), events.record, spec.probes))
+    controller = Controller(plan, inventory, lab, events, progress)
+    progress.started(run.path, len(plan.steps) + 1)
+    status, error = "failed", "controller did not finish"
+    try:
+        status, error = await controller.run()
+    finally:
+        events.emit(now_ns(), "run.end", "controller", status, meta={"error": error})
+        events.close()
+        run.update(status=status, error=error, events=events.count, finished_wall_ns=Timebase.capture().wall0_ns,
+                   drops=dict(controller._drops_seen))
+    outcome = RunOutcome(run.path, status, error, events=events.count)
+    outcome.summary = analyse(run.path, spec.analysis.rx_power_threshold_dbm, plots=plots)
+    return outcome
+
+
+def analyse(run_dir: Path, threshold_dbm: float | None = None, *, plots: bool = True) -> dict[str, Any]:
+    """(Re)compute breakdown.csv/.parquet, summary.json and the plots of a run from its events.jsonl."""
+    index = EventIndex.from_file(run_dir / "events.jsonl")
+    frame = compute_breakdown(index, threshold_dbm)
+    write_breakdown(frame, run_dir)
+    summary = summarize(frame)
+    write_json_atomic(run_dir / "summary.json", summary)
+    if plots:
+        from labctl.plots import plot_run
+
+        plot_run(run_dir, frame=frame, index=index)
+    return summary

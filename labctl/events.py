@@ -1,0 +1,201 @@
+"""The event spine: one record type, JSON Lines on disk, bounded queues in memory.
+
+Every part of labctl writes `Event`s and every report reads them back from `events.jsonl`. Times are
+integer nanoseconds stamped where the signal was observed; the log assigns `seq` in arrival order and
+never re-stamps `t_ns`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import msgspec
+
+from labctl.clock import Timebase
+
+Value = int | float | str | None
+
+
+class Event(msgspec.Struct, kw_only=True):
+    """One observation. `t_ns` is on the run timebase (CLOCK_MONOTONIC of the controller)."""
+
+    seq: int = -1
+    t_ns: int
+    wall_ns: int | None = None
+    host: str = ""
+    source: str
+    kind: str
+    value: Value = None
+    reconfig: int | None = None
+    meta: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+# The vocabulary in DESIGN.md; extend it, never rename an entry.
+KINDS = frozenset(
+    {
+        "ocs.command",
+        "ocs.complete",
+        "ocs.error",
+        "ocs.read",
+        "rx_power",
+        "link.firmware",
+        "carrier",
+        "operstate",
+        "traffic.ok",
+        "traffic.lost",
+        "rdma.qp_state",
+        "gpu.pingpong",
+        "phase",
+        "sampler.drop",
+        "run.start",
+        "run.end",
+        "run.timeout",
+        "run.abort",
+    }
+)
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Event)
+
+Subscriber = Callable[[Event], None]
+
+
+class EventLog:
+    """Append-only event log: assigns seq, fills wall_ns, tags the current reconfiguration, writes JSONL.
+
+    Writes are batched in memory and pushed to the file when the batch is full, on `flush()` (the controller
+    flushes at every reconfiguration boundary and periodically) and on `close()`. Whole lines only reach the
+    file, so a killed process leaves a file that is readable up to the last flush.
+    """
+
+    def __init__(self, path: Path | None, timebase: Timebase, *, batch: int = 8192) -> None:
+        self.path = path
+        self.timebase = timebase
+        self.reconfig: int | None = None
+        self._seq = 0
+        self._batch = batch
+        self._pending: list[Event] = []
+        self._subscribers: list[Subscriber] = []
+        self._file: IO[bytes] | None = open(path, "ab") if path is not None else None  # noqa: SIM115
+
+    @property
+    def count(self) -> int:
+        return self._seq
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback)
+
+    def record(self, event: Event) -> Event:
+        event.seq = self._seq
+        self._seq += 1
+        if event.wall_ns is None:
+            event.wall_ns = self.timebase.wall_of(event.t_ns)
+        if event.reconfig is None:
+            event.reconfig = self.reconfig
+        self._pending.append(event)
+        if len(self._pending) >= self._batch:
+            self._write_pending()
+        for callback in self._subscribers:
+            callback(event)
+        return event
+
+    def emit(
+        self,
+        t_ns: int,
+        kind: str,
+        source: str,
+        value: Value = None,
+        *,
+        host: str = "",
+        meta: dict[str, Any] | None = None,
+    ) -> Event:
+        return self.record(
+            Event(t_ns=t_ns, kind=kind, source=source, value=value, host=host, meta=meta or {})
+        )
+
+    def _write_pending(self) -> None:
+        if self._file is not None and self._pending:
+            self._file.write(_encoder.encode_lines(self._pending))
+        self._pending.clear()
+
+    def flush(self, *, durable: bool = False) -> None:
+        """Push batched events to the file; `durable` also fsyncs (used at reconfiguration boundaries)."""
+        self._write_pending()
+        if self._file is not None:
+            self._file.flush()
+            if durable:
+                os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if self._file is not None:
+            self.flush(durable=True)
+            self._file.close()
+            self._file = None
+        self._pending.clear()
+
+
+def read_events(path: Path) -> Iterator[Event]:
+    """Read events.jsonl; a torn last line (process killed mid-write) is skipped, anything else raises."""
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    last = len(lines) - 1
+    for i, line in enumerate(lines):
+        if not line:
+            continue
+        try:
+            yield _decoder.decode(line)
+        except msgspec.DecodeError:
+            if i == last:  # no trailing newline: the write was cut short
+                return
+            raise
+
+
+def decode_event(line: bytes) -> Event:
+    return _decoder.decode(line)
+
+
+def encode_event(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+class EventQueue:
+    """Bounded queue between a sampler and its consumer. When full, the oldest event is dropped and counted:
+    a slow consumer never blocks a sampler, and a drop is never silent."""
+
+    def __init__(self, maxsize: int = 65536) -> None:
+        self._items: deque[Event] = deque()
+        self._maxsize = maxsize
+        self._ready = asyncio.Event()
+        self._closed = False
+        self.dropped = 0
+
+    def put(self, event: Event) -> None:
+        if self._closed:
+            return
+        if len(self._items) >= self._maxsize:
+            self._items.popleft()
+            self.dropped += 1
+        self._items.append(event)
+        self._ready.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._ready.set()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        while True:
+            while self._items:
+                yield self._items.popleft()
+            if self._closed:
+                return
+            self._ready.clear()
+            await self._ready.wait()

@@ -1,0 +1,144 @@
+"""Experiment files (YAML) and the plan they compile to against an inventory.
+
+An experiment names phases (circuits per rail), a baseline, a cycle of phases, and how many times to run
+the cycle. Unknown fields are errors. `build_plan` resolves every phase on every rail into a validated
+mapping per switch before anything is sent, so a bad experiment fails in full before the lab moves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from labctl.errors import InputError
+from labctl.inventory import Inventory
+from labctl.mapping import Mapping
+from labctl.topology import Link, links_to_mapping, pairs_links, ring_links
+from labctl.yamlio import SourcedYaml, format_loc, load_yaml, pydantic_error_line
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PhaseSpec(_Model):
+    """Circuits of one phase on every rail of the experiment: exactly one of `pairs` or `ring`."""
+
+    pairs: list[list[str]] | None = None
+    ring: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> PhaseSpec:
+        if (self.pairs is None) == (self.ring is None):
+            raise ValueError("a phase needs exactly one of 'pairs' or 'ring'")
+        return self
+
+
+class ProbeSettings(_Model):
+    rx_power_hz: float = Field(default=1000.0, gt=0, le=100_000)
+    traffic_interval_us: int = Field(default=1000, ge=10)
+    traffic_timeout_us: int | None = Field(default=None, ge=10, description="default: 2x the interval")
+    report_interval_ms: float = Field(
+        default=100.0, gt=0, description="steady-state samples are written at most this often per port"
+    )
+    rx_power_deadband_db: float = Field(default=0.5, ge=0)
+
+
+class AnalysisSettings(_Model):
+    rx_power_threshold_dbm: float = -10.0
+
+
+class ExperimentSpec(_Model):
+    name: str = Field(min_length=1)
+    description: str = ""
+    rails: list[int] | None = Field(default=None, description="default: every rail of the inventory")
+    phases: dict[str, PhaseSpec] = Field(min_length=1)
+    baseline: str
+    cycle: list[str] = Field(min_length=1)
+    repeat: int = Field(default=1, ge=1)
+    recovery_timeout_s: float = Field(default=30.0, gt=0)
+    hold_s: float = Field(default=0.5, ge=0)
+    probes: ProbeSettings = ProbeSettings()
+    analysis: AnalysisSettings = AnalysisSettings()
+
+
+@dataclass(frozen=True)
+class RailPhase:
+    """One phase on one rail: its links and the mapping for the rail's switch."""
+
+    rail: int
+    switch: str
+    links: tuple[Link, ...]
+    mapping: Mapping
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An experiment compiled against an inventory: everything the controller needs, validated."""
+
+    spec: ExperimentSpec
+    path: Path | None
+    rails: tuple[int, ...]
+    phases: dict[str, dict[int, RailPhase]]
+
+    @property
+    def steps(self) -> list[tuple[int, str]]:
+        """(step index, phase name) for every reconfiguration after the baseline."""
+        return [(rep, name) for rep in range(self.spec.repeat) for name in self.spec.cycle]
+
+    @property
+    def hosts(self) -> set[str]:
+        return {
+            port.host
+            for by_rail in self.phases.values()
+            for rp in by_rail.values()
+            for link in rp.links
+            for port in (link.a, link.b)
+        }
+
+
+def load_experiment(path: Path | str) -> tuple[ExperimentSpec, SourcedYaml]:
+    path = Path(path)
+    src = load_yaml(path, "experiment")
+    try:
+        spec = ExperimentSpec.model_validate(src.data)
+    except ValidationError as e:
+        raise InputError(pydantic_error_line(src, e)) from None
+    for field, names in (("baseline", [spec.baseline]), ("cycle", spec.cycle)):
+        for i, name in enumerate(names):
+            if name not in spec.phases:
+                loc = (field,) if field == "baseline" else (field, i)
+                raise InputError(
+                    f"{src.where(loc)}: {format_loc(loc)}: unknown phase {name!r} "
+                    f"(defined: {', '.join(spec.phases)})"
+                )
+    return spec, src
+
+
+def build_plan(spec: ExperimentSpec, inventory: Inventory, src: SourcedYaml | None = None) -> Plan:
+    """Resolve every phase on every rail to links and a validated mapping."""
+
+    def where(*loc: Any) -> str:
+        return f"{src.where(loc)}: {format_loc(loc)}" if src is not None else format_loc(loc)
+
+    rails = tuple(spec.rails) if spec.rails is not None else tuple(inventory.rails)
+    for i, rail in enumerate(rails):
+        if rail not in inventory.rails:
+            raise InputError(f"{where('rails', i)}: rail {rail} is not in the inventory {inventory.rails}")
+    phases: dict[str, dict[int, RailPhase]] = {}
+    for name, phase in spec.phases.items():
+        by_rail = {}
+        for rail in rails:
+            switch = inventory.rail_switch(rail)
+            if phase.pairs is not None:
+                links = pairs_links(inventory, rail, phase.pairs, where("phases", name, "pairs"))
+            else:
+                assert phase.ring is not None
+                links = ring_links(inventory, rail, phase.ring, where("phases", name, "ring"))
+            mapping = links_to_mapping(inventory, switch, links, where("phases", name))
+            by_rail[rail] = RailPhase(rail, switch, tuple(links), mapping)
+        phases[name] = by_rail
+    return Plan(spec=spec, path=src.path if src else None, rails=rails, phases=phases)

@@ -1,0 +1,166 @@
+"""The `OpticalSwitch` capability, timed results, the one timeout policy, and apply-with-verify.
+
+Every driver (drivers/sim.py, drivers/polatis_tl1.py, ...) satisfies `OpticalSwitch`. The algorithm that
+moves a switch to a mapping lives here once: validate → diff against the switch's own read-back → send
+only the changes → read back → retry a bounded number of times → raise with what still differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+
+from labctl.clock import now_ns
+from labctl.errors import HardwareError, SwitchStateMismatch
+from labctl.events import Event
+from labctl.mapping import Mapping, MappingDiff, PortSpace, diff_mapping, ports_of, validate_mapping
+
+T = TypeVar("T")
+EventSink = Callable[[Event], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Timed(Generic[T]):
+    """A driver call's result with when it started and ended on the run timebase."""
+
+    value: T
+    start_ns: int
+    end_ns: int
+
+    @property
+    def elapsed_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    switch: str
+    removed: frozenset[tuple[int, int]]
+    added: frozenset[tuple[int, int]]
+    mapping: Mapping
+    """The switch's read-back after the change."""
+    attempts: int
+    command_ns: int | None = None
+    """When the (first) change was sent; None when nothing had to change."""
+    complete_ns: int | None = None
+    """When the switch acknowledged the last change."""
+
+
+@dataclass(frozen=True)
+class TimeoutPolicy:
+    """The single source of deadlines for a driver: connecting, and any one operation.
+
+    An operation is everything the caller awaited (all commands, retries and read-backs of one `apply`);
+    when its deadline passes the operation is abandoned and a HardwareError says which one and how long.
+    """
+
+    connect_s: float = 10.0
+    operation_s: float = 10.0
+
+    @asynccontextmanager
+    async def deadline(self, switch: str, operation: str, seconds: float | None = None) -> AsyncIterator[None]:
+        limit = self.operation_s if seconds is None else seconds
+        try:
+            async with asyncio.timeout(limit):
+                yield
+        except TimeoutError:
+            raise HardwareError(f"{switch}: {operation} did not finish within {limit:g} s") from None
+
+
+@runtime_checkable
+class OpticalSwitch(Protocol):
+    """An optical circuit switch. Ports: ingress 1..N, egress N+1..N+M; light flows ingress → egress."""
+
+    name: str
+    space: PortSpace
+
+    async def connect(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def get_mapping(self) -> Timed[Mapping]: ...
+
+    async def apply(
+        self, mapping: Iterable[tuple[int, int]], *, scope: Iterable[int] | None = None,
+        context: dict[str, Any] | None = None,
+    ) -> Timed[ApplyResult]:
+        """Make every port in `scope` (default: the ports `mapping` names) as `mapping` says; verify."""
+        ...
+
+    async def disconnect(self, ports: Iterable[int], *, context: dict[str, Any] | None = None) -> Timed[ApplyResult]:
+        ...
+
+    async def port_power(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
+        """Optical power (dBm) the switch measures at each port; None where there is no light."""
+        ...
+
+
+@dataclass
+class SwitchOps:
+    """What a driver must provide for `converge` to move its switch: read the patches, send a diff."""
+
+    read: Callable[[], Awaitable[Mapping]]
+    send: Callable[[MappingDiff], Awaitable[None]]
+    attempts: int = 3
+    extra_meta: dict[str, Any] = field(default_factory=dict)
+
+
+async def converge(
+    name: str,
+    space: PortSpace,
+    ops: SwitchOps,
+    mapping: Iterable[tuple[int, int]],
+    scope: Iterable[int] | None,
+    emit: EventSink,
+    context: dict[str, Any] | None = None,
+) -> ApplyResult:
+    """Apply-with-verify, shared by every driver. Emits `ocs.command`, `ocs.complete`, `ocs.error`."""
+    desired = validate_mapping(mapping, space, switch=name)
+    scope_ports = ports_of(desired) | set(scope or ())
+    source = f"ocs:{name}"
+    meta_base = {**(context or {}), **ops.extra_meta}
+    current = await ops.read()
+    first_diff = diff_mapping(current, desired, scope_ports)
+    command_ns: int | None = None
+    complete_ns: int | None = None
+    diff = first_diff
+    attempts = 0
+    while not diff.empty and attempts < ops.attempts:
+        attempts += 1
+        meta = {
+            **meta_base,
+            "attempt": attempts,
+            "remove": sorted(diff.remove),
+            "add": sorted(diff.add),
+        }
+        t_cmd = now_ns()
+        command_ns = command_ns or t_cmd
+        emit(Event(t_ns=t_cmd, kind="ocs.command", source=source, value=len(diff.remove) + len(diff.add), meta=meta))
+        try:
+            await ops.send(diff)
+        except HardwareError as e:
+            emit(Event(t_ns=now_ns(), kind="ocs.error", source=source, value=str(e), meta=meta))
+            if attempts == ops.attempts:
+                raise
+        else:
+            complete_ns = now_ns()
+            emit(Event(t_ns=complete_ns, kind="ocs.complete", source=source, value=complete_ns - t_cmd, meta=meta))
+        current = await ops.read()
+        diff = diff_mapping(current, desired, scope_ports)
+    if not diff.empty:
+        in_scope = {p for p in current if p[0] in scope_ports or p[1] in scope_ports}
+        err = SwitchStateMismatch(name, set(desired - current), set(in_scope - desired))
+        emit(Event(t_ns=now_ns(), kind="ocs.error", source=source, value=str(err), meta=meta_base))
+        raise err
+    return ApplyResult(
+        switch=name,
+        removed=first_diff.remove,
+        added=first_diff.add,
+        mapping=current,
+        attempts=attempts,
+        command_ns=command_ns,
+        complete_ns=complete_ns,
+    )

@@ -1,0 +1,117 @@
+"""Pieces every sampling probe shares: the probe Protocol, a periodic ticker, and the report policy.
+
+A probe samples fast (1 kHz Rx power, a ping every 1 ms) but writes an event only when the signal
+changes, plus a heartbeat at `report_interval`. Transitions keep the sampling resolution; the stream
+stays small enough to keep for every run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from types import TracebackType
+from typing import Protocol, Self, runtime_checkable
+
+from labctl.clock import now_ns
+from labctl.events import Event, EventQueue
+
+
+@runtime_checkable
+class Probe(Protocol):
+    """An async source of events: `async with probe: async for event in probe.events(): ...`."""
+
+    name: str
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+    def events(self) -> AsyncIterator[Event]: ...
+
+    @property
+    def dropped(self) -> int:
+        """Events lost to a full queue (never silent: the controller records them)."""
+        ...
+
+
+@runtime_checkable
+class CircuitProbe(Probe, Protocol):
+    """A probe that must know which peer each port should reach (traffic probes)."""
+
+    def set_circuits(self, peers: dict[str, str | None]) -> None:
+        """Port source → the source of the port it should exchange traffic with (None: stop)."""
+        ...
+
+
+class QueueProbe:
+    """Shared plumbing: a bounded queue and one background task running `_run()`."""
+
+    name = "probe"
+
+    def __init__(self, queue_size: int = 65536) -> None:
+        self.queue = EventQueue(queue_size)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def dropped(self) -> int:
+        return self.queue.dropped
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self._run(), name=f"probe:{self.name}")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                # Re-raise only if *we* are being cancelled, not because we cancelled the sampler.
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+            self._task = None
+        self.queue.close()
+
+    def events(self) -> AsyncIterator[Event]:
+        return aiter(self.queue)
+
+
+async def ticks(period_ns: int) -> AsyncIterator[int]:
+    """Yield tick times on an absolute schedule; if the loop falls behind, skip missed ticks."""
+    next_t = now_ns()
+    while True:
+        t = now_ns()
+        if t < next_t:
+            await asyncio.sleep((next_t - t) / 1e9)
+            t = now_ns()
+        yield t
+        next_t += period_ns
+        if next_t <= t:  # behind schedule: realign instead of bursting
+            next_t = t + period_ns
+
+
+class ReportGate:
+    """Decides which samples become events: every change the caller reports, and a heartbeat while steady."""
+
+    def __init__(self, interval_ns: int) -> None:
+        self.interval_ns = interval_ns
+        self._last_t: dict[str, int] = {}
+
+    def due(self, key: str, changed: bool, t_ns: int) -> bool:
+        last = self._last_t.get(key)
+        if changed or last is None or t_ns - last >= self.interval_ns:
+            self._last_t[key] = t_ns
+            return True
+        return False
+
+    def forget(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self._last_t.pop(key, None)

@@ -1,0 +1,131 @@
+"""Simulated probes: the same `Probe` interface as the real ones, reading the `SimFabric` model.
+
+- `SimLinkProbe`: `link.firmware` and `carrier` transitions, stamped with the model's transition time
+  (like a netlink subscriber stamping on receipt, without the receive latency), plus an initial dump.
+- `SimRxPowerProbe`: samples every port's Rx power at `rx_power_hz` and reports changes and heartbeats.
+- `SimTrafficProbe`: one ping-pong per port to its expected peer every `interval_us`; `traffic.ok` with the
+  RTT, `traffic.lost` stamped at the send time of the first unanswered ping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from labctl.clock import now_ns
+from labctl.events import Event
+from labctl.inventory import NicPort
+from labctl.sampling import QueueProbe, ReportGate, ticks
+from labctl.sim.fabric import SimFabric
+
+
+class SimLinkProbe(QueueProbe):
+    name = "sim-link"
+
+    def __init__(self, fabric: SimFabric, ports: Sequence[NicPort]) -> None:
+        super().__init__()
+        self.fabric = fabric
+        self.ports = set(ports)
+
+    def _on_transition(self, port: NicPort, kind: str, value: int, t_ns: int) -> None:
+        if port in self.ports and kind in ("carrier", "link.firmware"):
+            self.queue.put(Event(t_ns=t_ns, kind=kind, source=port.source, host=port.host, value=value))
+
+    async def _run(self) -> None:
+        t = now_ns()
+        for port in sorted(self.ports, key=lambda p: p.source):
+            st = self.fabric.state(port)
+            for kind, value in (("link.firmware", st.firmware), ("carrier", st.carrier)):
+                self.queue.put(Event(t_ns=t, kind=kind, source=port.source, host=port.host, value=value,
+                                     meta={"initial": True}))
+        self.fabric.add_listener(self._on_transition)
+        try:
+            await _forever()
+        finally:
+            self.fabric.listeners.remove(self._on_transition)
+
+
+class SimRxPowerProbe(QueueProbe):
+    name = "sim-rx-power"
+
+    def __init__(self, fabric: SimFabric, ports: Sequence[NicPort], *, hz: float = 1000.0,
+                 deadband_db: float = 0.5, report_interval_ns: int = 100_000_000) -> None:
+        super().__init__()
+        self.fabric = fabric
+        self.ports = sorted(ports, key=lambda p: p.source)
+        self.period_ns = round(1e9 / hz)
+        self.deadband_db = deadband_db
+        self.gate = ReportGate(report_interval_ns)
+        self.samples = 0
+
+    async def _run(self) -> None:
+        last: dict[NicPort, float | None] = {}
+        async for t in ticks(self.period_ns):
+            for port in self.ports:
+                dbm = self.fabric.rx_power_dbm(port, t)
+                self.samples += 1
+                prev = last.get(port, ...)
+                changed = prev is ... or (dbm is None) != (prev is None) or (
+                    dbm is not None and prev is not None and abs(dbm - prev) >= self.deadband_db  # type: ignore[operator]
+                )
+                if self.gate.due(port.source, changed, t):
+                    last[port] = dbm
+                    self.queue.put(Event(
+                        t_ns=t, kind="rx_power", source=port.source, host=port.host,
+                        value=None if dbm is None else round(dbm, 3),
+                        meta={"lane": 1, "mw": 0.0 if dbm is None else round(10 ** (dbm / 10), 6)},
+                    ))
+
+
+class SimTrafficProbe(QueueProbe):
+    name = "sim-traffic"
+
+    def __init__(self, fabric: SimFabric, ports: Sequence[NicPort], *, interval_us: int = 1000,
+                 timeout_us: int | None = None, report_interval_ns: int = 100_000_000) -> None:
+        super().__init__()
+        self.fabric = fabric
+        self.by_source = {p.source: p for p in ports}
+        self.period_ns = interval_us * 1000
+        self.timeout_ns = (timeout_us if timeout_us is not None else 2 * interval_us) * 1000
+        self.gate = ReportGate(report_interval_ns)
+        self.peers: dict[NicPort, NicPort] = {}
+        self.pings = 0
+
+    def set_circuits(self, peers: dict[str, str | None]) -> None:
+        for source, peer in peers.items():
+            port = self.by_source.get(source)
+            if port is None:
+                continue
+            self.gate.forget([source])
+            if peer is None:
+                self.peers.pop(port, None)
+            else:
+                self.peers[port] = self.by_source[peer]
+
+    async def _run(self) -> None:
+        was_ok: dict[NicPort, bool] = {}
+        count: dict[NicPort, int] = {}
+        async for t in ticks(self.period_ns):
+            for port, peer in list(self.peers.items()):
+                rtt = self.fabric.traffic_rtt_ns(port, peer)
+                self.pings += 1
+                ok = rtt is not None
+                changed = was_ok.get(port) is not ok
+                count[port] = 1 if changed else count.get(port, 0) + 1
+                was_ok[port] = ok
+                if not self.gate.due(port.source, changed, t):
+                    continue
+                meta = {"peer": peer.source, "n": count[port]}
+                count[port] = 0
+                if ok:
+                    self.queue.put(Event(t_ns=t, kind="traffic.ok", source=port.source, host=port.host,
+                                         value=rtt, meta=meta))
+                else:
+                    meta["detected_ns"] = t + self.timeout_ns
+                    self.queue.put(Event(t_ns=t, kind="traffic.lost", source=port.source, host=port.host,
+                                         value=None, meta=meta))
+
+
+async def _forever() -> None:
+    import asyncio
+
+    await asyncio.Event().wait()

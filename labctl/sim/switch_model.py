@@ -1,0 +1,93 @@
+"""A behavioural model of an optical circuit switch: patch state, switching time, light on each port.
+
+Shared by the in-process simulated driver (drivers/sim.py) and by the protocol emulators, so every
+simulated or emulated switch moves light the same way. Light changes are delivered to listeners at
+their model time through the event loop, carrying the exact model timestamp (integer ns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Iterable
+
+from labctl.clock import now_ns
+from labctl.mapping import Mapping, MappingDiff, PortSpace, apply_diff
+from labctl.profiles import Profile
+
+# egress port, ingress port whose light now reaches it (None: dark), model time
+LightListener = Callable[[int, int | None, int], None]
+
+INSERTION_LOSS_DB = 1.5  # typical for a beam-steering OCS path
+
+
+class SwitchModel:
+    """Patch state plus an optical timeline. Concurrent changes move independent mirrors in parallel."""
+
+    def __init__(self, name: str, space: PortSpace, profile: Profile, rng: random.Random) -> None:
+        self.name = name
+        self.space = space
+        self.profile = profile
+        self.rng = rng
+        self.patches: Mapping = frozenset()
+        self.lit: dict[int, int] = {}  # egress → ingress whose light reaches it now
+        self.transmitting: dict[int, float] = {}  # ingress → launch power (dBm) of the attached transmitter
+        self.listeners: list[LightListener] = []
+        self._timers: set[asyncio.TimerHandle] = set()
+        self.commands = 0
+
+    def add_listener(self, listener: LightListener) -> None:
+        self.listeners.append(listener)
+
+    def _at(self, t_ns: int, egress: int, ingress: int | None) -> None:
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:
+            self._timers.discard(handle)
+            if ingress is None:
+                self.lit.pop(egress, None)
+            else:
+                self.lit[egress] = ingress
+            for listener in self.listeners:
+                listener(egress, ingress, t_ns)
+
+        # loop.time() is CLOCK_MONOTONIC, the run timebase, so model times map directly onto it.
+        handle = loop.call_at(t_ns / 1e9, fire)
+        self._timers.add(handle)
+
+    async def execute(self, diff: MappingDiff) -> tuple[int, int]:
+        """Carry out a diff. Returns (command received, switching done) in model ns; sleeps until done."""
+        self.commands += 1
+        t_cmd = now_ns()
+        self.patches = apply_diff(self.patches, diff)
+        for _, egress in diff.remove:
+            self._at(t_cmd + self.profile.draw_ns(self.rng, "light_loss_ms"), egress, None)
+        t_done = t_cmd + self.profile.draw_ns(self.rng, "switching_ms")
+        for ingress, egress in diff.add:
+            self._at(t_done, egress, ingress)
+        await asyncio.sleep(max(0, t_done - now_ns()) / 1e9)
+        return t_cmd, t_done
+
+    def lose_state(self) -> None:
+        """As after a power cycle: every patch gone, every output dark."""
+        self.patches = frozenset()
+        t = now_ns()
+        for egress in list(self.lit):
+            self._at(t, egress, None)
+
+    def power_dbm(self, port: int) -> float | None:
+        """What the switch's own power monitor reads at `port`: input light on ingress, output on egress."""
+        if self.space.is_ingress(port):
+            return self.transmitting.get(port)
+        ingress = self.lit.get(port)
+        if ingress is None or ingress not in self.transmitting:
+            return None
+        return self.transmitting[ingress] - INSERTION_LOSS_DB
+
+    def cancel_pending(self) -> None:
+        for handle in self._timers:
+            handle.cancel()
+        self._timers.clear()
+
+    def ports_lit(self) -> Iterable[int]:
+        return self.lit.keys()

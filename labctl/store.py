@@ -1,0 +1,152 @@
+"""Runs on disk: runs/<run-id>/ with run.json, events.jsonl, breakdown.csv/.parquet, summary.json, plots.
+
+run.json is rewritten atomically (write to a temporary file, then rename) so a run killed at any moment
+leaves a readable directory: run.json says `running` with the pid of the process that never finished,
+and events.jsonl is readable up to its last flush.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import secrets
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from labctl.errors import InputError
+from labctl.events import Event, read_events
+
+RUN_JSON = "run.json"
+EVENTS = "events.jsonl"
+BREAKDOWN_CSV = "breakdown.csv"
+BREAKDOWN_PARQUET = "breakdown.parquet"
+SUMMARY = "summary.json"
+STATUSES = ("running", "completed", "failed", "aborted")
+
+
+def new_run_id(name: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return f"{stamp}-{name}-{secrets.token_hex(2)}"
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=False, default=str)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def versions() -> dict[str, str]:
+    from labctl import __version__
+
+    return {"labctl": __version__, "python": sys.version.split()[0], "platform": platform.platform()}
+
+
+class RunDir:
+    """A run directory being written."""
+
+    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+        self.path = path
+        self.meta = meta
+
+    @classmethod
+    def create(cls, out_dir: Path, run_id: str, meta: dict[str, Any]) -> RunDir:
+        path = out_dir / run_id
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+        except FileExistsError:
+            raise InputError(f"{path}: run directory already exists") from None
+        except OSError as e:
+            raise InputError(f"{path}: cannot create run directory: {e.strerror}") from None
+        run = cls(path, {"run_id": run_id, "status": "running", "pid": os.getpid(), **meta})
+        run.save()
+        return run
+
+    @property
+    def events_path(self) -> Path:
+        return self.path / EVENTS
+
+    def update(self, **fields: Any) -> None:
+        self.meta.update(fields)
+        self.save()
+
+    def save(self) -> None:
+        write_json_atomic(self.path / RUN_JSON, self.meta)
+
+
+@dataclass
+class Run:
+    """A run read back from disk. `events` and `breakdown` are pandas frames."""
+
+    path: Path
+    meta: dict[str, Any]
+    events: pd.DataFrame
+    breakdown: pd.DataFrame
+    summary: dict[str, Any]
+
+    @property
+    def status(self) -> str:
+        return str(self.meta.get("status", "unknown"))
+
+
+def events_frame(events: list[Event]) -> pd.DataFrame:
+    frame = pd.DataFrame(
+        {
+            "seq": pd.array([e.seq for e in events], dtype="int64"),
+            "t_ns": pd.array([e.t_ns for e in events], dtype="int64"),
+            "wall_ns": pd.array([e.wall_ns for e in events], dtype="Int64"),
+            "host": [e.host for e in events],
+            "source": [e.source for e in events],
+            "kind": [e.kind for e in events],
+            "value": [e.value for e in events],
+            "reconfig": pd.array([e.reconfig for e in events], dtype="Int64"),
+            "meta": [e.meta for e in events],
+        }
+    )
+    for col in ("host", "source", "kind"):
+        frame[col] = frame[col].astype("category")
+    return frame
+
+
+def resolve_run_path(path: Path | str) -> Path:
+    """A run directory, or the newest run inside a runs/ directory."""
+    path = Path(path)
+    if (path / RUN_JSON).is_file():
+        return path
+    if path.is_dir():
+        runs = sorted((p for p in path.iterdir() if (p / RUN_JSON).is_file()), key=lambda p: p.stat().st_mtime)
+        if runs:
+            return runs[-1]
+    raise InputError(f"{path}: not a run directory (no {RUN_JSON})")
+
+
+def load_run(path: Path | str) -> Run:
+    """Read a run directory (or the newest run in a runs/ folder) into pandas frames.
+
+    If the run never finished (killed), its breakdown is computed from the events on disk.
+    """
+    from labctl.breakdown import compute_breakdown, read_breakdown_csv
+
+    run_path = resolve_run_path(path)
+    try:
+        meta = json.loads((run_path / RUN_JSON).read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"{run_path / RUN_JSON}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    events_path = run_path / EVENTS
+    events = list(read_events(events_path)) if events_path.exists() else []
+    if (run_path / BREAKDOWN_CSV).exists():
+        breakdown = read_breakdown_csv(run_path / BREAKDOWN_CSV)
+    else:
+        breakdown = compute_breakdown(events)
+    summary_path = run_path / SUMMARY
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    return Run(path=run_path, meta=meta, events=events_frame(events), breakdown=breakdown, summary=summary)

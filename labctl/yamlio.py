@@ -1,0 +1,110 @@
+"""YAML loading that remembers where every value came from, so errors can name `file:line: field.path`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from labctl.errors import InputError
+
+Loc = tuple[str | int, ...]
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return dict(loader.construct_pairs(node, deep=deep))
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+class SourcedYaml:
+    """Parsed YAML data plus a map from field path to 1-based line number."""
+
+    def __init__(self, path: Path, data: Any, lines: dict[Loc, int]):
+        self.path = path
+        self.data = data
+        self._lines = lines
+
+    def where(self, loc: Loc) -> str:
+        """`file:line` for the deepest prefix of `loc` that exists in the file."""
+        for n in range(len(loc), -1, -1):
+            line = self._lines.get(tuple(loc[:n]))
+            if line is not None:
+                return f"{self.path}:{line}"
+        return str(self.path)
+
+
+def format_loc(loc: Loc) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _index_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:
+    lines[loc] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value
+            _index_lines(value_node, (*loc, key), lines)
+            lines[(*loc, key)] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _index_lines(item, (*loc, i), lines)
+
+
+def load_yaml(path: Path, what: str) -> SourcedYaml:
+    """Read a YAML file; any I/O or syntax problem becomes one InputError line with file and line."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError(f"{path}: {what} file not found") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read {what} file: {e.strerror}") from None
+    try:
+        node = yaml.compose(text, Loader=_UniqueKeyLoader)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise InputError(f"{path}{line}: invalid YAML: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise InputError(f"{path}: invalid YAML: {e}") from None
+    lines: dict[Loc, int] = {}
+    if node is not None:
+        _index_lines(node, (), lines)
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: {what} must be a YAML mapping at the top level")
+    return SourcedYaml(path, data, lines)
+
+
+def pydantic_error_line(src: SourcedYaml, exc: Any) -> str:
+    """First error of a pydantic ValidationError as `file:line: field.path: message`."""
+    err = exc.errors(include_url=False)[0]
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif err["type"] == "missing":
+        msg = "required field is missing"
+    msg = msg.removeprefix("Value error, ")
+    more = len(exc.errors()) - 1
+    tail = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
+    return f"{src.where(loc)}: {format_loc(loc)}: {msg}{tail}"

@@ -1,0 +1,50 @@
+"""Test hygiene shared by every test: no asyncio task may outlive its test."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+async def _task_guard() -> AsyncIterator[None]:
+    before = set(asyncio.all_tasks())
+    yield
+    await asyncio.sleep(0)  # let tasks that were just cancelled finish
+    current = asyncio.current_task()
+    leaked = [t for t in asyncio.all_tasks() if t is not current and t not in before and not t.done()]
+    if leaked:
+        names = ", ".join(sorted(t.get_name() for t in leaked))
+        for t in leaked:
+            t.cancel()
+        await asyncio.gather(*leaked, return_exceptions=True)
+        pytest.fail(f"test leaked {len(leaked)} asyncio task(s): {names}")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_tasks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail any async test that leaves an asyncio task running (ophyd-async does the same)."""
+    if inspect.iscoroutinefunction(request.function):
+        request.getfixturevalue("_task_guard")
+    yield
+
+
+@pytest.fixture
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture
+def inventory_path() -> Path:
+    return REPO / "inventory.yaml"
+
+
+@pytest.fixture
+def experiment_path() -> Path:
+    return REPO / "experiments" / "reconfig-timeline.yaml"
