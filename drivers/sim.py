@@ -13,7 +13,7 @@ from labctl.clock import now_ns
 from labctl.errors import HardwareError
 from labctl.events import Event
 from labctl.mapping import Mapping, MappingDiff, PortSpace
-from labctl.ocs import ApplyResult, EventSink, SwitchOps, TimeoutPolicy, Timed, converge
+from labctl.ocs import ApplyResult, EventSink, SwitchOps, Timed, TimeoutPolicy, converge
 from labctl.sim.switch_model import SwitchModel
 
 
@@ -49,12 +49,22 @@ class SimSwitch:
         start = now_ns()
         mapping = await self._read()
         end = now_ns()
-        self._emit(Event(t_ns=end, kind="ocs.read", source=f"ocs:{self.name}", value=len(mapping),
-                         meta={"patches": sorted(mapping), "elapsed_ns": end - start}))
+        self._emit(
+            Event(
+                t_ns=end,
+                kind="ocs.read",
+                source=f"ocs:{self.name}",
+                value=len(mapping),
+                meta={"patches": sorted(mapping), "elapsed_ns": end - start},
+            )
+        )
         return Timed(mapping, start, end)
 
     async def apply(
-        self, mapping: Iterable[tuple[int, int]], *, scope: Iterable[int] | None = None,
+        self,
+        mapping: Iterable[tuple[int, int]],
+        *,
+        scope: Iterable[int] | None = None,
         context: dict[str, Any] | None = None,
     ) -> Timed[ApplyResult]:
         self._require_connected()
@@ -65,7 +75,9 @@ class SimSwitch:
             )
         return Timed(result, start, now_ns())
 
-    async def disconnect(self, ports: Iterable[int], *, context: dict[str, Any] | None = None) -> Timed[ApplyResult]:
+    async def disconnect(
+        self, ports: Iterable[int], *, context: dict[str, Any] | None = None
+    ) -> Timed[ApplyResult]:
         return await self.apply((), scope=ports, context=context)
 
     async def port_power(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
@@ -74,6 +86,13 @@ class SimSwitch:
         powers = {p: self.model.power_dbm(p) for p in ports}
         end = now_ns()
         for port, dbm in powers.items():
-            self._emit(Event(t_ns=end, kind="rx_power", source=f"ocs:{self.name}/{port}", value=dbm,
-                             meta={"monitor": "switch"}))
+            self._emit(
+                Event(
+                    t_ns=end,
+                    kind="rx_power",
+                    source=f"ocs:{self.name}/{port}",
+                    value=dbm,
+                    meta={"monitor": "switch"},
+                )
+            )
         return Timed(powers, start, end)

@@ -22,15 +22,40 @@ import pandas as pd
 from labctl.events import Event
 
 COLUMNS = [
-    "reconfig", "phase", "rail", "host", "port",
-    "t0_command_ns", "t1_switch_done_ns", "t2_rx_power_ns", "t3_firmware_up_ns", "t4_carrier_up_ns",
-    "t5_traffic_ns", "switch_ns", "optical_ns", "firmware_ns", "carrier_ns", "transport_ns", "total_ns",
-    "carrier_down_ns", "traffic_lost_ns", "timed_out",
+    "reconfig",
+    "phase",
+    "rail",
+    "host",
+    "port",
+    "t0_command_ns",
+    "t1_switch_done_ns",
+    "t2_rx_power_ns",
+    "t3_firmware_up_ns",
+    "t4_carrier_up_ns",
+    "t5_traffic_ns",
+    "switch_ns",
+    "optical_ns",
+    "firmware_ns",
+    "carrier_ns",
+    "transport_ns",
+    "total_ns",
+    "carrier_down_ns",
+    "traffic_lost_ns",
+    "timed_out",
     # added after the first release; append only
-    "source", "peer",
+    "source",
+    "peer",
 ]
-DURATIONS = ["switch_ns", "optical_ns", "firmware_ns", "carrier_ns", "transport_ns", "total_ns",
-             "carrier_down_ns", "traffic_lost_ns"]
+DURATIONS = [
+    "switch_ns",
+    "optical_ns",
+    "firmware_ns",
+    "carrier_ns",
+    "transport_ns",
+    "total_ns",
+    "carrier_down_ns",
+    "traffic_lost_ns",
+]
 INT_COLUMNS = [c for c in COLUMNS if c.endswith("_ns")] + ["reconfig", "rail"]
 DEFAULT_THRESHOLD_DBM = -10.0
 CONTROL_KINDS = frozenset({"phase", "ocs.command", "ocs.complete", "run.timeout", "run.start"})
@@ -64,7 +89,9 @@ class EventIndex:
     def add(self, t_ns: int, source: str, kind: str, value: Any) -> None:
         key = (source, kind)
         self._t[key].append(t_ns)
-        self._v[key].append(-math.inf if value is None else float(value) if not isinstance(value, str) else 0.0)
+        self._v[key].append(
+            -math.inf if value is None else float(value) if not isinstance(value, str) else 0.0
+        )
 
     @classmethod
     def from_events(cls, events: Iterable[Event]) -> EventIndex:
@@ -127,14 +154,19 @@ def _sub(a: int | None, b: int | None) -> int | None:
     return a - b if a is not None and b is not None else None
 
 
-def compute_breakdown(events: Iterable[Event] | EventIndex, threshold_dbm: float | None = None) -> pd.DataFrame:
+def compute_breakdown(
+    events: Iterable[Event] | EventIndex, threshold_dbm: float | None = None
+) -> pd.DataFrame:
     """One row per measured reconfiguration × affected port; columns as in COLUMNS."""
     index = events if isinstance(events, EventIndex) else EventIndex.from_events(events)
     control = sorted(index.control, key=lambda e: (e.t_ns, e.seq))
     if threshold_dbm is None:
         start = next((e for e in control if e.kind == "run.start"), None)
-        threshold_dbm = float(start.meta.get("rx_power_threshold_dbm", DEFAULT_THRESHOLD_DBM)) if start else \
-            DEFAULT_THRESHOLD_DBM
+        threshold_dbm = (
+            float(start.meta.get("rx_power_threshold_dbm", DEFAULT_THRESHOLD_DBM))
+            if start
+            else DEFAULT_THRESHOLD_DBM
+        )
     phases = [e for e in control if e.kind == "phase"]
     commands: dict[tuple[int | None, Any], int] = {}
     completes: dict[tuple[int | None, Any], int] = {}
@@ -159,9 +191,15 @@ def compute_breakdown(events: Iterable[Event] | EventIndex, threshold_dbm: float
             t0 = commands.get((reconfig, rail))
             t1 = completes.get((reconfig, rail))
             row: dict[str, Any] = {
-                "reconfig": reconfig, "phase": phase.value, "rail": rail, "host": p["host"], "port": p["port"],
-                "source": source, "peer": p.get("peer") or "",
-                "t0_command_ns": t0, "t1_switch_done_ns": t1,
+                "reconfig": reconfig,
+                "phase": phase.value,
+                "rail": rail,
+                "host": p["host"],
+                "port": p["port"],
+                "source": source,
+                "peer": p.get("peer") or "",
+                "t0_command_ns": t0,
+                "t1_switch_done_ns": t1,
                 "timed_out": source in timed_out.get(reconfig, ()),
             }
             if t0 is None:
@@ -186,13 +224,22 @@ def compute_breakdown(events: Iterable[Event] | EventIndex, threshold_dbm: float
                 t5 = _first(ok, t4, end)
             else:  # carrier not observed: traffic back after it was seen lost
                 t5 = _first(ok, t_lost, end) if t_lost is not None else None
-            row.update({
-                "t2_rx_power_ns": t2, "t3_firmware_up_ns": t3, "t4_carrier_up_ns": t4, "t5_traffic_ns": t5,
-                "switch_ns": _sub(t1, t0), "optical_ns": _sub(t2, t0), "firmware_ns": _sub(t3, t2),
-                "carrier_ns": _sub(t4, t3 if t3 is not None else t2), "transport_ns": _sub(t5, t4),
-                "total_ns": _sub(t5, t0), "carrier_down_ns": _sub(t_carrier_down, t0),
-                "traffic_lost_ns": _sub(t_lost, t0),
-            })
+            row.update(
+                {
+                    "t2_rx_power_ns": t2,
+                    "t3_firmware_up_ns": t3,
+                    "t4_carrier_up_ns": t4,
+                    "t5_traffic_ns": t5,
+                    "switch_ns": _sub(t1, t0),
+                    "optical_ns": _sub(t2, t0),
+                    "firmware_ns": _sub(t3, t2),
+                    "carrier_ns": _sub(t4, t3 if t3 is not None else t2),
+                    "transport_ns": _sub(t5, t4),
+                    "total_ns": _sub(t5, t0),
+                    "carrier_down_ns": _sub(t_carrier_down, t0),
+                    "traffic_lost_ns": _sub(t_lost, t0),
+                }
+            )
             rows.append(row)
     return _frame(rows)
 
@@ -208,7 +255,9 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def read_breakdown_csv(path: Path) -> pd.DataFrame:
-    frame = pd.read_csv(path, dtype={c: "Int64" for c in INT_COLUMNS if c != "timed_out"} | {"phase": "string"})
+    frame = pd.read_csv(
+        path, dtype={c: "Int64" for c in INT_COLUMNS if c != "timed_out"} | {"phase": "string"}
+    )
     frame["timed_out"] = frame["timed_out"].astype(bool)
     return frame
 
@@ -233,8 +282,12 @@ def summarize(frame: pd.DataFrame, *, exclude_setup: bool = True) -> dict[str, A
             continue
         p5, median, p95 = np.percentile(values, [5, 50, 95], method="linear")
         phases[name] = {
-            "count": int(values.size), "min": int(values.min()), "p5": round(float(p5)),
-            "median": round(float(median)), "p95": round(float(p95)), "max": int(values.max()),
+            "count": int(values.size),
+            "min": int(values.min()),
+            "p5": round(float(p5)),
+            "median": round(float(median)),
+            "p95": round(float(p95)),
+            "max": int(values.max()),
         }
     return {
         "unit": "ns",

@@ -12,13 +12,21 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from labctl.errors import InputError, LabctlError
 
 app = typer.Typer(
-    help="labctl: time optical circuit switch reconfigurations, from the switch command to traffic resuming.\n\n"
+    help="labctl: time optical circuit switch reconfigurations, from the switch command to traffic "
+    "resuming.\n\n"
     "Start with `labctl run experiments/reconfig-timeline.yaml` (simulated Opus testbed, no root needed), "
     "then `labctl report runs/` and open the run's timeline.png.",
     no_args_is_help=True,
@@ -57,8 +65,15 @@ class RichProgress:
 
     def __init__(self) -> None:
         self.live = err.is_terminal
-        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=err, transient=False)
+        self.bar = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=False,
+        )
         self.task: Any = None
         self.total = 0
 
@@ -104,7 +119,9 @@ def _summary_table(summary: dict[str, Any], title: str) -> Table:
     for col in ("count", "min", "p5", "median", "p95", "max"):
         table.add_column(col, justify="right")
     for name, stats in summary.get("phases", {}).items():
-        table.add_row(name, str(stats["count"]), *(fmt_ns(stats[c]) for c in ("min", "p5", "median", "p95", "max")))
+        table.add_row(
+            name, str(stats["count"]), *(fmt_ns(stats[c]) for c in ("min", "p5", "median", "p95", "max"))
+        )
     return table
 
 
@@ -135,15 +152,24 @@ async def _run_with_signals(coro: Any, progress: RichProgress) -> Any:
 
 @app.command()
 def run(
-    experiment: Annotated[Path, typer.Argument(help="Experiment file, e.g. experiments/reconfig-timeline.yaml.")],
+    experiment: Annotated[
+        Path, typer.Argument(help="Experiment file, e.g. experiments/reconfig-timeline.yaml.")
+    ],
     inventory: InventoryOpt = Path("inventory.yaml"),
-    profile: Annotated[str | None, typer.Option(
-        help="Delay profile of the simulated/emulated lab: opus-testbed (default, ~1 min), "
-        "opus-testbed-autoneg-off, fast (seconds), or one from the inventory's `profiles:`.")] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            help="Delay profile of the simulated/emulated lab: opus-testbed (default, ~1 min), "
+            "opus-testbed-autoneg-off, fast (seconds), or one from the inventory's `profiles:`."
+        ),
+    ] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Where run directories are created.")] = Path("runs"),
-    seed: Annotated[int | None, typer.Option(help="Seed for the profile's jitter (recorded in run.json).")] = None,
-    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip timeline.png/.svg and distributions.png.")]
-    = False,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed for the profile's jitter (recorded in run.json).")
+    ] = None,
+    no_plots: Annotated[
+        bool, typer.Option("--no-plots", help="Skip timeline.png/.svg and distributions.png.")
+    ] = False,
 ) -> None:
     """Run an experiment: sequence the OCS phases, time every affected port's recovery, write runs/<id>/.
 
@@ -154,19 +180,33 @@ def run(
 
     progress = RichProgress()
     try:
-        outcome = asyncio.run(_run_with_signals(
-            run_experiment(experiment, inventory, profile=profile, out_dir=out_dir, seed=seed, progress=progress,
-                           plots=not no_plots),
-            progress,
-        ))
+        outcome = asyncio.run(
+            _run_with_signals(
+                run_experiment(
+                    experiment,
+                    inventory,
+                    profile=profile,
+                    out_dir=out_dir,
+                    seed=seed,
+                    progress=progress,
+                    plots=not no_plots,
+                ),
+                progress,
+            )
+        )
     except asyncio.CancelledError:
         progress.stop()
         err.print("[red]aborted[/]")
         raise typer.Exit(EXIT_ABORTED) from None
     finally:
         progress.stop()
-    out.print(_summary_table(outcome.summary, f"link-up breakdown ({outcome.summary.get('reconfigurations', 0)} "
-                             f"reconfigurations, {outcome.summary.get('rows', 0)} port rows)"))
+    out.print(
+        _summary_table(
+            outcome.summary,
+            f"link-up breakdown ({outcome.summary.get('reconfigurations', 0)} "
+            f"reconfigurations, {outcome.summary.get('rows', 0)} port rows)",
+        )
+    )
     if outcome.summary.get("timed_out"):
         out.print(f"[red]{outcome.summary['timed_out']} port recoveries timed out[/]")
     out.print(f"status: [bold]{outcome.status}[/]" + (f" ({outcome.error})" if outcome.error else ""))
@@ -179,7 +219,9 @@ def run(
 
 @app.command()
 def report(
-    run_path: Annotated[Path, typer.Argument(metavar="RUN", help="A run directory, or runs/ for the newest run.")],
+    run_path: Annotated[
+        Path, typer.Argument(metavar="RUN", help="A run directory, or runs/ for the newest run.")
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print run status and summary as JSON.")] = False,
 ) -> None:
     """Summarize a run: status, and min/p5/median/p95/max of each link-up phase."""
@@ -190,23 +232,44 @@ def report(
     summary = run_data.summary or summarize(run_data.breakdown)
     meta = run_data.meta
     if as_json:
-        print(json.dumps({"run": str(run_data.path), "run_id": meta.get("run_id"), "status": run_data.status,
-                          "error": meta.get("error"), "events": len(run_data.events), "summary": summary}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "run": str(run_data.path),
+                    "run_id": meta.get("run_id"),
+                    "status": run_data.status,
+                    "error": meta.get("error"),
+                    "events": len(run_data.events),
+                    "summary": summary,
+                },
+                indent=2,
+            )
+        )
         return
-    out.print(f"run {meta.get('run_id')}  status: [bold]{run_data.status}[/]"
-              + (f"  ({meta['error']})" if meta.get("error") else ""))
+    out.print(
+        f"run {meta.get('run_id')}  status: [bold]{run_data.status}[/]"
+        + (f"  ({meta['error']})" if meta.get("error") else "")
+    )
     if run_data.status == "running":
-        out.print(f"[yellow]run.json still says running (pid {meta.get('pid')}): the process was killed or is "
-                  "still going; the breakdown below is computed from the events on disk[/]")
-    out.print(f"{len(run_data.events)} events, profile {meta.get('profile', {}).get('name')}, seed {meta.get('seed')}")
+        out.print(
+            f"[yellow]run.json still says running (pid {meta.get('pid')}): the process was killed or is "
+            "still going; the breakdown below is computed from the events on disk[/]"
+        )
+    out.print(
+        f"{len(run_data.events)} events, profile {meta.get('profile', {}).get('name')}, "
+        f"seed {meta.get('seed')}"
+    )
     out.print(_summary_table(summary, "link-up breakdown"))
 
 
 @app.command()
 def plot(
-    run_path: Annotated[Path, typer.Argument(metavar="RUN", help="A run directory, or runs/ for the newest run.")],
-    reconfig: Annotated[int | None, typer.Option(help="Which reconfiguration to draw (default: the first).")]
-    = None,
+    run_path: Annotated[
+        Path, typer.Argument(metavar="RUN", help="A run directory, or runs/ for the newest run.")
+    ],
+    reconfig: Annotated[
+        int | None, typer.Option(help="Which reconfiguration to draw (default: the first).")
+    ] = None,
 ) -> None:
     """(Re)draw timeline.png/.svg for one reconfiguration and distributions.png."""
     from labctl.plots import plot_run
@@ -226,8 +289,10 @@ def inventory_check(
 
     inv = load_inventory(file)
     ports = inv.ports
-    out.print(f"{file}: ok — lab {inv.lab}: {len(inv.switches)} switch(es), {len(inv.hosts)} hosts, "
-              f"{len(ports)} NIC ports on rails {inv.rails}, profile {inv.model.profile}")
+    out.print(
+        f"{file}: ok — lab {inv.lab}: {len(inv.switches)} switch(es), {len(inv.hosts)} hosts, "
+        f"{len(ports)} NIC ports on rails {inv.rails}, profile {inv.model.profile}"
+    )
 
 
 def main() -> None:

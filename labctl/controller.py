@@ -97,8 +97,9 @@ class RunOutcome:
 class Controller:
     """Runs one plan on one lab, writing every event to `events`."""
 
-    def __init__(self, plan: Plan, inventory: Inventory, lab: Lab, events: EventLog,
-                 progress: ProgressSink) -> None:
+    def __init__(
+        self, plan: Plan, inventory: Inventory, lab: Lab, events: EventLog, progress: ProgressSink
+    ) -> None:
         self.plan = plan
         self.inventory = inventory
         self.lab = lab
@@ -117,8 +118,15 @@ class Controller:
             for port in sorted(after, key=lambda p: p.source):
                 if before.get(port) != after[port]:
                     peer = after[port]
-                    ports.append({"source": port.source, "host": port.host, "port": port.ifname, "rail": rail,
-                                  "peer": peer.source if peer else None})
+                    ports.append(
+                        {
+                            "source": port.source,
+                            "host": port.host,
+                            "port": port.ifname,
+                            "rail": rail,
+                            "peer": peer.source if peer else None,
+                        }
+                    )
         return ports
 
     async def _apply_rail(self, rp: RailPhase) -> None:
@@ -132,8 +140,9 @@ class Controller:
         for probe in self.lab.circuit_probes:
             probe.set_circuits(circuits)
 
-    async def reconfigure(self, phase: str, step: int | None, *, measured: bool = True,
-                          wait: bool = True) -> list[str]:
+    async def reconfigure(
+        self, phase: str, step: int | None, *, measured: bool = True, wait: bool = True
+    ) -> list[str]:
         """Apply `phase` on every rail; returns the ports that did not recover in time."""
         n = self.reconfig
         target = self.plan.phases[phase]
@@ -141,9 +150,18 @@ class Controller:
         expected = {p["source"] for p in ports if p["peer"] is not None}
         self.events.reconfig = n
         t0 = now_ns()
-        self.events.emit(t0, "phase", "controller", phase, meta={
-            "step": step, "measured": measured, "rails": list(target), "ports": ports,
-        })
+        self.events.emit(
+            t0,
+            "phase",
+            "controller",
+            phase,
+            meta={
+                "step": step,
+                "measured": measured,
+                "rails": list(target),
+                "ports": ports,
+            },
+        )
         self.progress.reconfig_started(n, phase, len(expected) if wait else 0)
         tracker = RecoveryTracker(expected, t0, lambda k: self.progress.port_recovered(n, k, len(expected)))
         unsubscribe = self.events.subscribe(tracker)
@@ -156,9 +174,16 @@ class Controller:
                     await asyncio.wait_for(tracker.done.wait(), max(timeout, 0))
                 except TimeoutError:
                     pending = sorted(tracker.pending)
-                    self.events.emit(now_ns(), "run.timeout", "controller", len(pending), meta={
-                        "pending": pending, "timeout_s": self.plan.spec.recovery_timeout_s,
-                    })
+                    self.events.emit(
+                        now_ns(),
+                        "run.timeout",
+                        "controller",
+                        len(pending),
+                        meta={
+                            "pending": pending,
+                            "timeout_s": self.plan.spec.recovery_timeout_s,
+                        },
+                    )
         finally:
             unsubscribe()
             self.events.flush(durable=True)
@@ -166,7 +191,7 @@ class Controller:
         self.reconfig += 1
         return pending
 
-    # -- the whole run -----------------------------------------------------------------------------------------
+    # -- the whole run ---------------------------------------------------------------------------------
     async def _pump(self, probe: Any) -> None:
         async for event in probe.events():
             self.events.record(event)
@@ -197,6 +222,14 @@ class Controller:
         if any(self.current[rail] != rp.mapping for rail, rp in baseline.items()):
             self.progress.message(f"restoring baseline '{self.plan.spec.baseline}'")
             await self.reconfigure(self.plan.spec.baseline, None, measured=False, wait=False)
+
+    async def _read_final_state(self) -> None:
+        """Record what every switch holds at the end (an `ocs.read` event per switch)."""
+        for sw in self.lab.switches.values():
+            try:
+                await sw.get_mapping()
+            except (LabctlError, asyncio.CancelledError) as e:
+                self.events.emit(now_ns(), "ocs.error", f"ocs:{sw.name}", f"final read-back failed: {e!r}")
 
     async def run(self) -> tuple[str, str | None]:
         """Returns (status, error). Cancellation is absorbed here: the baseline is restored first."""
@@ -229,6 +262,7 @@ class Controller:
             except LabctlError as e:
                 error = (error + "; " if error else "") + f"baseline NOT restored: {e}"
                 status = "failed" if status == "completed" else status
+            await self._read_final_state()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -242,16 +276,28 @@ def _git_describe() -> str | None:
     import subprocess
 
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                             timeout=2, cwd=Path(__file__).parent, check=False)
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=2,
+            cwd=Path(__file__).parent,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
 
 
 async def run_experiment(
-    experiment: Path, inventory_path: Path, *, profile: str | None = None, out_dir: Path = Path("runs"),
-    seed: int | None = None, progress: ProgressSink | None = None, plots: bool = True,
+    experiment: Path,
+    inventory_path: Path,
+    *,
+    profile: str | None = None,
+    out_dir: Path = Path("runs"),
+    seed: int | None = None,
+    progress: ProgressSink | None = None,
+    plots: bool = True,
 ) -> RunOutcome:
     """Everything `labctl run` does: validate, run, analyse, plot. InputErrors surface before any I/O."""
     progress = progress or NullProgress()
@@ -262,34 +308,56 @@ async def run_experiment(
     profile_name = profile or inventory.model.profile
     seed = seed if seed is not None else secrets.randbits(32)
     timebase = Timebase.capture()
-    run = RunDir.create(out_dir, new_run_id(spec.name), {
-        "experiment": spec.model_dump(mode="json"),
-        "experiment_path": str(experiment),
-        "inventory": inventory.snapshot(),
-        "inventory_path": str(inventory_path),
-        "profile": {"name": profile_name, **profile_obj.model_dump(mode="json")},
-        "seed": seed,
-        "timebase": {"clock": "CLOCK_MONOTONIC", "mono0_ns": timebase.mono0_ns, "wall0_ns": timebase.wall0_ns},
-        "clock_offsets": {},
-        "versions": {**versions(), "git": _git_describe()},
-        "started_wall_ns": timebase.wall0_ns,
-    })
+    run = RunDir.create(
+        out_dir,
+        new_run_id(spec.name),
+        {
+            "experiment": spec.model_dump(mode="json"),
+            "experiment_path": str(experiment),
+            "inventory": inventory.snapshot(),
+            "inventory_path": str(inventory_path),
+            "profile": {"name": profile_name, **profile_obj.model_dump(mode="json")},
+            "seed": seed,
+            "timebase": {
+                "clock": "CLOCK_MONOTONIC",
+                "mono0_ns": timebase.mono0_ns,
+                "wall0_ns": timebase.wall0_ns,
+            },
+            "clock_offsets": {},
+            "versions": {**versions(), "git": _git_describe()},
+            "started_wall_ns": timebase.wall0_ns,
+        },
+    )
     events = EventLog(run.events_path, timebase)
-    events.emit(now_ns(), "run.start", "controller", spec.name, meta={
-        "run_id": run.meta["run_id"], "profile": profile_name, "seed": seed,
-        "rx_power_threshold_dbm": spec.analysis.rx_power_threshold_dbm,
-    })
+    events.emit(
+        now_ns(),
+        "run.start",
+        "controller",
+        spec.name,
+        meta={
+            "run_id": run.meta["run_id"],
+            "profile": profile_name,
+            "seed": seed,
+            "rx_power_threshold_dbm": spec.analysis.rx_power_threshold_dbm,
+        },
+    )
     lab = build_lab(LabContext(inventory, profile_obj, random.Random(seed), events.record, spec.probes))
     controller = Controller(plan, inventory, lab, events, progress)
     progress.started(run.path, len(plan.steps) + 1)
-    status, error = "failed", "controller did not finish"
+    status: str = "failed"
+    error: str | None = "controller did not finish"
     try:
         status, error = await controller.run()
     finally:
         events.emit(now_ns(), "run.end", "controller", status, meta={"error": error})
         events.close()
-        run.update(status=status, error=error, events=events.count, finished_wall_ns=Timebase.capture().wall0_ns,
-                   drops=dict(controller._drops_seen))
+        run.update(
+            status=status,
+            error=error,
+            events=events.count,
+            finished_wall_ns=Timebase.capture().wall0_ns,
+            drops=dict(controller._drops_seen),
+        )
     outcome = RunOutcome(run.path, status, error, events=events.count)
     outcome.summary = analyse(run.path, spec.analysis.rx_power_threshold_dbm, plots=plots)
     return outcome

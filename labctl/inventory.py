@@ -255,18 +255,22 @@ def _check_references(model: InventoryModel, src: SourcedYaml) -> None:
                 loc = (*base, field)
                 if port not in space.all_ports:
                     raise _fail(
-                        src, loc,
-                        f"port {port} is out of range 1..{space.all_ports.stop - 1} of {nic.switch} ({space})",
+                        src,
+                        loc,
+                        f"port {port} is out of range 1..{space.all_ports.stop - 1} "
+                        f"of {nic.switch} ({space})",
                     )
                 if want_ingress and not space.is_ingress(port):
                     raise _fail(
-                        src, loc,
+                        src,
+                        loc,
                         f"port {port} is an egress port of {nic.switch}; a transmit fiber must land on an "
                         f"ingress port (1..{space.n_ingress})",
                     )
                 if not want_ingress and not space.is_egress(port):
                     raise _fail(
-                        src, loc,
+                        src,
+                        loc,
                         f"port {port} is an ingress port of {nic.switch}; a receive fiber must come from an "
                         f"egress port ({space.egress.start}..{space.egress.stop - 1})",
                     )
@@ -279,7 +283,8 @@ def _check_references(model: InventoryModel, src: SourcedYaml) -> None:
             if nic.rail in rail_switch and rail_switch[nic.rail][0] != nic.switch:
                 other, other_loc = rail_switch[nic.rail]
                 raise _fail(
-                    src, (*base, "switch"),
+                    src,
+                    (*base, "switch"),
                     f"rail {nic.rail} is on {other} (at {format_loc(other_loc)}); one rail is one switch",
                 )
             rail_switch.setdefault(nic.rail, (nic.switch, (*base, "switch")))

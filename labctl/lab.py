@@ -55,12 +55,22 @@ def build_simulated_lab(ctx: LabContext) -> Lab:
         name: SimSwitch(model, ctx.emit, _timeouts(inv.switches[name])) for name, model in models.items()
     }
     report_ns = round(ctx.probes.report_interval_ms * 1e6)
-    traffic = SimTrafficProbe(fabric, inv.ports, interval_us=ctx.probes.traffic_interval_us,
-                              timeout_us=ctx.probes.traffic_timeout_us, report_interval_ns=report_ns)
+    traffic = SimTrafficProbe(
+        fabric,
+        inv.ports,
+        interval_us=ctx.probes.traffic_interval_us,
+        timeout_us=ctx.probes.traffic_timeout_us,
+        report_interval_ns=report_ns,
+    )
     probes: list[Probe] = [
         SimLinkProbe(fabric, inv.ports),
-        SimRxPowerProbe(fabric, inv.ports, hz=ctx.probes.rx_power_hz,
-                        deadband_db=ctx.probes.rx_power_deadband_db, report_interval_ns=report_ns),
+        SimRxPowerProbe(
+            fabric,
+            inv.ports,
+            hz=ctx.probes.rx_power_hz,
+            deadband_db=ctx.probes.rx_power_deadband_db,
+            report_interval_ns=report_ns,
+        ),
         traffic,
     ]
     hooks: list[Callable[[], None]] = [fabric.cancel_pending, *(m.cancel_pending for m in models.values())]

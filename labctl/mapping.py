@@ -88,7 +88,8 @@ def validate_mapping(patches: Iterable[Patch], space: PortSpace, *, switch: str 
             )
         if ingress in seen_in:
             raise MappingError(
-                f"{switch}: ingress port {ingress} is used twice: {seen_in[ingress]} and ({ingress}, {egress})"
+                f"{switch}: ingress port {ingress} is used twice: "
+                f"{seen_in[ingress]} and ({ingress}, {egress})"
             )
         if egress in seen_out:
             raise MappingError(
@@ -119,7 +120,9 @@ class MappingDiff:
         return ports_of(self.remove) | ports_of(self.add)
 
 
-def diff_mapping(current: Iterable[Patch], desired: Mapping, scope: Iterable[int] | None = None) -> MappingDiff:
+def diff_mapping(
+    current: Iterable[Patch], desired: Mapping, scope: Iterable[int] | None = None
+) -> MappingDiff:
     """Patches to remove and add so that every port in `scope` is as `desired` says.
 
     The scope defaults to the ports `desired` names. Ports in scope that `desired` leaves out end up

@@ -61,7 +61,9 @@ class TimeoutPolicy:
     operation_s: float = 10.0
 
     @asynccontextmanager
-    async def deadline(self, switch: str, operation: str, seconds: float | None = None) -> AsyncIterator[None]:
+    async def deadline(
+        self, switch: str, operation: str, seconds: float | None = None
+    ) -> AsyncIterator[None]:
         limit = self.operation_s if seconds is None else seconds
         try:
             async with asyncio.timeout(limit):
@@ -84,14 +86,18 @@ class OpticalSwitch(Protocol):
     async def get_mapping(self) -> Timed[Mapping]: ...
 
     async def apply(
-        self, mapping: Iterable[tuple[int, int]], *, scope: Iterable[int] | None = None,
+        self,
+        mapping: Iterable[tuple[int, int]],
+        *,
+        scope: Iterable[int] | None = None,
         context: dict[str, Any] | None = None,
     ) -> Timed[ApplyResult]:
         """Make every port in `scope` (default: the ports `mapping` names) as `mapping` says; verify."""
         ...
 
-    async def disconnect(self, ports: Iterable[int], *, context: dict[str, Any] | None = None) -> Timed[ApplyResult]:
-        ...
+    async def disconnect(
+        self, ports: Iterable[int], *, context: dict[str, Any] | None = None
+    ) -> Timed[ApplyResult]: ...
 
     async def port_power(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
         """Optical power (dBm) the switch measures at each port; None where there is no light."""
@@ -138,7 +144,15 @@ async def converge(
         }
         t_cmd = now_ns()
         command_ns = command_ns or t_cmd
-        emit(Event(t_ns=t_cmd, kind="ocs.command", source=source, value=len(diff.remove) + len(diff.add), meta=meta))
+        emit(
+            Event(
+                t_ns=t_cmd,
+                kind="ocs.command",
+                source=source,
+                value=len(diff.remove) + len(diff.add),
+                meta=meta,
+            )
+        )
         try:
             await ops.send(diff)
         except HardwareError as e:
@@ -147,7 +161,11 @@ async def converge(
                 raise
         else:
             complete_ns = now_ns()
-            emit(Event(t_ns=complete_ns, kind="ocs.complete", source=source, value=complete_ns - t_cmd, meta=meta))
+            emit(
+                Event(
+                    t_ns=complete_ns, kind="ocs.complete", source=source, value=complete_ns - t_cmd, meta=meta
+                )
+            )
         current = await ops.read()
         diff = diff_mapping(current, desired, scope_ports)
     if not diff.empty:

@@ -8,17 +8,21 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.patches import Rectangle
 
-from labctl.breakdown import DURATIONS, EventIndex, Series, compute_breakdown  # noqa: E402
-from labctl.errors import InputError  # noqa: E402
+from labctl.breakdown import DURATIONS, EventIndex, Series, compute_breakdown
+from labctl.errors import InputError
 
 ZOOM_S = 0.7
 NO_LIGHT_DBM = -40.0
-LANES = (("link.firmware", "firmware link", "#9467bd"), ("carrier", "carrier", "#2ca02c"),
-         ("traffic", "traffic", "#1f77b4"))
+LANES = (
+    ("link.firmware", "firmware link", "#9467bd"),
+    ("carrier", "carrier", "#2ca02c"),
+    ("traffic", "traffic", "#1f77b4"),
+)
 
 
 def _up_intervals(index: EventIndex, source: str, kind: str, start: int, end: int) -> list[tuple[int, int]]:
@@ -76,41 +80,60 @@ def plot_timeline(index: EventIndex, frame: pd.DataFrame, reconfig: int, out: Pa
     sources = list(rows["source"])
     labels = [f"{h}/{p}" for h, p in zip(rows["host"], rows["port"], strict=True)]
 
-    fig, axes = plt.subplots(3, 2, figsize=(15, 3 + 0.38 * len(sources)), sharex="col",
-                             gridspec_kw={"height_ratios": [0.6, 2.2, max(2.0, 0.32 * len(sources))]})
+    fig, axes = plt.subplots(
+        3,
+        2,
+        figsize=(15, 3 + 0.38 * len(sources)),
+        sharex="col",
+        gridspec_kw={"height_ratios": [0.6, 2.2, max(2.0, 0.32 * len(sources))]},
+    )
     phase = rows["phase"].iloc[0]
-    fig.suptitle(f"Reconfiguration {reconfig} → {phase}: {len(sources)} ports, "
-                 f"total median {np.nanmedian(rows['total_ns'].astype('float64')) / 1e9:.3f} s")
-    for col, (limit, title) in enumerate(((span_ns / 1e9, "full reconfiguration"),
-                                          (zoom_s, f"zoom: first {zoom_s:.3g} s"))):
+    fig.suptitle(
+        f"Reconfiguration {reconfig} → {phase}: {len(sources)} ports, "
+        f"total median {np.nanmedian(rows['total_ns'].astype('float64')) / 1e9:.3f} s"
+    )
+    for col, (limit, title) in enumerate(
+        ((span_ns / 1e9, "full reconfiguration"), (zoom_s, f"zoom: first {zoom_s:.3g} s"))
+    ):
         ax_ocs, ax_rx, ax_lanes = axes[:, col]
         ax_ocs.set_title(title, fontsize=10)
         for rail, group in rows.groupby("rail"):
             c0, c1 = group["t0_command_ns"].iloc[0], group["t1_switch_done_ns"].iloc[0]
             if not pd.isna(c0) and not pd.isna(c1):
-                ax_ocs.barh(f"rail {rail}", (c1 - c0) / 1e9, left=(c0 - t0) / 1e9, color="#ff7f0e", height=0.6)
+                ax_ocs.barh(
+                    f"rail {rail}", (c1 - c0) / 1e9, left=(c0 - t0) / 1e9, color="#ff7f0e", height=0.6
+                )
         ax_ocs.set_ylabel("OCS", rotation=0, ha="right", va="center")
         ax_ocs.tick_params(axis="y", labelsize=7)
         for source, label in zip(sources, labels, strict=True):
             t, v = _held_trace(index.series(source, "rx_power"), t0 - span_ns // 50, end)
             ax_rx.step((t - t0) / 1e9, np.maximum(v, NO_LIGHT_DBM), where="post", lw=0.8, label=label)
         ax_rx.axhline(NO_LIGHT_DBM, color="0.5", lw=0.6, ls=":")
-        ax_rx.text(0.995, NO_LIGHT_DBM + 1, "no light", transform=ax_rx.get_yaxis_transform(), ha="right",
-                   fontsize=7, color="0.4")
+        ax_rx.text(
+            0.995,
+            NO_LIGHT_DBM + 1,
+            "no light",
+            transform=ax_rx.get_yaxis_transform(),
+            ha="right",
+            fontsize=7,
+            color="0.4",
+        )
         ax_rx.set_ylim(NO_LIGHT_DBM - 3, 3)
         ax_rx.set_ylabel("Rx power\n(dBm)")
         ax_rx.grid(alpha=0.3)
         for i, source in enumerate(sources):
             y = len(sources) - 1 - i
             for j, (kind, _name, color) in enumerate(LANES):
-                spans = [((a - t0) / 1e9, (b - a) / 1e9) for a, b in _up_intervals(index, source, kind, t0, end)]
+                spans = [
+                    ((a - t0) / 1e9, (b - a) / 1e9) for a, b in _up_intervals(index, source, kind, t0, end)
+                ]
                 ax_lanes.broken_barh(spans, (y + 0.68 - 0.28 * j, 0.24), color=color)
         ax_lanes.set_yticks(range(len(sources)), labels[::-1], fontsize=7)
         ax_lanes.set_ylim(-0.2, len(sources))
         ax_lanes.set_xlabel("time since OCS command (s)")
         ax_lanes.set_xlim(-0.02 * limit, limit)
         ax_lanes.grid(axis="x", alpha=0.3)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for _, _, c in LANES]
+    handles = [Rectangle((0, 0), 1, 1, color=c) for _, _, c in LANES]
     axes[2, 1].legend(handles, [n + " up" for _, n, _ in LANES], loc="lower right", fontsize=7)
     fig.tight_layout()
     paths = [out.with_suffix(".png"), out.with_suffix(".svg")]
@@ -145,9 +168,15 @@ def plot_distributions(frame: pd.DataFrame, out: Path) -> Path:
     return path
 
 
-def plot_run(run_dir: Path, *, reconfig: int | None = None, frame: pd.DataFrame | None = None,
-             index: EventIndex | None = None) -> list[Path]:
-    """timeline.png/.svg for one reconfiguration (default: the first after the baseline) and distributions.png."""
+def plot_run(
+    run_dir: Path,
+    *,
+    reconfig: int | None = None,
+    frame: pd.DataFrame | None = None,
+    index: EventIndex | None = None,
+) -> list[Path]:
+    """timeline.png/.svg for one reconfiguration (default: the first after the baseline), and
+    distributions.png."""
     index = index or EventIndex.from_file(run_dir / "events.jsonl")
     frame = frame if frame is not None else compute_breakdown(index)
     if frame.empty:

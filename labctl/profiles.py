@@ -55,12 +55,12 @@ class Profile(BaseModel):
         """One draw from the range `name`, in integer nanoseconds."""
         low, high = getattr(self, name)
         unit = 1_000 if name.endswith("_us") else 1_000_000
-        return round(rng.uniform(low, high) * unit)
+        return round(float(rng.uniform(low, high)) * unit)
 
     def mid_ns(self, name: str) -> int:
         low, high = getattr(self, name)
         unit = 1_000 if name.endswith("_us") else 1_000_000
-        return round((low + high) / 2 * unit)
+        return round(float(low + high) / 2 * unit)
 
 
 _OPUS: dict[str, Any] = {
@@ -93,7 +93,7 @@ DEFAULT_PROFILE = "opus-testbed"
 
 
 def resolve_profile(name: str, custom: dict[str, dict[str, Any]] | None = None) -> Profile:
-    """A profile by name: the inventory's own `profiles:` first (each may `extends:` another), then built-ins."""
+    """A profile by name: the inventory's `profiles:` first (each may `extends:` another), then built-ins."""
     custom = custom or {}
     chain: list[str] = []
     fields: dict[str, Any] = {}

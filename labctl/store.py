@@ -123,7 +123,9 @@ def resolve_run_path(path: Path | str) -> Path:
     if (path / RUN_JSON).is_file():
         return path
     if path.is_dir():
-        runs = sorted((p for p in path.iterdir() if (p / RUN_JSON).is_file()), key=lambda p: p.stat().st_mtime)
+        runs = sorted(
+            (p for p in path.iterdir() if (p / RUN_JSON).is_file()), key=lambda p: p.stat().st_mtime
+        )
         if runs:
             return runs[-1]
     raise InputError(f"{path}: not a run directory (no {RUN_JSON})")

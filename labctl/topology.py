@@ -52,7 +52,7 @@ def pairs_links(inventory: Inventory, rail: int, pairs: Sequence[Sequence[str]],
             raise InputError(f"{where}[{i}]: a pair needs exactly two hosts, got {list(pair)}")
     flat = [h for pair in pairs for h in pair]
     ports = _rail_hosts(inventory, rail, flat, where)
-    links = []
+    links: list[Link] = []
     for i in range(0, len(ports), 2):
         a_ports, b_ports = ports[i], ports[i + 1]
         if len(a_ports) != len(b_ports):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Iterator
+import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -28,11 +29,23 @@ async def _task_guard() -> AsyncIterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def _no_leaked_tasks(request: pytest.FixtureRequest) -> Iterator[None]:
+def _no_leaked_tasks(request: pytest.FixtureRequest) -> None:
     """Fail any async test that leaves an asyncio task running (ophyd-async does the same)."""
     if inspect.iscoroutinefunction(request.function):
         request.getfixturevalue("_task_guard")
-    yield
+
+
+IN_CI = os.environ.get("LABCTL_CI") == "1"
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip a test whose prerequisite is missing on a developer machine; in CI (LABCTL_CI=1) fail instead,
+    so that nothing is skipped silently there."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"CI must run this test but: {reason}")
+    pytest.skip(reason)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ A newer change of the link invalidates transitions still pending for the old one
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,8 +43,9 @@ class PortState:
 class SimFabric:
     """NIC ports of every host, wired to the switch models through their fibers."""
 
-    def __init__(self, inventory: Inventory, switches: dict[str, SwitchModel], profile: Profile,
-                 rng: random.Random) -> None:
+    def __init__(
+        self, inventory: Inventory, switches: dict[str, SwitchModel], profile: Profile, rng: random.Random
+    ) -> None:
         self.profile = profile
         self.rng = rng
         self.listeners: list[TransitionListener] = []
@@ -59,7 +61,7 @@ class SimFabric:
             self._by_tx[(port.switch, port.tx)] = port
             switches[port.switch].transmitting[port.tx] = level + INSERTION_LOSS_DB
         for name, model in switches.items():
-            model.add_listener(lambda egress, ingress, t, name=name: self._on_light(name, egress, ingress, t))
+            model.add_listener(functools.partial(self._on_light, name))
 
     def add_listener(self, listener: TransitionListener) -> None:
         self.listeners.append(listener)
@@ -95,8 +97,13 @@ class SimFabric:
             if st.firmware:
                 self._transition(port, "link.firmware", 0, t_ns)
             if st.carrier:
-                self._schedule(port, st.generation, "carrier", 0,
-                               t_ns + self.profile.draw_ns(self.rng, "carrier_down_after_loss_ms"))
+                self._schedule(
+                    port,
+                    st.generation,
+                    "carrier",
+                    0,
+                    t_ns + self.profile.draw_ns(self.rng, "carrier_down_after_loss_ms"),
+                )
 
     def _link_lit(self, a: NicPort, b: NicPort, t_ns: int) -> None:
         """Both directions of the a-b link carry light from t_ns: schedule the link-up sequence."""

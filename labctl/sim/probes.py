@@ -35,8 +35,16 @@ class SimLinkProbe(QueueProbe):
         for port in sorted(self.ports, key=lambda p: p.source):
             st = self.fabric.state(port)
             for kind, value in (("link.firmware", st.firmware), ("carrier", st.carrier)):
-                self.queue.put(Event(t_ns=t, kind=kind, source=port.source, host=port.host, value=value,
-                                     meta={"initial": True}))
+                self.queue.put(
+                    Event(
+                        t_ns=t,
+                        kind=kind,
+                        source=port.source,
+                        host=port.host,
+                        value=value,
+                        meta={"initial": True},
+                    )
+                )
         self.fabric.add_listener(self._on_transition)
         try:
             await _forever()
@@ -47,8 +55,15 @@ class SimLinkProbe(QueueProbe):
 class SimRxPowerProbe(QueueProbe):
     name = "sim-rx-power"
 
-    def __init__(self, fabric: SimFabric, ports: Sequence[NicPort], *, hz: float = 1000.0,
-                 deadband_db: float = 0.5, report_interval_ns: int = 100_000_000) -> None:
+    def __init__(
+        self,
+        fabric: SimFabric,
+        ports: Sequence[NicPort],
+        *,
+        hz: float = 1000.0,
+        deadband_db: float = 0.5,
+        report_interval_ns: int = 100_000_000,
+    ) -> None:
         super().__init__()
         self.fabric = fabric
         self.ports = sorted(ports, key=lambda p: p.source)
@@ -63,24 +78,33 @@ class SimRxPowerProbe(QueueProbe):
             for port in self.ports:
                 dbm = self.fabric.rx_power_dbm(port, t)
                 self.samples += 1
-                prev = last.get(port, ...)
-                changed = prev is ... or (dbm is None) != (prev is None) or (
-                    dbm is not None and prev is not None and abs(dbm - prev) >= self.deadband_db  # type: ignore[operator]
-                )
+                changed = port not in last or _moved(last[port], dbm, self.deadband_db)
                 if self.gate.due(port.source, changed, t):
                     last[port] = dbm
-                    self.queue.put(Event(
-                        t_ns=t, kind="rx_power", source=port.source, host=port.host,
-                        value=None if dbm is None else round(dbm, 3),
-                        meta={"lane": 1, "mw": 0.0 if dbm is None else round(10 ** (dbm / 10), 6)},
-                    ))
+                    self.queue.put(
+                        Event(
+                            t_ns=t,
+                            kind="rx_power",
+                            source=port.source,
+                            host=port.host,
+                            value=None if dbm is None else round(dbm, 3),
+                            meta={"lane": 1, "mw": 0.0 if dbm is None else round(10 ** (dbm / 10), 6)},
+                        )
+                    )
 
 
 class SimTrafficProbe(QueueProbe):
     name = "sim-traffic"
 
-    def __init__(self, fabric: SimFabric, ports: Sequence[NicPort], *, interval_us: int = 1000,
-                 timeout_us: int | None = None, report_interval_ns: int = 100_000_000) -> None:
+    def __init__(
+        self,
+        fabric: SimFabric,
+        ports: Sequence[NicPort],
+        *,
+        interval_us: int = 1000,
+        timeout_us: int | None = None,
+        report_interval_ns: int = 100_000_000,
+    ) -> None:
         super().__init__()
         self.fabric = fabric
         self.by_source = {p.source: p for p in ports}
@@ -117,12 +141,35 @@ class SimTrafficProbe(QueueProbe):
                 meta = {"peer": peer.source, "n": count[port]}
                 count[port] = 0
                 if ok:
-                    self.queue.put(Event(t_ns=t, kind="traffic.ok", source=port.source, host=port.host,
-                                         value=rtt, meta=meta))
+                    self.queue.put(
+                        Event(
+                            t_ns=t,
+                            kind="traffic.ok",
+                            source=port.source,
+                            host=port.host,
+                            value=rtt,
+                            meta=meta,
+                        )
+                    )
                 else:
                     meta["detected_ns"] = t + self.timeout_ns
-                    self.queue.put(Event(t_ns=t, kind="traffic.lost", source=port.source, host=port.host,
-                                         value=None, meta=meta))
+                    self.queue.put(
+                        Event(
+                            t_ns=t,
+                            kind="traffic.lost",
+                            source=port.source,
+                            host=port.host,
+                            value=None,
+                            meta=meta,
+                        )
+                    )
+
+
+def _moved(prev: float | None, now: float | None, deadband_db: float) -> bool:
+    """Light appeared or vanished, or the level moved by at least the deadband."""
+    if prev is None or now is None:
+        return (prev is None) != (now is None)
+    return abs(now - prev) >= deadband_db
 
 
 async def _forever() -> None:

@@ -48,29 +48,53 @@ def test_default_inventory_is_the_opus_testbed(inventory_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        pytest.param(GOOD.replace("lab: tiny", "lab: [unclosed"), "inventory.yaml:2: invalid YAML", id="bad-yaml"),
-        pytest.param(GOOD.replace("lab: tiny\n", ""), "inventory.yaml:1: lab: required field is missing",
-                     id="missing-field"),
-        pytest.param(GOOD.replace("rx: 5}", "rx: 5, colour: red}"), "inventory.yaml:7: hosts.a.nics[0].colour: "
-                     "unknown field", id="unknown-field"),
-        pytest.param(GOOD.replace("switch: ocs1, tx: 2", "switch: ocs9, tx: 2"),
-                     "inventory.yaml:10: hosts.b.nics[0].switch: unknown switch 'ocs9' (known: ocs1)",
-                     id="unknown-switch"),
-        pytest.param(GOOD.replace("tx: 2, rx: 6", "tx: 2, rx: 9"),
-                     "inventory.yaml:10: hosts.b.nics[0].rx: port 9 is out of range 1..8 of ocs1 (4x4)",
-                     id="port-out-of-range"),
-        pytest.param(GOOD.replace("tx: 2, rx: 6", "tx: 1, rx: 6"),
-                     "inventory.yaml:10: hosts.b.nics[0].tx: ocs1 port 1 is used twice (also at hosts.a.nics[0].tx)",
-                     id="port-used-twice"),
-        pytest.param(GOOD.replace("tx: 2, rx: 6", "tx: 6, rx: 2"),
-                     "inventory.yaml:10: hosts.b.nics[0].tx: port 6 is an egress port of ocs1", id="tx-on-egress"),
-        pytest.param(GOOD.replace("size: 4x4", "size: four"), "inventory.yaml:3: switches.ocs1.size:",
-                     id="bad-size"),
-        pytest.param(GOOD.replace("{driver: sim, size: 4x4}", "{driver: sim, size: 4x4, password: hunter2}"),
-                     "switches.ocs1.password: secrets must be written as an environment reference", id="literal-secret"),
+        pytest.param(
+            GOOD.replace("lab: tiny", "lab: [unclosed"), "inventory.yaml:2: invalid YAML", id="bad-yaml"
+        ),
+        pytest.param(
+            GOOD.replace("lab: tiny\n", ""),
+            "inventory.yaml:1: lab: required field is missing",
+            id="missing-field",
+        ),
+        pytest.param(
+            GOOD.replace("rx: 5}", "rx: 5, colour: red}"),
+            "inventory.yaml:7: hosts.a.nics[0].colour: unknown field",
+            id="unknown-field",
+        ),
+        pytest.param(
+            GOOD.replace("switch: ocs1, tx: 2", "switch: ocs9, tx: 2"),
+            "inventory.yaml:10: hosts.b.nics[0].switch: unknown switch 'ocs9' (known: ocs1)",
+            id="unknown-switch",
+        ),
+        pytest.param(
+            GOOD.replace("tx: 2, rx: 6", "tx: 2, rx: 9"),
+            "inventory.yaml:10: hosts.b.nics[0].rx: port 9 is out of range 1..8 of ocs1 (4x4)",
+            id="port-out-of-range",
+        ),
+        pytest.param(
+            GOOD.replace("tx: 2, rx: 6", "tx: 1, rx: 6"),
+            "inventory.yaml:10: hosts.b.nics[0].tx: ocs1 port 1 is used twice (also at hosts.a.nics[0].tx)",
+            id="port-used-twice",
+        ),
+        pytest.param(
+            GOOD.replace("tx: 2, rx: 6", "tx: 6, rx: 2"),
+            "inventory.yaml:10: hosts.b.nics[0].tx: port 6 is an egress port of ocs1",
+            id="tx-on-egress",
+        ),
+        pytest.param(
+            GOOD.replace("size: 4x4", "size: four"), "inventory.yaml:3: switches.ocs1.size:", id="bad-size"
+        ),
+        pytest.param(
+            GOOD.replace("{driver: sim, size: 4x4}", "{driver: sim, size: 4x4, password: hunter2}"),
+            "switches.ocs1.password: secrets must be written as an environment reference",
+            id="literal-secret",
+        ),
         pytest.param(GOOD + "profile: nope\n", "profile: unknown profile 'nope'", id="unknown-profile"),
-        pytest.param(GOOD.replace("lab: tiny", "lab: tiny\nlab: again"), "inventory.yaml:2: invalid YAML: "
-                     "duplicate key 'lab'", id="duplicate-key"),
+        pytest.param(
+            GOOD.replace("lab: tiny", "lab: tiny\nlab: again"),
+            "inventory.yaml:2: invalid YAML: duplicate key 'lab'",
+            id="duplicate-key",
+        ),
     ],
 )
 def test_bad_inventory_is_one_line_naming_the_field(tmp_path: Path, text: str, expected: str) -> None:
@@ -84,8 +108,13 @@ def test_bad_inventory_is_one_line_naming_the_field(tmp_path: Path, text: str, e
 
 def test_cli_inventory_check_exit_code_2_and_one_line(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD.replace("switch: ocs1, tx: 2", "switch: ocs9, tx: 2"))
-    proc = subprocess.run([sys.executable, "-m", "labctl.cli", "inventory", "check", str(path)],
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "labctl.cli", "inventory", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -115,8 +144,12 @@ def test_cli_inventory_check_ok(inventory_path: Path, capsys: pytest.CaptureFixt
     assert "16 NIC ports on rails [0, 1]" in capsys.readouterr().out
 
 
-def test_secret_resolves_from_environment_and_never_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    text = GOOD.replace("{driver: sim, size: 4x4}", "{driver: sim, size: 4x4, user: admin, password: \"${OCS_PW}\"}")
+def test_secret_resolves_from_environment_and_never_prints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = GOOD.replace(
+        "{driver: sim, size: 4x4}", '{driver: sim, size: 4x4, user: admin, password: "${OCS_PW}"}'
+    )
     inv = load_inventory(write(tmp_path, text))
     ref = inv.switches["ocs1"].password
     assert ref is not None

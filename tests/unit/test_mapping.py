@@ -16,7 +16,11 @@ def test_port_space_numbering() -> None:
     space = PortSpace.parse("32x32")
     assert space.ingress == range(1, 33)
     assert space.egress == range(33, 65)
-    assert space.describe(1) == "ingress" and space.describe(64) == "egress" and space.describe(65) == "out of range"
+    assert (
+        space.describe(1) == "ingress"
+        and space.describe(64) == "egress"
+        and space.describe(65) == "out of range"
+    )
     with pytest.raises(InputError):
         PortSpace.parse("32by32")
 
@@ -71,8 +75,9 @@ matchings = st.permutations(range(5, 9)).flatmap(
 
 
 @given(current=matchings, desired=matchings)
-def test_diff_then_apply_reaches_desired(current: frozenset[tuple[int, int]],
-                                         desired: frozenset[tuple[int, int]]) -> None:
+def test_diff_then_apply_reaches_desired(
+    current: frozenset[tuple[int, int]], desired: frozenset[tuple[int, int]]
+) -> None:
     scope = set(SPACE.all_ports)
     result = apply_diff(current, diff_mapping(current, desired, scope))
     assert result == desired
