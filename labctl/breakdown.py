@@ -19,6 +19,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from labctl.errors import InputError
 from labctl.events import Event
 
 COLUMNS = [
@@ -117,10 +118,10 @@ class EventIndex:
                 continue
             try:
                 e = lite.decode(line)
-            except msgspec.DecodeError:
+            except msgspec.DecodeError as err:
                 if i == len(lines) - 1:  # torn last line of a killed run
                     break
-                raise
+                raise InputError(f"{path}:{i + 1}: not a valid event line ({err})") from None
             if e.kind in CONTROL_KINDS:
                 index.control.append(full.decode(line))
             elif e.kind in SIGNAL_KINDS:

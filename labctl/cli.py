@@ -298,7 +298,8 @@ def inventory_check(
 def main() -> None:
     """Console entry point: bad input is one line on stderr and exit code 2, never a traceback."""
     try:
-        app(standalone_mode=False)
+        # With standalone_mode=False click returns the code of a typer.Exit instead of raising it.
+        code = app(standalone_mode=False)
     except InputError as e:
         err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
@@ -317,6 +318,8 @@ def main() -> None:
             e.show()
             sys.exit(e.exit_code)
         raise
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

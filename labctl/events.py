@@ -17,6 +17,7 @@ from typing import IO, Any
 import msgspec
 
 from labctl.clock import Timebase
+from labctl.errors import InputError
 
 Value = int | float | str | None
 
@@ -150,10 +151,10 @@ def read_events(path: Path) -> Iterator[Event]:
             continue
         try:
             yield _decoder.decode(line)
-        except msgspec.DecodeError:
+        except msgspec.DecodeError as e:
             if i == last:  # no trailing newline: the write was cut short
                 return
-            raise
+            raise InputError(f"{path}:{i + 1}: not a valid event line ({e})") from None
 
 
 def decode_event(line: bytes) -> Event:

@@ -153,7 +153,7 @@ def plot_distributions(frame: pd.DataFrame, out: Path) -> Path:
             data.append(np.maximum(values, 1e-4))
     fig, ax = plt.subplots(figsize=(10, 4.5))
     if data:
-        ax.boxplot(data, vert=False, tick_labels=names, showfliers=False)
+        ax.boxplot(data, orientation="horizontal", tick_labels=names, showfliers=False)
         rng = np.random.default_rng(0)
         for i, values in enumerate(data, start=1):
             ax.scatter(values, i + rng.uniform(-0.15, 0.15, values.size), s=8, alpha=0.5)

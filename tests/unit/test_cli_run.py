@@ -1,0 +1,166 @@
+"""`labctl run` as a real subprocess: exit codes, SIGINT restores the baseline, SIGKILL leaves a readable run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import labctl
+from labctl.events import read_events
+from labctl.experiment import build_plan, load_experiment
+from labctl.inventory import load_inventory
+
+LABCTL = [sys.executable, "-m", "labctl.cli"]
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for p in started:  # never leave a process (or its pipes) behind, even when the test failed
+        if p.poll() is None:
+            p.kill()
+        p.communicate(timeout=30)
+
+
+def start_run(procs: list[subprocess.Popen[str]], repo: Path, out: Path) -> subprocess.Popen[str]:
+    p = subprocess.Popen(
+        [
+            *LABCTL,
+            "run",
+            str(repo / "experiments" / "reconfig-timeline.yaml"),
+            "--inventory",
+            str(repo / "inventory.yaml"),
+            "--profile",
+            "fast",
+            "--out",
+            str(out),
+            "--seed",
+            "5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    procs.append(p)
+    return p
+
+
+def wait_for_line(p: subprocess.Popen[str], needle: str, timeout: float = 60) -> list[str]:
+    assert p.stderr is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = p.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if needle in line:
+            return lines
+    raise AssertionError(f"never saw {needle!r}; stderr so far: {''.join(lines)}")
+
+
+def baseline_patches(repo: Path) -> set[tuple[int, int]]:
+    spec, src = load_experiment(repo / "experiments" / "reconfig-timeline.yaml")
+    plan = build_plan(spec, load_inventory(repo / "inventory.yaml"), src)
+    return set().union(*(rp.mapping for rp in plan.phases[spec.baseline].values()))
+
+
+def test_sigint_restores_baseline_and_leaves_an_aborted_run(
+    procs: list[subprocess.Popen[str]], repo: Path, tmp_path: Path
+) -> None:
+    p = start_run(procs, repo, tmp_path)
+    wait_for_line(p, "reconfig 1/8 → pp done")  # the switch now holds PP circuits
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "status: aborted" in stdout
+    (run_dir,) = tmp_path.iterdir()
+    run = labctl.load_run(run_dir)
+    assert run.status == "aborted"
+    events = list(read_events(run_dir / "events.jsonl"))
+    kinds = [e.kind for e in events]
+    assert "run.abort" in kinds and kinds[-1] == "run.end"
+    restore = [e for e in events if e.kind == "phase"][-1]
+    assert restore.value == "dp" and restore.meta["measured"] is False
+    final = [e for e in events if e.kind == "ocs.read"][-1]
+    assert {tuple(x) for x in final.meta["patches"]} == baseline_patches(repo)
+    assert (run_dir / "breakdown.csv").exists() and (run_dir / "summary.json").exists()
+    assert not run.breakdown.empty
+
+
+def test_sigkill_leaves_events_readable_up_to_the_last_flush(
+    procs: list[subprocess.Popen[str]], repo: Path, tmp_path: Path
+) -> None:
+    p = start_run(procs, repo, tmp_path)
+    wait_for_line(p, "reconfig 2/8 → dp done")
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=30)
+    (run_dir,) = tmp_path.iterdir()
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "running" and meta["pid"] == p.pid
+    events = list(read_events(run_dir / "events.jsonl"))  # a torn last line is tolerated
+    assert [e.seq for e in events] == list(range(len(events)))
+    reconfigs_flushed = {e.reconfig for e in events if e.kind == "phase"}
+    assert {0, 1, 2} <= reconfigs_flushed  # flushed at every reconfiguration boundary
+    run = labctl.load_run(run_dir)  # breakdown computed from the events on disk
+    assert set(run.breakdown["reconfig"].dropna()) >= {0, 1, 2}
+    report = subprocess.run(
+        [*LABCTL, "report", str(run_dir)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert report.returncode == 0, report.stderr
+    assert "still says running" in report.stdout
+
+
+def test_bad_experiment_is_exit_2_one_line(tmp_path: Path, repo: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nphases: {dp: {pairs: [[h1, h2]]}}\nbaseline: dp\ncycle: [dp]\nspeed: 11\n")
+    proc = subprocess.run(
+        [
+            *LABCTL,
+            "run",
+            str(bad),
+            "--inventory",
+            str(repo / "inventory.yaml"),
+            "--out",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: {bad}:5: speed: unknown field"]
+    assert not (tmp_path / "runs").exists()  # nothing is created before the input is valid
+
+
+def test_unknown_profile_is_exit_2(tmp_path: Path, repo: Path) -> None:
+    proc = subprocess.run(
+        [
+            *LABCTL,
+            "run",
+            str(repo / "experiments" / "reconfig-timeline.yaml"),
+            "--profile",
+            "warp",
+            "--inventory",
+            str(repo / "inventory.yaml"),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "unknown profile 'warp'" in proc.stderr and "Traceback" not in proc.stderr

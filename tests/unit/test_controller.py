@@ -1,0 +1,163 @@
+"""The controller end to end on the simulated lab (fast profile), in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import labctl
+from labctl.controller import RecoveryTracker, run_experiment
+from labctl.events import Event, read_events
+from labctl.profiles import resolve_profile
+
+SHORT = """\
+name: short
+phases:
+  dp: {pairs: [[h1, h2], [h3, h4]]}
+  pp: {pairs: [[h1, h3], [h2, h4]]}
+baseline: dp
+cycle: [pp, dp]
+repeat: 1
+hold_s: 0.05
+recovery_timeout_s: 5
+"""
+
+
+@pytest.fixture
+def short_experiment(tmp_path: Path) -> Path:
+    path = tmp_path / "short.yaml"
+    path.write_text(SHORT)
+    return path
+
+
+async def test_run_writes_every_file_and_phases_match_the_profile(
+    short_experiment: Path, inventory_path: Path, tmp_path: Path
+) -> None:
+    outcome = await run_experiment(
+        short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=7
+    )
+    assert outcome.status == "completed", outcome.error
+    run_dir = outcome.run_dir
+    for name in (
+        "run.json",
+        "events.jsonl",
+        "breakdown.csv",
+        "breakdown.parquet",
+        "summary.json",
+        "timeline.png",
+        "timeline.svg",
+        "distributions.png",
+    ):
+        assert (run_dir / name).stat().st_size > 0, name
+    run = labctl.load_run(run_dir)
+    assert run.status == "completed"
+    assert run.meta["seed"] == 7 and run.meta["profile"]["name"] == "fast"
+    bd = run.breakdown
+    assert sorted(bd["reconfig"].unique()) == [0, 1, 2]
+    measured = bd[bd["reconfig"] > 0]
+    assert len(measured) == 2 * 16  # every port of both rails moves in a DP<->PP swap
+    assert not measured["timed_out"].any()
+    marks = [
+        "t0_command_ns",
+        "t1_switch_done_ns",
+        "t2_rx_power_ns",
+        "t3_firmware_up_ns",
+        "t4_carrier_up_ns",
+        "t5_traffic_ns",
+    ]
+    assert measured[marks].notna().all().all()
+    # Marks are ordered as the physics says. (t1 is when we *received* the acknowledgement, so light may
+    # be sampled back before it: no order between t1 and t2.)
+    order = [
+        ("t0_command_ns", "t1_switch_done_ns"),
+        ("t0_command_ns", "t2_rx_power_ns"),
+        *itertools.pairwise(marks[2:]),
+    ]
+    for a, b in order:
+        assert (measured[b] >= measured[a]).all(), (a, b)
+    fast = resolve_profile("fast")
+    ms = 1e6
+    slack_ms = 25  # asyncio timers fire late on a loaded 2-core machine; generous on purpose
+    assert measured["switch_ns"].min() >= fast.switching_ms[0] * ms
+    assert measured["switch_ns"].max() <= (fast.switching_ms[1] + slack_ms) * ms
+    # firmware = t3 - t2 and t2 is a sample: it can be late by the sampler's lag, so slack on both sides.
+    assert measured["firmware_ns"].min() >= (fast.firmware_up_ms[0] - slack_ms) * ms
+    assert measured["firmware_ns"].max() <= (fast.firmware_up_ms[1] + slack_ms) * ms
+    # Carrier follows firmware by 70-80 us: stamped with model time, so exact.
+    assert measured["carrier_ns"].between(70_000, 80_000).all()
+    assert measured["transport_ns"].min() >= fast.transport_after_carrier_ms[0] * ms
+    assert measured["transport_ns"].max() <= (fast.transport_after_carrier_ms[1] + 1 + slack_ms) * ms
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["reconfigurations"] == 2 and summary["phases"]["total"]["count"] == 32
+    events = list(read_events(run_dir / "events.jsonl"))
+    assert [e.seq for e in events] == list(range(len(events)))
+    assert events[0].kind == "run.start" and events[-1].kind == "run.end"
+    final = [e for e in events if e.kind == "ocs.read"]
+    assert final, "the controller reads every switch's final state"
+    assert isinstance(run.events, pd.DataFrame) and len(run.events) == len(events)
+
+
+async def test_unrecovered_ports_are_recorded_as_timed_out(tmp_path: Path, inventory_path: Path) -> None:
+    exp = tmp_path / "slow.yaml"
+    exp.write_text(SHORT.replace("recovery_timeout_s: 5", "recovery_timeout_s: 0.02"))
+    outcome = await run_experiment(
+        exp, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=1, plots=False
+    )
+    assert outcome.status == "completed"
+    bd = labctl.load_run(outcome.run_dir).breakdown
+    assert bd["timed_out"].all()  # 20 ms is shorter than the fast profile's 40-60 ms firmware link-up
+    events = list(read_events(outcome.run_dir / "events.jsonl"))
+    timeouts = [e for e in events if e.kind == "run.timeout"]
+    assert len(timeouts) == 3 and len(timeouts[0].meta["pending"]) == 16
+
+
+async def test_cancel_restores_baseline_and_marks_aborted(
+    short_experiment: Path, inventory_path: Path, tmp_path: Path
+) -> None:
+    task = asyncio.create_task(
+        run_experiment(
+            short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=2, plots=False
+        )
+    )
+    runs = tmp_path / "runs"
+    # Cancel once the first PP reconfiguration has started.
+    for _ in range(400):
+        await asyncio.sleep(0.01)
+        if runs.exists() and any(runs.iterdir()):
+            path = next(runs.iterdir()) / "events.jsonl"
+            if path.exists() and b'"value":"pp"' in path.read_bytes():
+                break
+    task.cancel()
+    outcome = await task
+    assert outcome.status == "aborted"
+    events = list(read_events(outcome.run_dir / "events.jsonl"))
+    assert any(e.kind == "run.abort" for e in events)
+    phases = [e for e in events if e.kind == "phase"]
+    assert phases[-1].value == "dp" and phases[-1].meta["measured"] is False  # the restore
+    final = [e for e in events if e.kind == "ocs.read"][-1]
+    from labctl.experiment import build_plan, load_experiment
+    from labctl.inventory import load_inventory
+
+    spec, src = load_experiment(short_experiment)
+    plan = build_plan(spec, load_inventory(inventory_path), src)
+    baseline = set().union(*(rp.mapping for rp in plan.phases["dp"].values()))
+    assert {tuple(p) for p in final.meta["patches"]} == baseline
+    assert json.loads((outcome.run_dir / "run.json").read_text())["status"] == "aborted"
+
+
+def test_recovery_tracker_ignores_the_old_circuit() -> None:
+    progress: list[int] = []
+    tracker = RecoveryTracker({"a", "b"}, t0_ns=100, on_progress=progress.append)
+    tracker(Event(t_ns=50, kind="traffic.lost", source="a"))  # before t0
+    tracker(Event(t_ns=110, kind="traffic.ok", source="a"))  # old circuit still up
+    assert tracker.pending == {"a", "b"}
+    tracker(Event(t_ns=120, kind="traffic.lost", source="a"))
+    tracker(Event(t_ns=130, kind="traffic.ok", source="a"))
+    tracker(Event(t_ns=140, kind="carrier", source="b", value=1))
+    tracker(Event(t_ns=150, kind="traffic.ok", source="b"))
+    assert tracker.done.is_set() and progress == [1, 2]

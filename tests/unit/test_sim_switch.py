@@ -1,0 +1,166 @@
+"""The simulated switch and converge(): validation before sending, diff-only changes, read-back, retries,
+timeouts, events. Plus the NIC model's recovery order."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from labctl.drivers.sim import SimSwitch
+from labctl.errors import HardwareError, MappingError, SwitchStateMismatch
+from labctl.events import Event
+from labctl.inventory import load_inventory
+from labctl.mapping import Mapping, MappingDiff, PortSpace, apply_diff
+from labctl.ocs import OpticalSwitch, SwitchOps, TimeoutPolicy, converge
+from labctl.profiles import resolve_profile
+from labctl.sim.fabric import SimFabric
+from labctl.sim.switch_model import SwitchModel
+
+FAST = resolve_profile("fast")
+SPACE = PortSpace(8, 8)
+
+
+def make_switch(events: list[Event], timeouts: TimeoutPolicy | None = None) -> SimSwitch:
+    model = SwitchModel("ocs1", SPACE, FAST, random.Random(1))
+    return SimSwitch(model, events.append, timeouts)
+
+
+async def test_sim_switch_satisfies_protocol_and_applies_only_changes() -> None:
+    events: list[Event] = []
+    sw = make_switch(events)
+    assert isinstance(sw, OpticalSwitch)
+    await sw.connect()
+    first = await sw.apply([(1, 9), (2, 10)], context={"rail": 0})
+    assert first.value.added == {(1, 9), (2, 10)} and first.value.removed == frozenset()
+    assert first.start_ns < first.end_ns
+    assert first.value.attempts == 1
+    second = await sw.apply([(1, 10), (2, 9)])
+    assert second.value.removed == {(1, 9), (2, 10)}
+    assert second.value.added == {(1, 10), (2, 9)}
+    same = await sw.apply([(1, 10), (2, 9)])
+    assert same.value.attempts == 0  # nothing to send
+    assert sw.model.commands == 2
+    commands = [e for e in events if e.kind == "ocs.command"]
+    completes = [e for e in events if e.kind == "ocs.complete"]
+    assert len(commands) == 2 and len(completes) == 2
+    assert commands[0].meta["rail"] == 0 and commands[0].meta["add"] == [(1, 9), (2, 10)]
+    assert all(c.t_ns < d.t_ns for c, d in zip(commands, completes, strict=True))
+    assert (await sw.get_mapping()).value == {(1, 10), (2, 9)}
+    await sw.close()
+    sw.model.cancel_pending()
+
+
+async def test_invalid_mapping_is_refused_before_anything_is_sent() -> None:
+    events: list[Event] = []
+    sw = make_switch(events)
+    await sw.connect()
+    with pytest.raises(MappingError, match="egress port 9 is used twice"):
+        await sw.apply([(1, 9), (2, 9)])
+    with pytest.raises(MappingError, match="not an egress port"):
+        await sw.apply([(1, 2)])
+    assert sw.model.commands == 0
+    assert not [e for e in events if e.kind.startswith("ocs.")]
+
+
+async def test_scope_leaves_other_circuits_alone_and_disconnect() -> None:
+    events: list[Event] = []
+    sw = make_switch(events)
+    await sw.connect()
+    await sw.apply([(1, 9), (2, 10), (5, 13)])
+    # Rail "A" owns ports 1, 2, 9, 10: re-patch it, leave (5, 13) alone, unpatch 2.
+    await sw.apply([(1, 10)], scope={1, 2, 9, 10})
+    assert (await sw.get_mapping()).value == {(1, 10), (5, 13)}
+    await sw.disconnect([5])
+    assert (await sw.get_mapping()).value == {(1, 10)}
+    sw.model.cancel_pending()
+
+
+async def test_not_connected_is_a_clear_error() -> None:
+    sw = make_switch([])
+    with pytest.raises(HardwareError, match="ocs1: not connected"):
+        await sw.get_mapping()
+
+
+class FlakySwitch:
+    """A behavioural fake: loses the first `lose` patches it is asked to make."""
+
+    def __init__(self, lose: int) -> None:
+        self.patches: Mapping = frozenset()
+        self.lose = lose
+        self.sent: list[MappingDiff] = []
+
+    async def read(self) -> Mapping:
+        return self.patches
+
+    async def send(self, diff: MappingDiff) -> None:
+        self.sent.append(diff)
+        self.patches = apply_diff(self.patches, diff)
+        while self.lose and self.patches:
+            self.patches = frozenset(sorted(self.patches)[1:])
+            self.lose -= 1
+
+
+async def test_converge_retries_until_read_back_matches() -> None:
+    events: list[Event] = []
+    fake = FlakySwitch(lose=1)
+    result = await converge(
+        "ocs1", SPACE, SwitchOps(fake.read, fake.send), [(1, 9), (2, 10)], None, events.append
+    )
+    assert result.attempts == 2
+    assert fake.sent[1].add == {(1, 9)}  # the retry sends only what is still missing
+    assert result.mapping == {(1, 9), (2, 10)}
+
+
+async def test_converge_raises_with_remaining_diff_and_records_error() -> None:
+    events: list[Event] = []
+    fake = FlakySwitch(lose=100)
+    with pytest.raises(SwitchStateMismatch) as info:
+        await converge(
+            "ocs1", SPACE, SwitchOps(fake.read, fake.send, attempts=3), [(1, 9), (2, 10)], None, events.append
+        )
+    assert len(fake.sent) == 3
+    assert info.value.missing
+    assert "read-back differs" in str(info.value)
+    assert events[-1].kind == "ocs.error"
+
+
+async def test_timeout_policy_bounds_a_whole_apply() -> None:
+    events: list[Event] = []
+    sw = make_switch(events, TimeoutPolicy(operation_s=0.05))
+
+    async def stuck(diff: MappingDiff) -> None:
+        await asyncio.sleep(10)
+
+    sw._send = stuck  # type: ignore[method-assign]
+    await sw.connect()
+    with pytest.raises(HardwareError, match=r"ocs1: apply did not finish within 0.05 s"):
+        await sw.apply([(1, 9)])
+
+
+async def test_nic_model_recovers_in_order_and_drops_on_light_loss(inventory_path) -> None:
+    inv = load_inventory(inventory_path)
+    rng = random.Random(3)
+    model = SwitchModel("ocs1", inv.switches["ocs1"].space, FAST, rng)
+    fabric = SimFabric(inv, {"ocs1": model}, FAST, rng)
+    seen: list[tuple[str, str, int, int]] = []
+    fabric.add_listener(lambda port, kind, value, t: seen.append((port.label, kind, value, t)))
+    h1, h2 = inv.rail_ports(0)["h1"][0], inv.rail_ports(0)["h2"][0]
+    sw = SimSwitch(model, lambda e: None)
+    await sw.connect()
+    await sw.apply([(h1.tx, h2.rx), (h2.tx, h1.rx)])
+    await asyncio.sleep(0.15)  # fast profile: firmware 40-60 ms, transport +10-20 ms
+    ups = {(label, kind): t for label, kind, value, t in seen if value == 1}
+    for label in (h1.label, h2.label):
+        assert ups[(label, "link.firmware")] < ups[(label, "carrier")] < ups[(label, "transport")]
+        assert 70_000 <= ups[(label, "carrier")] - ups[(label, "link.firmware")] <= 80_000
+    assert fabric.rx_power_dbm(h1, ups[(h1.label, "carrier")]) is not None
+    t_cut = seen[-1][3]
+    await sw.apply([], scope={h1.tx, h1.rx, h2.tx, h2.rx})
+    await asyncio.sleep(0.02)
+    downs = [(label, kind) for label, kind, value, t in seen if value == 0 and t > t_cut]
+    assert (h1.label, "carrier") in downs and (h2.label, "transport") in downs
+    assert fabric.rx_power_dbm(h1, t_cut) is None  # no light is None, never a made-up floor
+    fabric.cancel_pending()
+    model.cancel_pending()
