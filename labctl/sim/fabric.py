@@ -40,6 +40,17 @@ class PortState:
     generation: int = 0
 
 
+@dataclass
+class _Pending:
+    """A transition scheduled at model time `t_ns`, valid while the port's link generation is unchanged."""
+
+    t_ns: int
+    generation: int
+    kind: str
+    value: int
+    handle: asyncio.TimerHandle | None = None
+
+
 class SimFabric:
     """NIC ports of every host, wired to the switch models through their fibers."""
 
@@ -52,7 +63,7 @@ class SimFabric:
         self.ports: dict[NicPort, PortState] = {}
         self._by_rx: dict[tuple[str, int], NicPort] = {}
         self._by_tx: dict[tuple[str, int], NicPort] = {}
-        self._timers: set[asyncio.TimerHandle] = set()
+        self._pending: dict[NicPort, list[_Pending]] = {}
         for port in inventory.ports:
             # Per-port spread of received power, as fibers and connectors differ.
             level = profile.rx_power_dbm + rng.uniform(-0.8, 0.8)
@@ -79,6 +90,9 @@ class SimFabric:
         if st.light_from == source:
             return
         old = st.light_from
+        # A late event loop may deliver this change before transitions that happened earlier in model time
+        # (e.g. a carrier-down still queued when the new light arrives): apply those first, in time order.
+        self._catch_up([p for p in (port, old, source) if p is not None], t_ns)
         st.light_from = source
         st.light_t_ns = t_ns
         st.settle_ns = self.profile.draw_ns(self.rng, "optical_settle_ms") if source is not None else 0
@@ -120,15 +134,22 @@ class SimFabric:
             self._schedule(port, self.ports[port].generation, "transport", 1, t_transport)
 
     def _schedule(self, port: NicPort, generation: int, kind: str, value: int, t_ns: int) -> None:
-        loop = asyncio.get_running_loop()
+        pending = _Pending(t_ns, generation, kind, value)
+        pending.handle = asyncio.get_running_loop().call_at(t_ns / 1e9, self._fire, port, pending)
+        self._pending.setdefault(port, []).append(pending)
 
-        def fire() -> None:
-            self._timers.discard(handle)
-            if self.ports[port].generation == generation:
-                self._transition(port, kind, value, t_ns)
+    def _fire(self, port: NicPort, pending: _Pending) -> None:
+        self._pending[port].remove(pending)
+        if self.ports[port].generation == pending.generation:
+            self._transition(port, pending.kind, pending.value, pending.t_ns)
 
-        handle = loop.call_at(t_ns / 1e9, fire)
-        self._timers.add(handle)
+    def _catch_up(self, ports: list[NicPort], t_ns: int) -> None:
+        due = [(port, x) for port in set(ports) for x in self._pending.get(port, ()) if x.t_ns <= t_ns]
+        due.sort(key=lambda item: item[1].t_ns)
+        for port, pending in due:
+            if pending.handle is not None:
+                pending.handle.cancel()
+            self._fire(port, pending)
 
     def _transition(self, port: NicPort, kind: str, value: int, t_ns: int) -> None:
         st = self.ports[port]
@@ -140,9 +161,11 @@ class SimFabric:
             listener(port, kind, value, t_ns)
 
     def cancel_pending(self) -> None:
-        for handle in self._timers:
-            handle.cancel()
-        self._timers.clear()
+        for pendings in self._pending.values():
+            for pending in pendings:
+                if pending.handle is not None:
+                    pending.handle.cancel()
+        self._pending.clear()
 
     # -- what probes read ------------------------------------------------------------------------------------
     def rx_power_dbm(self, port: NicPort, t_ns: int) -> float | None:

@@ -164,3 +164,30 @@ async def test_nic_model_recovers_in_order_and_drops_on_light_loss(inventory_pat
     assert fabric.rx_power_dbm(h1, t_cut) is None  # no light is None, never a made-up floor
     fabric.cancel_pending()
     model.cancel_pending()
+
+
+async def test_nic_model_is_causal_even_when_the_loop_delivers_late(inventory_path) -> None:
+    """A loaded event loop can deliver a light change before a carrier-down that happened earlier in model
+    time; the model must still apply transitions in model-time order (carrier goes down, then up)."""
+    inv = load_inventory(inventory_path)
+    rng = random.Random(5)
+    model = SwitchModel("ocs1", inv.switches["ocs1"].space, FAST, rng)
+    fabric = SimFabric(inv, {"ocs1": model}, FAST, rng)
+    seen: list[tuple[str, str, int, int]] = []
+    fabric.add_listener(lambda port, kind, value, t: seen.append((port.label, kind, value, t)))
+    h1, h2, h3 = (inv.rail_ports(0)[h][0] for h in ("h1", "h2", "h3"))
+    t = 10**12
+    # h1<->h2 lit, and let it come up fully.
+    fabric._on_light("ocs1", h1.rx, h2.tx, t)
+    fabric._on_light("ocs1", h2.rx, h1.tx, t)
+    fabric._catch_up([h1, h2], t + 10**9)
+    assert fabric.state(h1).carrier == 1
+    # Re-patch to h1<->h3 with no loop iteration in between: light loss at +1 ms, new light at +3 ms.
+    fabric._on_light("ocs1", h1.rx, None, t + 10**9 + 1_000_000)
+    fabric._on_light("ocs1", h1.rx, h3.tx, t + 10**9 + 3_000_000)
+    fabric._on_light("ocs1", h3.rx, h1.tx, t + 10**9 + 3_000_000)
+    fabric._catch_up([h1, h3], t + 2 * 10**9)
+    h1_carrier = [(value, at) for label, kind, value, at in seen if label == h1.label and kind == "carrier"]
+    assert [v for v, _ in h1_carrier] == [1, 0, 1]
+    assert [at for _, at in h1_carrier] == sorted(at for _, at in h1_carrier)
+    fabric.cancel_pending()
