@@ -22,6 +22,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from labctl.cli_dom import dom_app
 from labctl.errors import InputError, LabctlError
 
 app = typer.Typer(
@@ -35,6 +36,7 @@ app = typer.Typer(
 )
 inventory_app = typer.Typer(help="Inspect and validate inventory files.", no_args_is_help=True)
 app.add_typer(inventory_app, name="inventory")
+app.add_typer(dom_app, name="dom")
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)

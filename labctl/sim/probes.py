@@ -2,7 +2,9 @@
 
 - `SimLinkProbe`: `link.firmware` and `carrier` transitions, stamped with the model's transition time
   (like a netlink subscriber stamping on receipt, without the receive latency), plus an initial dump.
-- `SimRxPowerProbe`: samples every port's Rx power at `rx_power_hz` and reports changes and heartbeats.
+- `SimRxPowerProbe`: samples every port's Rx power at `rx_power_hz` through an emulated QSFP28 module
+  EEPROM per port (labctl.sim.module_eeprom) and the DOM decoder (labctl.probes.dom), the same read and
+  decode path as a live module, and reports changes and heartbeats.
 - `SimTrafficProbe`: one ping-pong per port to its expected peer every `interval_us`; `traffic.ok` with the
   RTT, `traffic.lost` stamped at the send time of the first unanswered ping.
 """
@@ -14,8 +16,10 @@ from collections.abc import Sequence
 from labctl.clock import now_ns
 from labctl.events import Event
 from labctl.inventory import NicPort
+from labctl.probes.dom import EepromRead, module_info, mw_to_dbm
 from labctl.sampling import QueueProbe, ReportGate, ticks
 from labctl.sim.fabric import SimFabric
+from labctl.sim.module_eeprom import EmulatedQsfp28
 
 
 class SimLinkProbe(QueueProbe):
@@ -71,12 +75,23 @@ class SimRxPowerProbe(QueueProbe):
         self.deadband_db = deadband_db
         self.gate = ReportGate(report_interval_ns)
         self.samples = 0
+        # Every port carries an emulated QSFP28; the model's power goes into its EEPROM words (all lanes)
+        # and comes back out through the module's read interface and the DOM decoder, so the simulated
+        # lab sees what a live module would report (0.1 µW resolution, 0 → no light).
+        self.modules = {port: EmulatedQsfp28() for port in self.ports}
+        self.module_info = module_info(EmulatedQsfp28())
+        self._reads: list[EepromRead] = list(self.module_info.rx_power_reads)
 
     async def _run(self) -> None:
         last: dict[NicPort, float | None] = {}
+        decode = self.module_info.decode_rx_power_mw
+        reads = [(r.i2c_address, r.page, r.bank, r.offset, r.length) for r in self._reads]
         async for t in ticks(self.period_ns):
             for port in self.ports:
-                dbm = self.fabric.rx_power_dbm(port, t)
+                module = self.modules[port]
+                module.set_rx_power_dbm(self.fabric.rx_power_dbm(port, t))
+                mw = decode([module.read(*r) for r in reads])[0]  # lane 1
+                dbm = mw_to_dbm(mw)
                 self.samples += 1
                 changed = port not in last or _moved(last[port], dbm, self.deadband_db)
                 if self.gate.due(port.source, changed, t):
@@ -88,7 +103,7 @@ class SimRxPowerProbe(QueueProbe):
                             source=port.source,
                             host=port.host,
                             value=None if dbm is None else round(dbm, 3),
-                            meta={"lane": 1, "mw": 0.0 if dbm is None else round(10 ** (dbm / 10), 6)},
+                            meta={"lane": 1, "mw": round(mw, 6)},
                         )
                     )
 
