@@ -166,6 +166,8 @@ class Controller:
         tracker = RecoveryTracker(expected, t0, lambda k: self.progress.port_recovered(n, k, len(expected)))
         unsubscribe = self.events.subscribe(tracker)
         pending: list[str] = []
+        for probe in self.lab.window_probes:
+            probe.open_window([p["source"] for p in ports])
         try:
             await asyncio.gather(*(self._apply_rail(rp) for rp in target.values()))
             if wait:
@@ -185,6 +187,8 @@ class Controller:
                         },
                     )
         finally:
+            for probe in self.lab.window_probes:
+                probe.close_window()
             unsubscribe()
             self.events.flush(durable=True)
         self.progress.reconfig_done(n, phase, pending)
@@ -211,11 +215,24 @@ class Controller:
 
     async def sequence(self) -> None:
         spec = self.plan.spec
+        gpu = self._gpu_step()
+        if gpu is not None:
+            await gpu.run("before")
         await self.reconfigure(spec.baseline, None, measured=True)
         for step, phase in self.plan.steps:
             await self.reconfigure(phase, step)
             if spec.hold_s:
                 await asyncio.sleep(spec.hold_s)
+        if gpu is not None:
+            await gpu.run("after")
+
+    def _gpu_step(self) -> Any:
+        """The optional `gpu:` step of the experiment (skipped, with an event, without a GPU)."""
+        if self.plan.spec.gpu is None:
+            return None
+        from labctl.probes.gpu.step import GpuStep
+
+        return GpuStep.from_settings(self.plan.spec.gpu, self.events, self.progress.message)
 
     async def restore_baseline(self) -> None:
         baseline = self.plan.phases[self.plan.spec.baseline]
@@ -235,6 +252,9 @@ class Controller:
         """Returns (status, error). Cancellation is absorbed here: the baseline is restored first."""
         status, error = "completed", None
         async with contextlib.AsyncExitStack() as stack:
+            # LIFO: after every switch has closed; pushed first so a start that fails midway is undone too.
+            stack.push_async_callback(self.lab.aclose)
+            await self.lab.start()
             for sw in self.lab.switches.values():
                 await sw.connect()
                 stack.push_async_callback(sw.close)
@@ -357,6 +377,7 @@ async def run_experiment(
             events=events.count,
             finished_wall_ns=Timebase.capture().wall0_ns,
             drops=dict(controller._drops_seen),
+            **lab.meta,
         )
     outcome = RunOutcome(run.path, status, error, events=events.count)
     outcome.summary = analyse(run.path, spec.analysis.rx_power_threshold_dbm, plots=plots)

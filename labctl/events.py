@@ -43,6 +43,9 @@ KINDS = frozenset(
         "ocs.complete",
         "ocs.error",
         "ocs.read",
+        "ocs.io",  # one wire command of a protocol driver (value = round trip ns)
+        "ocs.session",  # a driver session: connected, lost, reconnected, noise, ack
+        "ocs.report",  # an autonomous message from a switch (e.g. TL1 REPT)
         "rx_power",
         "link.firmware",
         "carrier",
@@ -51,6 +54,10 @@ KINDS = frozenset(
         "traffic.lost",
         "rdma.qp_state",
         "gpu.pingpong",
+        "gpu.pointer_chase",
+        "gpu.timer",
+        "gpu.skip",
+        "gpu.error",
         "phase",
         "sampler.drop",
         "run.start",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -51,6 +51,25 @@ class AnalysisSettings(_Model):
     rx_power_threshold_dbm: float = -10.0
 
 
+class GpuSettings(_Model):
+    """GPU microbenchmarks run as a step of the experiment, before the baseline set-up and after the last
+    reconfiguration (labctl.probes.gpu.step; decision 0014). Needs the `[gpu]` extra and a CUDA GPU on the
+    controller's machine; without one the step is skipped and recorded as a `gpu.skip` event."""
+
+    device: int = Field(default=0, ge=0)
+    peer_device: int | None = Field(
+        default=None, ge=0, description="second GPU for inter-GPU ping-pong; default: first with peer access"
+    )
+    inter_gpu: bool = True
+    stages: list[Literal["before", "after"]] = Field(default=["before", "after"], min_length=1)
+    iterations: int = Field(default=10_000, ge=10, le=10_000_000)
+    warmup: int = Field(default=2_000, ge=0, le=10_000_000)
+    variants: list[Literal["flip-volatile", "flip-atomic", "rwlr-volatile", "rwlr-atomic"]] = Field(
+        default=["flip-volatile", "flip-atomic", "rwlr-volatile", "rwlr-atomic"], min_length=1
+    )
+    pointer_chase: bool = True
+
+
 class ExperimentSpec(_Model):
     name: str = Field(min_length=1)
     description: str = ""
@@ -63,6 +82,7 @@ class ExperimentSpec(_Model):
     hold_s: float = Field(default=0.5, ge=0)
     probes: ProbeSettings = ProbeSettings()
     analysis: AnalysisSettings = AnalysisSettings()
+    gpu: GpuSettings | None = None
 
 
 @dataclass(frozen=True)

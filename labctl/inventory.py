@@ -112,6 +112,11 @@ class SwitchSpec(_Model):
     user: str | None = None
     password: SecretRef | None = None
     timeout_s: float = Field(default=10.0, gt=0, description="deadline for one switch operation")
+    emulate: bool = Field(
+        default=False,
+        description="start an in-process protocol emulator of this switch on 127.0.0.1 (ephemeral port) "
+        "and drive it over real TCP (polatis-tl1)",
+    )
 
     @field_validator("size")
     @classmethod
@@ -127,12 +132,55 @@ class SwitchSpec(_Model):
         return PortSpace.parse(self.size)
 
 
+class BrokerTlsSpec(_Model):
+    """TLS to the MQTT broker: file paths only (keys stay on disk, never in the inventory)."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+class BrokerSpec(_Model):
+    """The MQTT broker between the controller and `labctl agent`s; without it everything is one process."""
+
+    url: str = Field(default="mqtt://127.0.0.1:1883", description="mqtt://HOST:PORT or mqtts://HOST:PORT")
+    username: SecretRef | None = None
+    password: SecretRef | None = None
+    auth_key: SecretRef | None = Field(
+        default=None, description="HMAC-SHA256 key: every labctl message is signed and checked with it"
+    )
+    tls: BrokerTlsSpec | None = None
+    clock_sync_interval_s: float = Field(default=10.0, gt=0, description="re-measure agent clock offsets")
+    clock_samples: int = Field(default=16, ge=4, le=1000, description="ping/pong samples per measurement")
+
+    @field_validator("url")
+    @classmethod
+    def _url_parses(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value)
+        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
+            raise ValueError("broker url must look like mqtt://HOST:PORT or mqtts://HOST:PORT")
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError as e:
+            raise ValueError(f"broker url: {e}") from None
+        return value
+
+
 class InventoryModel(_Model):
     lab: str = Field(min_length=1)
     switches: dict[str, SwitchSpec] = Field(min_length=1)
     hosts: dict[str, HostSpec] = Field(min_length=1)
     profile: str = DEFAULT_PROFILE
     profiles: dict[str, dict[str, Any]] = {}
+    fabric: Literal["simulated", "emulated"] = Field(
+        default="simulated",
+        description="simulated: in-process NIC models; emulated: kernel namespaces + veth + tc (root, Linux)",
+    )
+    broker: BrokerSpec | None = Field(
+        default=None, description="MQTT broker for multi-host agents (`labctl agent`); absent: one process"
+    )
 
 
 @dataclass(frozen=True, slots=True)

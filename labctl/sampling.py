@@ -115,3 +115,10 @@ class ReportGate:
     def forget(self, keys: Iterable[str]) -> None:
         for key in keys:
             self._last_t.pop(key, None)
+
+
+def power_moved(prev_dbm: float | None, now_dbm: float | None, deadband_db: float) -> bool:
+    """Optical power changed enough to report: light appeared or vanished, or moved by the deadband."""
+    if prev_dbm is None or now_dbm is None:
+        return (prev_dbm is None) != (now_dbm is None)
+    return abs(now_dbm - prev_dbm) >= deadband_db

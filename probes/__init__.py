@@ -1,1 +1,1 @@
-"""Probes, one module per signal. Each is an async source of `labctl.events.Event`s (labctl.sampling.Probe)."""
+"""Probes, one module per signal: async sources of `labctl.events.Event`s (labctl.sampling.Probe)."""

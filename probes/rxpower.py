@@ -44,7 +44,7 @@ from labctl.clock import now_ns
 from labctl.errors import HardwareError, InputError
 from labctl.events import Event
 from labctl.ocs import TimeoutPolicy
-from labctl.sampling import QueueProbe, ReportGate, ticks
+from labctl.sampling import QueueProbe, ReportGate, power_moved, ticks
 
 from .dom import (
     A0H,
@@ -574,7 +574,7 @@ class RxPowerProbe(QueueProbe):
             self.samples += 1
             for i, mw in enumerate(mws):
                 dbm = mw_to_dbm(mw)
-                changed = not reported[i] or _moved(last[i], dbm, self.deadband_db)
+                changed = not reported[i] or power_moved(last[i], dbm, self.deadband_db)
                 if not self.gate.due(keys[i], changed, t):
                     continue
                 reported[i] = True
@@ -594,10 +594,3 @@ class RxPowerProbe(QueueProbe):
                         meta=meta,
                     )
                 )
-
-
-def _moved(prev: float | None, now: float | None, deadband_db: float) -> bool:
-    """Light appeared or vanished, or the level moved by at least the deadband."""
-    if prev is None or now is None:
-        return (prev is None) != (now is None)
-    return abs(now - prev) >= deadband_db

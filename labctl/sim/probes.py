@@ -17,7 +17,7 @@ from labctl.clock import now_ns
 from labctl.events import Event
 from labctl.inventory import NicPort
 from labctl.probes.dom import EepromRead, module_info, mw_to_dbm
-from labctl.sampling import QueueProbe, ReportGate, ticks
+from labctl.sampling import QueueProbe, ReportGate, power_moved, ticks
 from labctl.sim.fabric import SimFabric
 from labctl.sim.module_eeprom import EmulatedQsfp28
 
@@ -93,7 +93,7 @@ class SimRxPowerProbe(QueueProbe):
                 mw = decode([module.read(*r) for r in reads])[0]  # lane 1
                 dbm = mw_to_dbm(mw)
                 self.samples += 1
-                changed = port not in last or _moved(last[port], dbm, self.deadband_db)
+                changed = port not in last or power_moved(last[port], dbm, self.deadband_db)
                 if self.gate.due(port.source, changed, t):
                     last[port] = dbm
                     self.queue.put(
@@ -178,13 +178,6 @@ class SimTrafficProbe(QueueProbe):
                             meta=meta,
                         )
                     )
-
-
-def _moved(prev: float | None, now: float | None, deadband_db: float) -> bool:
-    """Light appeared or vanished, or the level moved by at least the deadband."""
-    if prev is None or now is None:
-        return (prev is None) != (now is None)
-    return abs(now - prev) >= deadband_db
 
 
 async def _forever() -> None:
