@@ -23,6 +23,7 @@ from rich.progress import (
 from rich.table import Table
 
 from labctl.cli_dom import dom_app
+from labctl.cli_fabric import fabric_app, probe_app
 from labctl.cli_ocs import emulate_app, ocs_app
 from labctl.errors import InputError, LabctlError
 
@@ -37,8 +38,10 @@ app = typer.Typer(
 )
 inventory_app = typer.Typer(help="Inspect and validate inventory files.", no_args_is_help=True)
 app.add_typer(inventory_app, name="inventory")
+app.add_typer(probe_app, name="probe")
 app.add_typer(ocs_app, name="ocs")
 app.add_typer(emulate_app, name="emulate")
+emulate_app.add_typer(fabric_app, name="fabric")
 app.add_typer(dom_app, name="dom")
 
 out = Console(soft_wrap=True)

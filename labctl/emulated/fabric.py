@@ -1,0 +1,402 @@
+"""The kernel-real emulated fabric: one network namespace per host, one veth pair per NIC port.
+
+Per NIC port, the NIC end lives in its host's namespace, named as the inventory says and carrying its
+address; the fiber end lives in the `ocs` namespace. The OCS is tc: a patch ingress i → egress e is a u32
+match-all + mirred redirect on the ingress of the fiber end of the port whose transmit fiber lands on i,
+sending every frame out of the fiber end of the port whose receive fiber comes from e. The fabric follows
+a `SwitchModel` through its light listener, so it moves the same way whichever driver (in-process sim,
+TL1 over TCP to the emulator) commands the model.
+
+A NIC's link needs light both ways with the same partner (training is two-sided, decision 0011): when a
+duplex link is lit, the fabric waits the profile's firmware link-up delay and then brings both fiber ends up
+(the veth peers then get carrier, a real kernel event); when light is lost, both fiber ends go down at once.
+`link.firmware` events are stamped right before the netlink request that brings the fiber end up or down.
+
+Lifecycle calls (`create`, `reset`, `destroy`) block and use pyroute2; run them off the event loop thread
+(asyncio.to_thread). Runtime calls (the light listener, firmware timers) run on the loop and use the raw
+rtnetlink codec (~0.1 ms a request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import ipaddress
+import json
+import os
+import random
+import socket
+from dataclasses import dataclass, field
+
+from labctl.clock import now_ns
+from labctl.emulated import netns
+from labctl.emulated.rtnl import Rtnl, open_route_socket
+from labctl.errors import HardwareError, InputError
+from labctl.events import Event
+from labctl.inventory import Inventory, NicPort
+from labctl.ocs import EventSink
+from labctl.profiles import Profile
+from labctl.sim.switch_model import SwitchModel
+
+REDIRECT_PRIO = 1
+INDEX_BASE = 1000
+OCS_NETNS = "ocs"
+# Same-ifindex veth ends are "non-urgent" for linkwatch, like a physical NIC: carrier-down notifications
+# are deferred up to 1 s, exactly what the carrier probe must cope with on real hardware (probes.md §2).
+HOST_SYSCTLS = {
+    "net/ipv6/conf/all/disable_ipv6": "1",  # no ND/MLD chatter crossing the OCS
+    "net/ipv6/conf/default/disable_ipv6": "1",
+    "net/ipv4/conf/all/arp_ignore": "1",  # answer ARP only on the port that owns the address
+    "net/ipv4/conf/default/arp_ignore": "1",
+    "net/ipv4/conf/all/arp_announce": "2",
+    "net/ipv4/conf/default/arp_announce": "2",
+    "net/ipv4/conf/all/rp_filter": "0",  # several ports share a subnet; the path decides, not the route
+    "net/ipv4/conf/default/rp_filter": "0",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FabricPort:
+    """Where one inventory NIC port lives in the fabric."""
+
+    port: NicPort
+    host_netns: str
+    fiber: str
+    index: int
+    """ifindex of both veth ends (NIC end in the host namespace, fiber end in the ocs namespace)."""
+    nic_mac: bytes
+    fiber_mac: bytes
+    interface: ipaddress.IPv4Interface
+
+    @property
+    def ip(self) -> str:
+        return str(self.interface.ip)
+
+
+@dataclass(frozen=True)
+class FabricLayout:
+    prefix: str
+    ocs_netns: str
+    host_netns: dict[str, str]
+    ports: list[FabricPort]
+    _by_port: dict[NicPort, FabricPort] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, inventory: Inventory, prefix: str) -> FabricLayout:
+        where = inventory.path or "inventory"
+        hosts = {host: f"{prefix}{host}" for host in inventory.hosts}
+        for name in [*hosts.values(), f"{prefix}{OCS_NETNS}"]:
+            try:
+                netns.netns_path(name)
+            except ValueError:
+                raise InputError(f"{where}: host name gives an unusable namespace name {name!r}") from None
+        ports = []
+        seen: dict[ipaddress.IPv4Address, str] = {}
+        for k, port in enumerate(inventory.ports):
+            if port.address is None:
+                raise InputError(
+                    f"{where}: hosts.{port.host}.nics[{port.ifname}].address: the emulated fabric needs an "
+                    "IPv4 address/prefix on every NIC port"
+                )
+            try:
+                interface = ipaddress.IPv4Interface(port.address)
+            except ValueError:
+                raise InputError(
+                    f"{where}: hosts.{port.host}.nics[{port.ifname}].address: {port.address!r} is not an "
+                    "IPv4 address/prefix like 10.0.0.1/24"
+                ) from None
+            if interface.ip in seen:
+                raise InputError(
+                    f"{where}: hosts.{port.host}.nics[{port.ifname}].address: {interface.ip} is also used by "
+                    f"{seen[interface.ip]}"
+                )
+            seen[interface.ip] = port.label
+            ports.append(
+                FabricPort(
+                    port=port,
+                    host_netns=hosts[port.host],
+                    fiber=f"fib{k}",
+                    index=INDEX_BASE + k,
+                    nic_mac=bytes((0x02, 0x6C, 0x00, 0x00, k >> 8, k & 0xFF)),
+                    fiber_mac=bytes((0x02, 0x6C, 0x01, 0x00, k >> 8, k & 0xFF)),
+                    interface=interface,
+                )
+            )
+        layout = cls(prefix, f"{prefix}{OCS_NETNS}", hosts, ports)
+        layout._by_port.update({p.port: p for p in ports})
+        return layout
+
+    def port(self, port: NicPort) -> FabricPort:
+        return self._by_port[port]
+
+    def netns_names(self) -> list[str]:
+        return [self.ocs_netns, *self.host_netns.values()]
+
+
+def layout_hash(inventory: Inventory) -> str:
+    """Six hex digits identifying the fabric an inventory describes (hosts, ports, addresses, switches)."""
+    shape = {
+        "switches": {n: s.size for n, s in inventory.switches.items()},
+        "ports": [[p.host, p.ifname, p.switch, p.tx, p.rx, p.address] for p in inventory.ports],
+    }
+    return hashlib.sha1(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:6]
+
+
+def managed_prefix(inventory: Inventory) -> str:
+    """Prefix of the fabric `labctl emulate fabric up` keeps for this inventory (reused by runs)."""
+    return f"lc-{layout_hash(inventory)}-"
+
+
+def run_prefix() -> str:
+    """Prefix of a fabric a run brings up for itself (unique per process, swept when the process is gone)."""
+    return f"lr-{os.getpid()}-"
+
+
+class KernelFabric:
+    """Builds, resets and removes the fabric of one layout, and moves light through it at runtime."""
+
+    def __init__(self, layout: FabricLayout, profile: Profile, rng: random.Random, emit: EventSink) -> None:
+        self.layout = layout
+        self.profile = profile
+        self.rng = rng
+        self.emit = emit
+        self._by_tx: dict[tuple[str, int], FabricPort] = {}
+        self._by_rx: dict[tuple[str, int], FabricPort] = {}
+        for fp in layout.ports:
+            self._by_tx[(fp.port.switch, fp.port.tx)] = fp
+            self._by_rx[(fp.port.switch, fp.port.rx)] = fp
+        self._rt: Rtnl | None = None
+        self._lit: dict[tuple[str, int], int] = {}
+        self._redirect: dict[int, int] = {}  # fiber ifindex → fiber ifindex its frames are redirected to
+        self.light_from: dict[FabricPort, FabricPort | None] = dict.fromkeys(layout.ports)
+        self.fiber_up: dict[FabricPort, bool] = dict.fromkeys(layout.ports, False)
+        self._generation: dict[FabricPort, int] = dict.fromkeys(layout.ports, 0)
+        self._timers: set[asyncio.TimerHandle] = set()
+
+    # -- lifecycle (blocking) ------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        return all(netns.exists(n) for n in self.layout.netns_names())
+
+    def create(self) -> None:
+        """Create every namespace and link; on any failure remove everything created, then re-raise."""
+        names = self.layout.netns_names()
+        clash = [n for n in names if netns.exists(n)]
+        if clash:
+            raise HardwareError(
+                f"network namespace(s) {', '.join(clash)} already exist; remove them with "
+                f"`labctl emulate fabric down` (prefix {self.layout.prefix})"
+            )
+        try:
+            for name in names:
+                netns.create(name)
+            for name in names:
+                for key, value in HOST_SYSCTLS.items():
+                    netns.write_sysctl(name, key, value)
+            self._create_links()
+            for host, ns in self.layout.host_netns.items():
+                self._configure_host(host, ns)
+        except BaseException:
+            self.destroy()
+            raise
+
+    def _create_links(self) -> None:
+        with netns.entered(self.layout.ocs_netns):
+            rt = Rtnl(open_route_socket())
+        try:
+            for fp in self.layout.ports:
+                fd = netns.open_fd(fp.host_netns)
+                try:
+                    rt.add_veth(fp.fiber, fp.index, fp.fiber_mac, fp.port.ifname, fp.index, fp.nic_mac, fd)
+                finally:
+                    os.close(fd)
+                rt.add_ingress_qdisc(fp.index)
+        finally:
+            rt.close()
+
+    def _configure_host(self, host: str, ns: str) -> None:
+        """Addresses, admin up, and pinned neighbours for every port light could bring to each NIC port."""
+        from pyroute2 import IPRoute
+
+        mine = [fp for fp in self.layout.ports if fp.port.host == host]
+        with netns.entered(ns):
+            ipr = IPRoute()
+        try:
+            ipr.link("set", index=1, state="up")
+            for fp in mine:
+                ipr.addr("add", index=fp.index, address=fp.ip, prefixlen=fp.interface.network.prefixlen)
+                ipr.link("set", index=fp.index, state="up")
+                # Pinned ARP: the transport phase then measures the path, not the kernel's 1 s ARP retry
+                # timer after a probe lost while the far fiber end was still down (decision 0011).
+                for other in self.layout.ports:
+                    if other is fp or other.port.switch != fp.port.switch:
+                        continue
+                    ipr.neigh(
+                        "add",
+                        dst=other.ip,
+                        lladdr=":".join(f"{b:02x}" for b in other.nic_mac),
+                        ifindex=fp.index,
+                        state=0x80,  # NUD_PERMANENT
+                    )
+        finally:
+            ipr.close()
+
+    def reset(self) -> None:
+        """Put an existing fabric into the all-dark state (fiber ends down, no cross-connects); verify it."""
+        missing = [n for n in self.layout.netns_names() if not netns.exists(n)]
+        if missing:
+            raise HardwareError(f"fabric {self.layout.prefix}: namespace(s) {', '.join(missing)} missing")
+        for fp in self.layout.ports:
+            with netns.entered(fp.host_netns):
+                try:
+                    index = socket.if_nametoindex(fp.port.ifname)
+                except OSError:
+                    index = -1
+            if index != fp.index:
+                raise HardwareError(
+                    f"fabric {self.layout.prefix}: {fp.port.label} is not the fabric's NIC end (ifindex "
+                    f"{index}, expected {fp.index}); run `labctl emulate fabric down` and up again"
+                )
+        with netns.entered(self.layout.ocs_netns):
+            rt = Rtnl(open_route_socket())
+        try:
+            for fp in self.layout.ports:
+                rt.delete_filters(fp.index, REDIRECT_PRIO)
+                rt.set_up(fp.index, False)
+        finally:
+            rt.close()
+
+    def destroy(self) -> list[str]:
+        return netns.cleanup(self.layout.prefix)
+
+    # -- runtime (event loop thread) -------------------------------------------------------------------
+    def open(self) -> None:
+        if self._rt is None:
+            with netns.entered(self.layout.ocs_netns):
+                self._rt = Rtnl(open_route_socket())
+
+    def follow(self, switch: str, model: SwitchModel) -> None:
+        """Move light through the fabric as `model` does, from its current state on."""
+        model.add_listener(functools.partial(self._on_light, switch))
+        for egress, ingress in list(model.lit.items()):
+            self._on_light(switch, egress, ingress, now_ns())
+
+    def close(self) -> None:
+        for handle in self._timers:
+            handle.cancel()
+        self._timers.clear()
+        if self._rt is not None:
+            self._rt.close()
+            self._rt = None
+
+    def _control(self) -> Rtnl:
+        if self._rt is None:
+            raise HardwareError(f"fabric {self.layout.prefix}: not opened")
+        return self._rt
+
+    def _on_light(self, switch: str, egress: int, ingress: int | None, t_ns: int) -> None:
+        try:
+            self._cross_connect(switch, egress, ingress)
+            self._light_changed(switch, egress, ingress, t_ns)
+        except (OSError, HardwareError) as e:
+            self.emit(
+                Event(
+                    t_ns=now_ns(),
+                    kind="ocs.error",
+                    source=f"fabric:{self.layout.prefix}",
+                    value=f"{switch} egress {egress}: {e}",
+                )
+            )
+
+    def _cross_connect(self, switch: str, egress: int, ingress: int | None) -> None:
+        """Program the tc redirect of one patch (one direction of light)."""
+        rt = self._control()
+        key = (switch, egress)
+        old = self._lit.get(key)
+        if old == ingress:
+            return
+        dst = self._by_rx.get(key)
+        if old is not None:
+            src = self._by_tx.get((switch, old))
+            if src is not None and dst is not None and self._redirect.get(src.index) == dst.index:
+                rt.delete_filters(src.index, REDIRECT_PRIO)
+                del self._redirect[src.index]
+        if ingress is None:
+            self._lit.pop(key, None)
+            return
+        self._lit[key] = ingress
+        src = self._by_tx.get((switch, ingress))
+        if src is None or dst is None:
+            return  # light from or to a port with no NIC attached
+        if src.index in self._redirect:
+            rt.delete_filters(src.index, REDIRECT_PRIO)
+        rt.add_redirect(src.index, dst.index, REDIRECT_PRIO)
+        self._redirect[src.index] = dst.index
+
+    def _light_changed(self, switch: str, egress: int, ingress: int | None, t_ns: int) -> None:
+        port = self._by_rx.get((switch, egress))
+        if port is None:
+            return
+        source = self._by_tx.get((switch, ingress)) if ingress is not None else None
+        old = self.light_from[port]
+        if old == source:
+            return
+        self.light_from[port] = source
+        if old is not None:
+            self._link_down(port, old)
+        if source is not None and self.light_from[source] == port:
+            self._link_lit(port, source, t_ns)
+
+    def _link_down(self, a: FabricPort, b: FabricPort) -> None:
+        """Light from b no longer reaches a: the a-b link drops at both ends, now."""
+        for fp, peer in ((a, b), (b, a)) if a is not b else ((a, a),):
+            self._generation[fp] += 1
+            if self.fiber_up[fp]:
+                self._set_fiber(fp, peer, False, None)
+
+    def _link_lit(self, a: FabricPort, b: FabricPort, t_ns: int) -> None:
+        """Both directions of the a-b link are lit from t_ns: firmware link-up after the profile's delay."""
+        t_fw = t_ns + self.profile.draw_ns(self.rng, "firmware_up_ms")
+        pairs = ((a, b), (b, a)) if a is not b else ((a, a),)
+        generations = {}
+        for fp, _ in pairs:
+            self._generation[fp] += 1
+            generations[fp] = self._generation[fp]
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:
+            self._timers.discard(handle)
+            try:
+                for fp, peer in pairs:
+                    if self._generation[fp] == generations[fp] and not self.fiber_up[fp]:
+                        self._set_fiber(fp, peer, True, t_fw)
+            except (OSError, HardwareError) as e:
+                self.emit(
+                    Event(
+                        t_ns=now_ns(),
+                        kind="ocs.error",
+                        source=f"fabric:{self.layout.prefix}",
+                        value=f"firmware link-up {a.port.label}<->{b.port.label}: {e}",
+                    )
+                )
+
+        handle = loop.call_at(t_fw / 1e9, fire)
+        self._timers.add(handle)
+
+    def _set_fiber(self, fp: FabricPort, peer: FabricPort, up: bool, planned_ns: int | None) -> None:
+        t = now_ns()
+        self._control().set_up(fp.index, up)
+        self.fiber_up[fp] = up
+        meta: dict[str, object] = {"peer": peer.port.source, "fiber": fp.fiber}
+        if planned_ns is not None:
+            meta["planned_ns"] = planned_ns
+        self.emit(
+            Event(
+                t_ns=t,
+                kind="link.firmware",
+                source=fp.port.source,
+                host=fp.port.host,
+                value=1 if up else 0,
+                meta=meta,
+            )
+        )

@@ -1,0 +1,283 @@
+"""A minimal rtnetlink codec and a blocking request socket, for the operations that sit on measured paths.
+
+pyroute2 builds and parses every attribute of every message (~0.2 ms per RTM_NEWLINK, see
+../shared/reference/probes.md §2.2); the fabric flips fiber ends and re-programs cross-connects while a
+reconfiguration is being timed, and the carrier probe parses thousands of link messages a second, so both
+use these few hand-encoded messages instead. Only what labctl needs is here: link admin state, veth
+creation with chosen ifindexes, an ingress qdisc, u32 + mirred redirect filters, and the RTM_NEWLINK
+fields a carrier probe reads.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+# netlink
+NETLINK_ROUTE = 0
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+NLM_F_REQUEST = 0x1
+NLM_F_MULTI = 0x2
+NLM_F_ACK = 0x4
+NLM_F_ROOT = 0x100
+NLM_F_MATCH = 0x200
+NLM_F_DUMP = NLM_F_ROOT | NLM_F_MATCH
+NLM_F_EXCL = 0x200
+NLM_F_CREATE = 0x400
+NLA_F_NESTED = 0x8000
+RTMGRP_LINK = 0x1
+
+# rtnetlink message types
+RTM_NEWLINK = 16
+RTM_DELLINK = 17
+RTM_GETLINK = 18
+RTM_NEWQDISC = 36
+RTM_NEWTFILTER = 44
+RTM_DELTFILTER = 45
+
+# link attributes
+IFLA_ADDRESS = 1
+IFLA_IFNAME = 3
+IFLA_OPERSTATE = 16
+IFLA_LINKINFO = 18
+IFLA_NET_NS_FD = 28
+IFLA_EXT_MASK = 29
+IFLA_CARRIER = 33
+IFLA_CARRIER_UP_COUNT = 47
+IFLA_CARRIER_DOWN_COUNT = 48
+IFLA_INFO_KIND = 1
+IFLA_INFO_DATA = 2
+VETH_INFO_PEER = 1
+RTEXT_FILTER_SKIP_STATS = 1 << 3
+IFF_UP = 0x1
+IFF_LOWER_UP = 0x10000
+
+# RFC 2863 operational states, as IFLA_OPERSTATE numbers them
+OPERSTATES = ("unknown", "notpresent", "down", "lowerlayerdown", "testing", "dormant", "up")
+
+# tc
+TCA_KIND = 1
+TCA_OPTIONS = 2
+TCA_U32_SEL = 5
+TCA_U32_ACT = 7
+TCA_ACT_KIND = 1
+TCA_ACT_OPTIONS = 2
+TCA_MIRRED_PARMS = 2
+TC_U32_TERMINAL = 1
+TC_ACT_STOLEN = 4
+TCA_EGRESS_REDIR = 1
+TC_H_INGRESS = 0xFFFFFFF1
+INGRESS_HANDLE = 0xFFFF0000
+ETH_P_ALL = 0x0003
+
+NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
+IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
+TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
+NLATTR = struct.Struct("=HH")
+NLMSGERR = struct.Struct("=i")
+U32_SEL = struct.Struct("=BBBxHHhhI")  # flags, offshift, nkeys, offmask, off, offoff, hoff, hmask
+U32_KEY = struct.Struct("=IIii")  # mask, val, off, offmask
+TC_MIRRED = struct.Struct("=IIiiiiI")  # index, capab, action, refcnt, bindcnt, eaction, ifindex
+_U32 = struct.Struct("=I")
+
+
+class NetlinkError(OSError):
+    """The kernel refused a request (errno and the request type say which)."""
+
+
+def _align(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def attr(kind: int, payload: bytes) -> bytes:
+    length = NLATTR.size + len(payload)
+    return NLATTR.pack(length, kind) + payload + b"\0" * (_align(length) - length)
+
+
+def nested(kind: int, *children: bytes) -> bytes:
+    return attr(kind | NLA_F_NESTED, b"".join(children))
+
+
+def cstr(text: str) -> bytes:
+    return text.encode() + b"\0"
+
+
+def u32(value: int) -> bytes:
+    return _U32.pack(value)
+
+
+def message(msg_type: int, flags: int, seq: int, body: bytes) -> bytes:
+    return NLMSGHDR.pack(NLMSGHDR.size + len(body), msg_type, flags, seq, 0) + body
+
+
+def iter_messages(data: bytes) -> Iterator[tuple[int, int, int, int, int]]:
+    """(type, flags, seq, offset of the payload, end of the message) for every message in a datagram."""
+    offset, size = 0, len(data)
+    while offset + NLMSGHDR.size <= size:
+        length, msg_type, flags, seq, _pid = NLMSGHDR.unpack_from(data, offset)
+        if length < NLMSGHDR.size:
+            return
+        yield msg_type, flags, seq, offset + NLMSGHDR.size, offset + length
+        offset += _align(length)
+
+
+@dataclass(slots=True)
+class LinkState:
+    """The fields of an RTM_NEWLINK a carrier probe needs; None where the message did not carry one."""
+
+    ifindex: int
+    flags: int
+    carrier: int | None
+    operstate: int | None
+    up_count: int | None
+    down_count: int | None
+
+
+def parse_link(data: bytes, start: int, end: int) -> LinkState:
+    """Decode ifindex, flags, carrier, operstate and the carrier counters; skip every other attribute."""
+    _family, _type, ifindex, flags, _change = IFINFOMSG.unpack_from(data, start)
+    carrier = operstate = up_count = down_count = None
+    offset = start + IFINFOMSG.size
+    while offset + 4 <= end:
+        length, kind = NLATTR.unpack_from(data, offset)
+        if length < 4:
+            break
+        kind &= 0x3FFF
+        if kind == IFLA_CARRIER:
+            carrier = data[offset + 4]
+        elif kind == IFLA_OPERSTATE:
+            operstate = data[offset + 4]
+        elif kind == IFLA_CARRIER_UP_COUNT:
+            up_count = _U32.unpack_from(data, offset + 4)[0]
+        elif kind == IFLA_CARRIER_DOWN_COUNT:
+            down_count = _U32.unpack_from(data, offset + 4)[0]
+        offset += (length + 3) & ~3
+    return LinkState(ifindex, flags, carrier, operstate, up_count, down_count)
+
+
+def getlink_request(ifindex: int, seq: int) -> bytes:
+    """RTM_GETLINK for one device, without statistics (a smaller reply). Forces a linkwatch flush (≥ 6.7)."""
+    body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, ifindex, 0, 0) + attr(
+        IFLA_EXT_MASK, u32(RTEXT_FILTER_SKIP_STATS)
+    )
+    return message(RTM_GETLINK, NLM_F_REQUEST, seq, body)
+
+
+def dump_links_request(seq: int) -> bytes:
+    body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + attr(IFLA_EXT_MASK, u32(RTEXT_FILTER_SKIP_STATS))
+    return message(RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, seq, body)
+
+
+def open_route_socket(groups: int = 0, *, blocking: bool = True, rcvbuf: int = 1 << 20) -> socket.socket:
+    """A NETLINK_ROUTE socket in the calling thread's current network namespace."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_ROUTE)
+    try:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, 33, rcvbuf)  # SO_RCVBUFFORCE (root): above rmem_max
+        except OSError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.bind((0, groups))
+        sock.setblocking(blocking)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class Rtnl:
+    """Blocking request/acknowledge over one NETLINK_ROUTE socket (opened inside the namespace it acts on)."""
+
+    def __init__(self, sock: socket.socket, timeout_s: float = 2.0) -> None:
+        self.sock = sock
+        self.sock.settimeout(timeout_s)
+        self._seq = 0
+
+    @classmethod
+    def here(cls) -> Rtnl:
+        return cls(open_route_socket())
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def request(self, msg_type: int, flags: int, body: bytes, *, ok_errnos: tuple[int, ...] = ()) -> None:
+        """Send one request with NLM_F_ACK and wait for its acknowledgement; raise NetlinkError on refusal."""
+        self._seq += 1
+        seq = self._seq
+        self.sock.send(message(msg_type, flags | NLM_F_REQUEST | NLM_F_ACK, seq, body))
+        while True:
+            data = self.sock.recv(65536)
+            for kind, _flags, mseq, start, _end in iter_messages(data):
+                if kind == NLMSG_ERROR and mseq == seq:
+                    (code,) = NLMSGERR.unpack_from(data, start)
+                    if code == 0 or -code in ok_errnos:
+                        return
+                    raise NetlinkError(-code, f"rtnetlink request {msg_type} refused: {os.strerror(-code)}")
+
+    # -- links ---------------------------------------------------------------------------------------------
+    def set_up(self, ifindex: int, up: bool) -> None:
+        body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, ifindex, IFF_UP if up else 0, IFF_UP)
+        self.request(RTM_NEWLINK, 0, body)
+
+    def add_veth(
+        self,
+        name: str,
+        index: int,
+        mac: bytes,
+        peer_name: str,
+        peer_index: int,
+        peer_mac: bytes,
+        peer_netns_fd: int,
+    ) -> None:
+        """A veth pair: `name` here, `peer_name` created directly in the namespace behind `peer_netns_fd`."""
+        peer = (
+            IFINFOMSG.pack(socket.AF_UNSPEC, 0, peer_index, 0, 0)
+            + attr(IFLA_IFNAME, cstr(peer_name))
+            + attr(IFLA_ADDRESS, peer_mac)
+            + attr(IFLA_NET_NS_FD, u32(peer_netns_fd))
+        )
+        body = (
+            IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, 0, 0)
+            + attr(IFLA_IFNAME, cstr(name))
+            + attr(IFLA_ADDRESS, mac)
+            + nested(
+                IFLA_LINKINFO,
+                attr(IFLA_INFO_KIND, cstr("veth")),
+                nested(IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer)),
+            )
+        )
+        self.request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, body)
+
+    # -- tc --------------------------------------------------------------------------------------------------
+    def add_ingress_qdisc(self, ifindex: int) -> None:
+        body = TCMSG.pack(socket.AF_UNSPEC, ifindex, INGRESS_HANDLE, TC_H_INGRESS, 0) + attr(
+            TCA_KIND, cstr("ingress")
+        )
+        self.request(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_EXCL, body, ok_errnos=(errno.EEXIST,))
+
+    def add_redirect(self, ifindex: int, to_ifindex: int, prio: int) -> None:
+        """Every frame arriving on `ifindex` leaves through `to_ifindex` (u32 match-all + mirred redirect)."""
+        selector = U32_SEL.pack(TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0) + U32_KEY.pack(0, 0, 0, 0)
+        mirred = TC_MIRRED.pack(0, 0, TC_ACT_STOLEN, 0, 0, TCA_EGRESS_REDIR, to_ifindex)
+        action = nested(
+            1,  # action order 1
+            attr(TCA_ACT_KIND, cstr("mirred")),
+            nested(TCA_ACT_OPTIONS, attr(TCA_MIRRED_PARMS, mirred)),
+        )
+        body = (
+            TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, INGRESS_HANDLE, (prio << 16) | socket.htons(ETH_P_ALL))
+            + attr(TCA_KIND, cstr("u32"))
+            + nested(TCA_OPTIONS, attr(TCA_U32_SEL, selector), nested(TCA_U32_ACT, action))
+        )
+        self.request(RTM_NEWTFILTER, NLM_F_CREATE | NLM_F_EXCL, body)
+
+    def delete_filters(self, ifindex: int, prio: int) -> None:
+        """Remove every ingress filter at `prio` on `ifindex`; absent filters are not an error."""
+        body = TCMSG.pack(
+            socket.AF_UNSPEC, ifindex, 0, INGRESS_HANDLE, (prio << 16) | socket.htons(ETH_P_ALL)
+        )
+        self.request(RTM_DELTFILTER, 0, body, ok_errnos=(errno.ENOENT, errno.EINVAL))

@@ -1,0 +1,202 @@
+"""UDP ping-pong between the two ends of each circuit: the emulated lab's traffic probe.
+
+Every NIC port gets one UDP socket, opened inside its host's namespace, bound to its address and to its
+interface (SO_BINDTODEVICE, so a frame that the OCS delivers to the wrong port is never answered by this
+one). That socket is the port's echo responder and its pinger. Every `interval_us` (a timerfd tick, so
+sub-millisecond intervals work) each port with a circuit sends a ping carrying a sequence number and the
+circuit's generation to its peer; the peer's socket echoes it. A pong resolves the ping (`traffic.ok`, value
+= RTT ns, stamped at the pong's receipt, `meta.sent_ns` = the ping's send time); a ping
+unanswered after `timeout_us` (or overtaken by a later answered one) is lost (`traffic.lost`, stamped at
+its send time, `meta.detected_ns` = when the loss was decided). Outcomes are reported on change plus a
+heartbeat through `ReportGate`, with `meta.n` = the pings each event stands for, exactly as the simulated
+probe does; the RDMA probe will have the same interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from labctl.clock import now_ns
+from labctl.emulated import netns
+from labctl.emulated.timerfd import PeriodicTimer
+from labctl.events import Event
+from labctl.sampling import QueueProbe, ReportGate
+
+UDP_PORT = 47_000
+PING, PONG = 1, 2
+_MSG = struct.Struct("!BxHI")  # kind, circuit generation, sequence
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficEndpoint:
+    """One NIC port's address: where its socket lives and what source its events carry."""
+
+    source: str
+    address: str
+    ifname: str
+    netns: str | None = None
+    host: str = ""
+
+
+@dataclass(slots=True)
+class _Circuit:
+    peer: TrafficEndpoint
+    generation: int
+    seq: int = 0
+    outstanding: dict[int, int] = field(default_factory=dict)  # seq → send time, oldest first
+
+
+class UdpTrafficProbe(QueueProbe):
+    name = "traffic"
+
+    def __init__(
+        self,
+        endpoints: Sequence[TrafficEndpoint],
+        *,
+        interval_us: int = 1000,
+        timeout_us: int | None = None,
+        report_interval_ns: int = 100_000_000,
+        port: int = UDP_PORT,
+    ) -> None:
+        super().__init__()
+        self.by_source = {e.source: e for e in endpoints}
+        self.period_ns = interval_us * 1000
+        self.timeout_ns = (timeout_us if timeout_us is not None else 2 * interval_us) * 1000
+        self.gate = ReportGate(report_interval_ns)
+        self.udp_port = port
+        self.circuits: dict[str, _Circuit] = {}
+        self._socks: dict[str, socket.socket] = {}
+        self._was_ok: dict[str, bool] = {}
+        self._count: dict[str, int] = {}
+        self._generation = 0
+        self._timer: PeriodicTimer | None = None
+        self.pings = 0
+        self.pongs = 0
+        self.late = 0
+        self.send_errors = 0
+
+    def set_circuits(self, peers: dict[str, str | None]) -> None:
+        for source, peer in peers.items():
+            if source not in self.by_source:
+                continue
+            self.gate.forget([source])
+            # A new generation: answers to pings of the old circuit are ignored from now on.
+            self.circuits.pop(source, None)
+            if peer is not None:
+                self._generation = (self._generation + 1) & 0xFFFF
+                self.circuits[source] = _Circuit(self.by_source[peer], self._generation)
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+    def _open(self) -> None:
+        for source, ep in self.by_source.items():
+            sock = netns.socket_in(ep.netns, socket.AF_INET, socket.SOCK_DGRAM)
+            self._socks[source] = sock
+            sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ep.ifname.encode())
+            sock.bind((ep.address, self.udp_port))
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            self._open()
+            for source, sock in self._socks.items():
+                loop.add_reader(sock.fileno(), self._readable, source, sock)
+            self._timer = PeriodicTimer(self.period_ns, self._tick)
+            await asyncio.Event().wait()
+        finally:
+            if self._timer is not None:
+                self._timer.close()
+                self._timer = None
+            for sock in self._socks.values():
+                loop.remove_reader(sock.fileno())
+                sock.close()
+            self._socks.clear()
+
+    # -- ping --------------------------------------------------------------------------------------------
+    def _tick(self, _expirations: int) -> None:
+        t = now_ns()
+        for source, circuit in list(self.circuits.items()):
+            out = circuit.outstanding
+            while out:
+                seq, sent = next(iter(out.items()))
+                if t - sent < self.timeout_ns:
+                    break
+                del out[seq]
+                self._outcome(source, circuit, False, sent, t, None)
+            circuit.seq = (circuit.seq + 1) & 0xFFFFFFFF
+            sent = now_ns()
+            out[circuit.seq] = sent
+            self.pings += 1
+            try:
+                self._socks[source].sendto(
+                    _MSG.pack(PING, circuit.generation, circuit.seq), (circuit.peer.address, self.udp_port)
+                )
+            except OSError:
+                self.send_errors += 1  # no carrier, no route: the ping is lost and will time out
+
+    def _readable(self, source: str, sock: socket.socket) -> None:
+        while True:
+            try:
+                data, addr = sock.recvfrom(64)
+            except BlockingIOError:
+                return
+            except OSError:
+                continue
+            t = now_ns()
+            if len(data) != _MSG.size:
+                continue
+            kind, generation, seq = _MSG.unpack(data)
+            if kind == PING:
+                try:
+                    sock.sendto(_MSG.pack(PONG, generation, seq), addr)
+                except OSError:
+                    self.send_errors += 1
+                continue
+            circuit = self.circuits.get(source)
+            if kind != PONG or circuit is None or circuit.generation != generation:
+                continue
+            sent = circuit.outstanding.pop(seq, None)
+            if sent is None:
+                self.late += 1  # already declared lost
+                continue
+            self.pongs += 1
+            # Frames on one path stay in order: older pings still outstanding were lost.
+            for old_seq, old_sent in list(circuit.outstanding.items()):
+                if old_sent >= sent:
+                    break
+                del circuit.outstanding[old_seq]
+                self._outcome(source, circuit, False, old_sent, t, None)
+            self._outcome(source, circuit, True, sent, t, t - sent)
+
+    def _outcome(
+        self, source: str, circuit: _Circuit, ok: bool, sent: int, detected: int, rtt: int | None
+    ) -> None:
+        changed = self._was_ok.get(source) is not ok
+        self._count[source] = 1 if changed else self._count.get(source, 0) + 1
+        self._was_ok[source] = ok
+        # A loss is stamped when traffic stopped (the first unanswered ping's send time); an answer when it
+        # was observed, so it never precedes the carrier event that made it possible (both are receipts).
+        t = detected if ok else sent
+        if not self.gate.due(source, changed, t):
+            return
+        meta: dict[str, object] = {"peer": circuit.peer.source, "n": self._count[source]}
+        if ok:
+            meta["sent_ns"] = sent
+        else:
+            meta["detected_ns"] = detected
+        self._count[source] = 0
+        ep = self.by_source[source]
+        self.queue.put(
+            Event(
+                t_ns=t,
+                kind="traffic.ok" if ok else "traffic.lost",
+                source=source,
+                host=ep.host,
+                value=rtt,
+                meta=meta,
+            )
+        )

@@ -1,0 +1,411 @@
+"""The kernel-real emulated fabric: namespaces, veth NICs, tc cross-connects, carrier and traffic probes.
+
+Tolerances (stated once, used below): asyncio timers and netlink delivery on a 2-core CI machine add
+latency, so a modeled delay is accepted from its low bound minus 1 ms to its high bound plus TOL_NS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from labctl.clock import now_ns
+from labctl.drivers.sim import SimSwitch
+from labctl.emulated import netns
+from labctl.emulated.fabric import FabricLayout, KernelFabric
+from labctl.events import Event
+from labctl.inventory import Inventory, load_inventory
+from labctl.probes.carrier import CarrierTarget, NetlinkCarrierProbe
+from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
+from labctl.sim.switch_model import SwitchModel
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.emulated
+
+TOL_NS = 25_000_000
+FIRMWARE_MS = (100.0, 150.0)
+
+SMALL = textwrap.dedent(
+    """
+    lab: small-emulated
+    fabric: emulated
+    switches:
+      ocs1: {driver: sim, size: 16x16}
+    profile: quick
+    profiles:
+      quick: {extends: fast, switching_ms: [2.0, 3.0], light_loss_ms: [0.1, 0.3], firmware_up_ms: [100.0, 150.0]}
+    hosts:
+      h1:
+        nics:
+          - {ifname: ens1f0np0, rail: 0, switch: ocs1, tx: 1, rx: 17, address: 10.0.0.10/24}
+          - {ifname: ens1f1np1, rail: 0, switch: ocs1, tx: 2, rx: 18, address: 10.0.0.11/24}
+      h2:
+        nics:
+          - {ifname: ens1f0np0, rail: 0, switch: ocs1, tx: 3, rx: 19, address: 10.0.0.20/24}
+          - {ifname: ens1f1np1, rail: 0, switch: ocs1, tx: 4, rx: 20, address: 10.0.0.21/24}
+      h3:
+        nics:
+          - {ifname: ens1f0np0, rail: 0, switch: ocs1, tx: 5, rx: 21, address: 10.0.0.30/24}
+    """
+)
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> Inventory:
+    path = tmp_path / "small.yaml"
+    path.write_text(SMALL)
+    return load_inventory(path)
+
+
+class Fab:
+    """A fabric brought up for one test, with its switch model and driver and every emitted event."""
+
+    def __init__(self, inventory: Inventory, prefix: str) -> None:
+        self.inventory = inventory
+        self.profile = inventory.profile()
+        self.events: list[Event] = []
+        self.layout = FabricLayout.of(inventory, prefix)
+        self.fabric = KernelFabric(self.layout, self.profile, random.Random(7), self.events.append)
+        self.model = SwitchModel("ocs1", inventory.switches["ocs1"].space, self.profile, random.Random(8))
+        self.switch = SimSwitch(self.model, self.events.append)
+        self.ports = {p.label: self.layout.port(p) for p in inventory.ports}
+
+    def link(self, a: str, b: str) -> list[tuple[int, int]]:
+        pa, pb = self.ports[a].port, self.ports[b].port
+        return [(pa.tx, pb.rx), (pb.tx, pa.rx)]
+
+
+@pytest.fixture
+async def fab(small: Inventory, fabric_prefix: str) -> AsyncIterator[Fab]:
+    f = Fab(small, fabric_prefix)
+    await asyncio.to_thread(f.fabric.create)
+    try:
+        f.fabric.open()
+        f.fabric.follow("ocs1", f.model)
+        await f.switch.connect()
+        yield f
+    finally:
+        await f.switch.close()
+        f.model.cancel_pending()
+        f.fabric.close()
+        await asyncio.to_thread(f.fabric.destroy)
+
+
+def _ip(ns: str, *args: str) -> str:
+    return subprocess.run(["ip", "-n", ns, *args], check=True, capture_output=True, text=True).stdout
+
+
+# -- up / down ---------------------------------------------------------------------------------------------
+def test_up_builds_the_inventory_and_down_removes_everything(small: Inventory, fabric_prefix: str) -> None:
+    layout = FabricLayout.of(small, fabric_prefix)
+    fabric = KernelFabric(layout, small.profile(), random.Random(1), lambda e: None)
+    fabric.create()
+    try:
+        assert netns.list_netns(fabric_prefix) == sorted(layout.netns_names())
+        for fp in layout.ports:
+            nic = _ip(fp.host_netns, "-o", "addr", "show", "dev", fp.port.ifname)
+            assert fp.port.address in nic
+            link = _ip(fp.host_netns, "-o", "link", "show", "dev", fp.port.ifname)
+            assert "NO-CARRIER" in link  # the fiber end is held down: no patch, no light
+            fiber = _ip(layout.ocs_netns, "-o", "link", "show", "dev", fp.fiber)
+            assert "state DOWN" in fiber
+    finally:
+        removed = fabric.destroy()
+    assert sorted(removed) == sorted(layout.netns_names())
+    assert netns.list_netns(fabric_prefix) == []
+
+
+def test_up_that_fails_midway_removes_what_it_built(
+    small: Inventory, fabric_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layout = FabricLayout.of(small, fabric_prefix)
+    fabric = KernelFabric(layout, small.profile(), random.Random(1), lambda e: None)
+    calls = []
+
+    def broken(host: str, ns: str) -> None:
+        calls.append(host)
+        raise OSError("injected failure while configuring a host")
+
+    monkeypatch.setattr(fabric, "_configure_host", broken)
+    with pytest.raises(OSError, match="injected"):
+        fabric.create()
+    assert calls == ["h1"]
+    assert netns.list_netns(fabric_prefix) == []
+
+
+def test_a_test_that_fails_midway_leaves_nothing(tmp_path: Path, fabric_prefix: str) -> None:
+    """A pytest session whose test fails with a fabric up: its fixtures and sweep remove every namespace."""
+    inv = tmp_path / "small.yaml"
+    inv.write_text(SMALL)
+    test = tmp_path / "test_fails_midway.py"
+    test.write_text(
+        textwrap.dedent(
+            f"""
+            import random
+            from labctl.emulated.fabric import FabricLayout, KernelFabric
+            from labctl.inventory import load_inventory
+
+            def test_fails(fabric_prefix):
+                inv = load_inventory({str(inv)!r})
+                KernelFabric(FabricLayout.of(inv, fabric_prefix), inv.profile(), random.Random(1), print).create()
+                assert False, "failing midway on purpose"
+            """
+        )
+    )
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "tests.emulated.conftest",
+            "-p",
+            "no:cacheprovider",
+            str(test),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output, _ = child.communicate(timeout=120)
+    assert child.returncode == 1, output
+    assert "failing midway on purpose" in output
+    assert netns.list_netns(f"lt{child.pid}-") == []
+
+
+# -- cross-connects carry traffic between exactly the patched ports ----------------------------------------
+def _open_sockets(f: Fab) -> dict[str, socket.socket]:
+    socks = {}
+    for label, fp in f.ports.items():
+        s = netns.socket_in(fp.host_netns, socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, fp.port.ifname.encode())
+        s.bind((fp.ip, 47_100))
+        s.setblocking(False)
+        socks[label] = s
+    return socks
+
+
+async def _deliveries(f: Fab, socks: dict[str, socket.socket]) -> set[tuple[str, str]]:
+    """Send from every port to every other port's address; return the (from, to) pairs that arrived."""
+    by_ip = {fp.ip: label for label, fp in f.ports.items()}
+    for src, s in socks.items():
+        for dst, fp in f.ports.items():
+            if dst != src:
+                with contextlib.suppress(OSError):  # no carrier: dropped, which is the point
+                    s.sendto(src.encode(), (fp.ip, 47_100))
+    await asyncio.sleep(0.1)
+    got = set()
+    for dst, s in socks.items():
+        while True:
+            try:
+                data, addr = s.recvfrom(100)
+            except BlockingIOError:
+                break
+            assert data.decode() == by_ip[addr[0]]
+            got.add((data.decode(), dst))
+    return got
+
+
+async def _wait_fiber(f: Fab, label: str, up: bool, timeout_s: float = 2.0) -> None:
+    deadline = now_ns() + round(timeout_s * 1e9)
+    while f.fabric.fiber_up[f.ports[label]] != up:  # the fabric has no change notification to await
+        assert now_ns() < deadline, f"{label}: fiber end never went {'up' if up else 'down'}"
+        await asyncio.sleep(0.005)
+
+
+async def test_a_patch_carries_traffic_between_exactly_its_ports(fab: Fab) -> None:
+    socks = _open_sockets(fab)
+    try:
+        assert await _deliveries(fab, socks) == set()  # nothing patched: nothing flows
+        await fab.switch.apply(fab.link("h1/ens1f0np0", "h2/ens1f1np1"))
+        await _wait_fiber(fab, "h1/ens1f0np0", True)
+        await _wait_fiber(fab, "h2/ens1f1np1", True)
+        assert await _deliveries(fab, socks) == {
+            ("h1/ens1f0np0", "h2/ens1f1np1"),
+            ("h2/ens1f1np1", "h1/ens1f0np0"),
+        }
+        await fab.switch.apply(
+            [], scope=[p for pair in fab.link("h1/ens1f0np0", "h2/ens1f1np1") for p in pair]
+        )
+        await _wait_fiber(fab, "h1/ens1f0np0", False)
+        assert await _deliveries(fab, socks) == set()
+    finally:
+        for s in socks.values():
+            s.close()
+
+
+async def test_a_half_patched_link_stays_down_and_carries_nothing(fab: Fab) -> None:
+    socks = _open_sockets(fab)
+    try:
+        a, b = fab.ports["h1/ens1f0np0"].port, fab.ports["h3/ens1f0np0"].port
+        await fab.switch.apply([(a.tx, b.rx)])  # light a → b only
+        await asyncio.sleep(FIRMWARE_MS[1] / 1e3 + 0.05)
+        assert not fab.fabric.fiber_up[fab.ports["h1/ens1f0np0"]]
+        assert not fab.fabric.fiber_up[fab.ports["h3/ens1f0np0"]]
+        assert await _deliveries(fab, socks) == set()
+        assert not [e for e in fab.events if e.kind == "link.firmware"]
+    finally:
+        for s in socks.values():
+            s.close()
+
+
+async def test_traffic_probe_follows_the_patch(fab: Fab) -> None:
+    endpoints = [
+        TrafficEndpoint(fp.port.source, fp.ip, fp.port.ifname, fp.host_netns, fp.port.host)
+        for fp in fab.ports.values()
+    ]
+    probe = UdpTrafficProbe(endpoints, interval_us=1000, report_interval_ns=50_000_000)
+    a, b, c = (fab.ports[x].port.source for x in ("h1/ens1f0np0", "h2/ens1f0np0", "h3/ens1f0np0"))
+    events: list[Event] = []
+
+    async def pump() -> None:
+        async for e in probe.events():
+            events.append(e)
+
+    async with probe:
+        task = asyncio.create_task(pump())
+        try:
+            await fab.switch.apply(fab.link("h1/ens1f0np0", "h2/ens1f0np0"))
+            # c is told to expect a, but nothing is patched to c: its pings must be lost.
+            probe.set_circuits({a: b, b: a, c: a})
+            await asyncio.sleep(FIRMWARE_MS[1] / 1e3 + 0.15)
+            t_cut = now_ns()
+            await fab.switch.apply(
+                [], scope=[p for pair in fab.link("h1/ens1f0np0", "h2/ens1f0np0") for p in pair]
+            )
+            await asyncio.sleep(0.1)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    ok = {e.source for e in events if e.kind == "traffic.ok"}
+    assert ok == {a, b}
+    assert all(e.meta["peer"] in (a, b) for e in events if e.kind == "traffic.ok")
+    assert all(
+        isinstance(e.value, int) and 0 < e.value < 50_000_000 for e in events if e.kind == "traffic.ok"
+    )
+    for port in (a, b):  # cutting the patch stops its traffic: lost from the cut on, never ok again
+        mine = [e for e in events if e.source == port]
+        assert mine[-1].kind == "traffic.lost", (port, [e.kind for e in mine])
+        assert any(e.kind == "traffic.lost" and e.t_ns >= t_cut for e in mine)
+    assert {e.kind for e in events if e.source == c} == {"traffic.lost"}
+    for e in events:
+        if e.kind == "traffic.lost":
+            assert e.meta["detected_ns"] > e.t_ns
+
+
+async def test_carrier_follows_the_patch_after_the_firmware_delay(fab: Fab) -> None:
+    targets = [
+        CarrierTarget(fp.host_netns, fp.port.ifname, fp.port.source, fp.port.host)
+        for fp in fab.ports.values()
+    ]
+    probe = NetlinkCarrierProbe(targets)
+    events: list[Event] = []
+
+    async def pump() -> None:
+        async for e in probe.events():
+            events.append(e)
+
+    a, b = fab.ports["h1/ens1f0np0"].port.source, fab.ports["h2/ens1f0np0"].port.source
+    async with probe:
+        task = asyncio.create_task(pump())
+        try:
+            await asyncio.sleep(0.05)
+            initial = {e.source: e.value for e in events if e.kind == "carrier" and e.meta.get("initial")}
+            assert initial == dict.fromkeys((fp.port.source for fp in fab.ports.values()), 0)
+            result = await fab.switch.apply(fab.link("h1/ens1f0np0", "h2/ens1f0np0"))
+            t_done = result.value.complete_ns
+            assert t_done is not None
+            await asyncio.sleep(FIRMWARE_MS[1] / 1e3 + 0.05)
+            up = {e.source: e.t_ns for e in events if e.kind == "carrier" and e.value == 1}
+            assert set(up) == {a, b}
+            for t in up.values():
+                assert (
+                    t_done + FIRMWARE_MS[0] * 1e6 - 1_000_000 <= t <= t_done + FIRMWARE_MS[1] * 1e6 + TOL_NS
+                )
+            fw = {e.source: e.t_ns for e in fab.events if e.kind == "link.firmware" and e.value == 1}
+            assert all(0 <= up[s] - fw[s] < TOL_NS for s in (a, b))  # carrier follows firmware link-up
+            # Removing the patch inside a reconfiguration window: carrier-down is seen at once, although
+            # linkwatch defers its notification on these non-urgent (same-ifindex) veths by up to 1 s.
+            probe.open_window([a, b])
+            t_cmd = now_ns()
+            await fab.switch.apply(
+                [], scope=[p for pair in fab.link("h1/ens1f0np0", "h2/ens1f0np0") for p in pair]
+            )
+            await asyncio.sleep(0.05)
+            probe.close_window()
+            down = {e.source: e for e in events if e.kind == "carrier" and e.value == 0 and e.t_ns > t_cmd}
+            assert set(down) == {a, b}
+            assert all(e.t_ns - t_cmd < TOL_NS for e in down.values())
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+# -- a whole experiment on the emulated Opus testbed --------------------------------------------------------
+@pytest.fixture
+def run_owned_fabric_swept() -> Iterator[None]:
+    yield
+    assert netns.list_netns(f"lr-{os.getpid()}-") == []
+
+
+async def test_emulated_reconfig_timeline_has_every_mark_but_rx_power(
+    tmp_path: Path, fabric_prefix: str, run_owned_fabric_swept: None
+) -> None:
+    from labctl.breakdown import read_breakdown_csv
+    from labctl.controller import run_experiment
+
+    experiment = tmp_path / "timeline.yaml"
+    experiment.write_text(
+        (REPO / "experiments" / "reconfig-timeline.yaml")
+        .read_text()
+        .replace("repeat: 2 ", "repeat: 1 ")
+        .replace("hold_s: 0.5 ", "hold_s: 0.1 ")
+    )
+    outcome = await run_experiment(
+        experiment,
+        REPO / "experiments" / "inventories" / "emulated.yaml",
+        profile="emulated-fast",
+        out_dir=tmp_path / "runs",
+        seed=3,
+        plots=False,
+    )
+    assert outcome.status == "completed", outcome.error
+    frame = read_breakdown_csv(outcome.run_dir / "breakdown.csv")
+    rows = frame[frame["reconfig"] > 0]
+    assert len(rows) == 4 * 16
+    for col in (
+        "t0_command_ns",
+        "t1_switch_done_ns",
+        "t3_firmware_up_ns",
+        "t4_carrier_up_ns",
+        "t5_traffic_ns",
+    ):
+        assert rows[col].notna().all(), col
+    assert rows["t2_rx_power_ns"].isna().all()  # no Rx power in the emulated fabric yet
+    assert not rows["timed_out"].any()
+    profile = load_inventory(REPO / "experiments" / "inventories" / "emulated.yaml").profile("emulated-fast")
+    sw_lo, sw_hi = (x * 1_000_000 for x in profile.switching_ms)
+    fw_lo, fw_hi = (x * 1_000_000 for x in profile.firmware_up_ms)
+    # The switch phase is the TL1 driver's DLT/ENT commands over TCP, each switching for the profile's
+    # time: at least one switching time, at most a few plus protocol round trips.
+    assert rows["switch_ns"].between(sw_lo - 1_000_000, 4 * sw_hi + TOL_NS).all()
+    # A link's light comes back between t0 + one switching time and t1, then firmware link-up follows.
+    t3 = rows["t3_firmware_up_ns"]
+    assert (t3 - rows["t0_command_ns"] >= sw_lo + fw_lo - 1_000_000).all()
+    assert (t3 - rows["t1_switch_done_ns"] <= fw_hi + TOL_NS).all()
+    # Carrier and transport are real kernel behaviour, not modeled: bounded by the tolerance.
+    assert rows["carrier_ns"].between(0, TOL_NS).all()
+    assert rows["transport_ns"].between(0, TOL_NS).all()
+    assert rows["carrier_down_ns"].between(0, TOL_NS).all()
