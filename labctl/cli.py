@@ -25,6 +25,7 @@ from rich.table import Table
 from labctl.cli_dom import dom_app
 from labctl.cli_fabric import fabric_app, probe_app
 from labctl.cli_ocs import emulate_app, ocs_app
+from labctl.cli_sched import register as register_sched
 from labctl.errors import InputError, LabctlError
 
 app = typer.Typer(
@@ -43,6 +44,7 @@ app.add_typer(ocs_app, name="ocs")
 app.add_typer(emulate_app, name="emulate")
 emulate_app.add_typer(fabric_app, name="fabric")
 app.add_typer(dom_app, name="dom")
+register_sched(app)
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)

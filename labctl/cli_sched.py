@@ -1,0 +1,279 @@
+"""The scheduler and agent commands: `serve`, `submit`, `queue`, `cancel`, `history`, `agent`.
+
+Registered onto the main app by `register(app)` (labctl/cli.py). Bad input is an InputError: one line,
+exit code 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from labctl.errors import InputError
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+DbOpt = Annotated[
+    Path, typer.Option("--db", help="The queue database (SQLite, WAL). `serve` and the clients share it.")
+]
+DEFAULT_DB = Path("labctl-queue.sqlite")
+
+
+def serve(
+    db: DbOpt = DEFAULT_DB,
+    out_dir: Annotated[Path, typer.Option("--out", help="Where run directories are created.")] = Path("runs"),
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip plots for scheduled runs.")] = False,
+    exit_when_idle: Annotated[
+        bool,
+        typer.Option("--exit-when-idle", help="Exit once no run is queued or running and no schedule is on."),
+    ] = False,
+    poll_s: Annotated[float, typer.Option("--poll", help="Seconds between queue checks.", min=0.05)] = 0.5,
+) -> None:
+    """Run the queue: start due runs by priority when their OCS ports and hosts are free; fire cron schedules.
+
+    Runs on disjoint ports and hosts run at the same time, each in its own worker process. A higher
+    priority never preempts a running run. Ctrl-C/SIGTERM stops running runs (each restores its baseline)
+    and leaves queued ones queued. After a crash, the next `serve` restores the baseline of every run that
+    was going, marks it interrupted and queues one retry.
+    """
+    from labctl.scheduler import serve_main
+
+    err.print(f"serving queue {db} (runs in {out_dir}); Ctrl-C to stop")
+    asyncio.run(serve_main(db, out_dir, plots=not no_plots, exit_when_idle=exit_when_idle, poll_s=poll_s))
+
+
+def submit(
+    experiment: Annotated[Path, typer.Argument(help="Experiment file.")],
+    inventory: Annotated[Path, typer.Option("--inventory", "-i", help="Lab inventory.")] = Path(
+        "inventory.yaml"
+    ),
+    priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
+    at: Annotated[
+        str | None, typer.Option("--at", help="Not before: ISO 8601 (local time) or +30s, +10m, +2h, +1d.")
+    ] = None,
+    cron: Annotated[
+        str | None,
+        typer.Option("--cron", help="Recurring: a cron expression, e.g. '0 2 * * *' (local time)."),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Name shown in the queue (default: the experiment's).")
+    ] = None,
+    profile: Annotated[str | None, typer.Option(help="Delay profile of a simulated/emulated lab.")] = None,
+    db: DbOpt = DEFAULT_DB,
+) -> None:
+    """Queue a run (or, with --cron, a recurring schedule). The experiment is validated now, in full."""
+    from labctl.scheduler import QueueStore, SystemClock, declare, parse_at, validate_cron
+
+    if at is not None and cron is not None:
+        raise InputError("--at and --cron exclude each other (a schedule's first run is its next cron time)")
+    decl = declare(experiment, inventory)
+    if profile is not None:
+        from labctl.inventory import load_inventory
+
+        load_inventory(inventory).profile(profile)
+    now = SystemClock().wall_ns()
+    store = QueueStore(db)
+    try:
+        if cron is not None:
+            sid = store.add_schedule(
+                experiment,
+                inventory,
+                name or decl.name,
+                validate_cron(cron),
+                now_ns=now,
+                priority=priority,
+                profile=profile,
+            )
+            out.print(f"schedule c{sid} ({name or decl.name}): {cron}")
+            return
+        due = parse_at(at, now) if at is not None else now
+        rid = store.submit(
+            experiment, inventory, decl, now_ns=now, priority=priority, due_ns=due, name=name, profile=profile
+        )
+        out.print(
+            f"run {rid} ({name or decl.name}) queued, priority {priority}; holds "
+            f"{len(decl.resources.ports)} OCS ports, hosts {', '.join(sorted(decl.resources.hosts))}"
+        )
+    finally:
+        store.close()
+
+
+def queue(
+    db: DbOpt = DEFAULT_DB,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Show queued and running runs (in start order) and active cron schedules."""
+    from labctl.scheduler import QueueStore, fmt_wall
+
+    store = QueueStore(db)
+    try:
+        rows, schedules = store.active(), store.schedules()
+    finally:
+        store.close()
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "runs": [
+                        {
+                            "id": r.id,
+                            "name": r.name,
+                            "state": r.state,
+                            "priority": r.priority,
+                            "due_ns": r.due_ns,
+                            "hosts": sorted(r.resources.hosts),
+                            "ports": len(r.resources.ports),
+                            "run_dir": r.run_dir,
+                        }
+                        for r in rows
+                    ],
+                    "schedules": [
+                        {"id": f"c{s.id}", "name": s.name, "cron": s.cron, "next_fire_ns": s.next_fire_ns}
+                        for s in schedules
+                    ],
+                },
+                indent=2,
+            )
+        )
+        return
+    table = Table(title="queue", title_justify="left")
+    for col in ("id", "name", "state", "prio", "due", "hosts", "ports", "run dir"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            str(r.id),
+            r.name,
+            r.state + (" (cancel requested)" if r.cancel_requested else ""),
+            str(r.priority),
+            fmt_wall(r.due_ns),
+            ",".join(sorted(r.resources.hosts)),
+            str(len(r.resources.ports)),
+            r.run_dir or "",
+        )
+    out.print(table)
+    if schedules:
+        st = Table(title="schedules", title_justify="left")
+        for col in ("id", "name", "cron", "prio", "next"):
+            st.add_column(col)
+        for s in schedules:
+            st.add_row(f"c{s.id}", s.name, s.cron, str(s.priority), fmt_wall(s.next_fire_ns))
+        out.print(st)
+
+
+def cancel(
+    ident: Annotated[str, typer.Argument(metavar="ID", help="Run id (12), schedule id (c3) or name.")],
+    db: DbOpt = DEFAULT_DB,
+) -> None:
+    """Cancel a queued run, stop a running one (its baseline is restored), or disable a schedule."""
+    from labctl.scheduler import QueueStore
+
+    store = QueueStore(db)
+    try:
+        done = store.cancel(ident)
+    finally:
+        store.close()
+    if not done:
+        raise InputError(f"cancel {ident}: no such run, schedule or name in {db}")
+    for line in done:
+        out.print(line)
+
+
+def history(
+    db: DbOpt = DEFAULT_DB,
+    limit: Annotated[int, typer.Option(help="How many of the newest runs.", min=1)] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Finished runs, newest first: state, start and end, run directory, error."""
+    from labctl.scheduler import QueueStore, fmt_wall
+
+    store = QueueStore(db)
+    try:
+        rows = store.runs("state NOT IN ('queued','running')", (), "id DESC")[:limit]
+    finally:
+        store.close()
+    if as_json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "id": r.id,
+                        "name": r.name,
+                        "state": r.state,
+                        "attempt": r.attempt,
+                        "retry_of": r.retry_of,
+                        "started_ns": r.started_ns,
+                        "finished_ns": r.finished_ns,
+                        "run_dir": r.run_dir,
+                        "error": r.error,
+                        "recovery": json.loads(r.recovery) if r.recovery else None,
+                    }
+                    for r in rows
+                ],
+                indent=2,
+            )
+        )
+        return
+    table = Table(title="history", title_justify="left")
+    for col in ("id", "name", "state", "started", "finished", "run dir", "note"):
+        table.add_column(col)
+    for r in rows:
+        note = r.error or ""
+        if r.retry_of:
+            note = f"retry of {r.retry_of}; {note}".rstrip("; ")
+        if r.missed_fires:
+            note = f"{r.missed_fires} missed cron fire(s) merged; {note}".rstrip("; ")
+        table.add_row(
+            str(r.id), r.name, r.state, fmt_wall(r.started_ns), fmt_wall(r.finished_ns), r.run_dir or "", note
+        )
+    out.print(table)
+
+
+def agent(
+    host: Annotated[str, typer.Option("--host", help="This host's name in the inventory.")],
+    broker: Annotated[
+        str | None,
+        typer.Option("--broker", help="mqtt://HOST:PORT or mqtts://HOST:PORT (default: the inventory's)."),
+    ] = None,
+    inventory: Annotated[Path, typer.Option("--inventory", "-i", help="Lab inventory.")] = Path(
+        "inventory.yaml"
+    ),
+) -> None:
+    """Run this host's probes for the controller, over MQTT, until Ctrl-C/SIGTERM.
+
+    Events go to labctl/<lab>/<host>/events (QoS 1, sequence-numbered). Only `start`/`stop` of named probes,
+    `set_circuits` and clock `ping` are accepted, with validated arguments; credentials, TLS and the message
+    signing key come from the inventory's `broker:` section (${ENV} references).
+    """
+    import signal
+
+    from labctl.agents import Agent, BrokerSettings
+    from labctl.inventory import load_inventory
+
+    inv = load_inventory(inventory)
+    settings = BrokerSettings.from_inventory(inv, broker)
+
+    async def main() -> None:
+        node = Agent(inv, host, settings)
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(node.run())
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        err.print(f"agent {host}: {len(node.ports)} ports, broker {settings.hostname}:{settings.port}")
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+
+
+def register(app: typer.Typer) -> None:
+    """Add the scheduler and agent commands to the main `labctl` app."""
+    for fn in (serve, submit, queue, cancel, history, agent):
+        app.command()(fn)

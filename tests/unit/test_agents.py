@@ -1,0 +1,427 @@
+"""Agents over MQTT (mosquitto on 127.0.0.1): streaming, clock offsets, loss accounting, rejection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import msgspec
+import pandas as pd
+import pytest
+
+from labctl.agents import (
+    Agent,
+    AgentHub,
+    Batch,
+    BrokerSettings,
+    Command,
+    OffsetSample,
+    Signer,
+    estimate_offset,
+    topic,
+)
+from labctl.controller import run_experiment
+from labctl.events import Event
+from labctl.inventory import Secret, load_inventory
+from tests.conftest import require
+
+HOSTS = ("h1", "h2", "h3", "h4")
+
+# Zero-width ranges: every draw of the profile is the same, so two runs of the same experiment must give
+# the same breakdown up to sampling and transport effects, which is what the comparison measures.
+INVENTORY = """
+lab: {lab}
+switches:
+  ocs1: {{driver: sim, size: 16x16}}
+profile: fixed
+profiles:
+  fixed:
+    extends: fast
+    switching_ms: [2.5, 2.5]
+    light_loss_ms: [0.2, 0.2]
+    optical_settle_ms: [0.4, 0.4]
+    firmware_up_ms: [50, 50]
+    carrier_after_firmware_us: [75, 75]
+    transport_after_carrier_ms: [15, 15]
+    carrier_down_after_loss_ms: [0.2, 0.2]
+    rtt_us: [10, 10]
+hosts:
+  h1: {{nics: [{{ifname: p0, rail: 0, switch: ocs1, tx: 1, rx: 17}}, {{ifname: p1, rail: 1, switch: ocs1, tx: 2, rx: 18}}]}}
+  h2: {{nics: [{{ifname: p0, rail: 0, switch: ocs1, tx: 3, rx: 19}}, {{ifname: p1, rail: 1, switch: ocs1, tx: 4, rx: 20}}]}}
+  h3: {{nics: [{{ifname: p0, rail: 0, switch: ocs1, tx: 5, rx: 21}}, {{ifname: p1, rail: 1, switch: ocs1, tx: 6, rx: 22}}]}}
+  h4: {{nics: [{{ifname: p0, rail: 0, switch: ocs1, tx: 7, rx: 23}}, {{ifname: p1, rail: 1, switch: ocs1, tx: 8, rx: 24}}]}}
+{broker}
+"""
+
+EXPERIMENT = """
+name: agents-compare
+rails: [0, 1]
+phases:
+  dp: {{pairs: [[h1, h2], [h3, h4]]}}
+  pp: {{pairs: [[h1, h3], [h2, h4]]}}
+baseline: dp
+cycle: [pp, dp]
+repeat: {repeat}
+hold_s: 0.2
+recovery_timeout_s: 10
+"""
+
+# Marks the agents stamp from the NIC models' own transition times (firmware t3, carrier t4) are exact model
+# times shifted by the measured clock offset: they must agree with the one-process run to within the offset
+# uncertainty plus scheduling noise. Marks that depend on *when* an agent learns of a simulated change
+# (t2 sampled Rx power, t5 the first ping after the link's transport state flips) lag by the world feed's
+# delivery latency (decision 0017): a few ms on loopback, more with four agents on one busy event loop.
+# Sampled marks (and the switch acknowledgement, t1) carry each run's own scheduling noise (1 kHz sampling
+# on a shared 2-core box: up to ~100 ms on single rows when it is loaded, in the one-process run too), so
+# only their medians are compared.
+EXACT_SLACK_NS = 500_000  # on top of the recorded offset uncertainty (event-loop stamping jitter)
+SAMPLED_MEDIAN_TOLERANCE_NS = 150_000_000  # a loaded CI box stalls a loop for tens of ms
+
+
+class Mosquitto:
+    """A mosquitto on 127.0.0.1 on a free port, with its own config; restartable on the same port."""
+
+    def __init__(self, workdir: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.conf = workdir / "mosquitto.conf"
+        self.conf.write_text(
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\n"
+            # Without it the broker's Nagle + the client's delayed ACK add ~40 ms to small messages.
+            "set_tcp_nodelay true\n"
+        )
+        self.log = workdir / "mosquitto.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(["mosquitto", "-c", str(self.conf)], stdout=log, stderr=log)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mosquitto exited: {self.log.read_text()[-500:]}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.02)
+        raise RuntimeError("mosquitto did not start listening")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+@pytest.fixture(scope="session")
+def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
+    require(shutil.which("mosquitto") is not None, "mosquitto is not installed (apt-get install mosquitto)")
+    broker = Mosquitto(tmp_path_factory.mktemp("mosquitto"))
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def broker(mosquitto: Mosquitto) -> Mosquitto:
+    if mosquitto.proc is None or mosquitto.proc.poll() is not None:
+        mosquitto.start()  # a test that restarted it and failed midway
+    return mosquitto
+
+
+def write_lab(tmp_path: Path, broker_yaml: str = "", repeat: int = 1) -> tuple[Path, Path]:
+    """The lab is named after the test directory: retained messages of one test never reach another."""
+    inv = tmp_path / f"inventory{'-mqtt' if broker_yaml else ''}.yaml"
+    lab = "t-" + "".join(c if c.isalnum() else "-" for c in tmp_path.name)[-40:]
+    inv.write_text(INVENTORY.format(broker=broker_yaml, lab=lab))
+    exp = tmp_path / "experiment.yaml"
+    exp.write_text(EXPERIMENT.format(repeat=repeat))
+    return inv, exp
+
+
+def broker_section(url: str, extra: str = "") -> str:
+    return f"broker:\n  url: {url}\n  clock_sync_interval_s: 0.5\n{extra}"
+
+
+def breakdown(run_dir: Path) -> pd.DataFrame:
+    frame = pd.read_csv(run_dir / "breakdown.csv")
+    return frame.set_index(["reconfig", "host", "port"]).sort_index()
+
+
+def assert_breakdowns_match(one: pd.DataFrame, agents: pd.DataFrame, run_dir: Path) -> None:
+    """The measured reconfigurations (1..n; 0 is the baseline set-up) of both runs agree within tolerance.
+    Transition-stamped marks must agree to within the clock-offset uncertainty the run recorded."""
+    offsets = json.loads((run_dir / "run.json").read_text())["clock_offsets"]
+    exact_ns = EXACT_SLACK_NS + max(e["uncertainty_ns"] for e in offsets.values())
+    one, agents = one.loc[1:], agents.loc[1:]
+    assert list(one.index) == list(agents.index), "the same reconfigurations and ports must be measured"
+    assert not one["timed_out"].any() and not agents["timed_out"].any()
+    for frame in (one, agents):
+        assert (
+            frame[["switch_ns", "optical_ns", "firmware_ns", "carrier_ns", "transport_ns"]]
+            .notna()
+            .all()
+            .all()
+        )
+
+    def since_t0(frame: pd.DataFrame, mark: str) -> pd.Series:
+        return frame[mark] - frame["t0_command_ns"]
+
+    for mark in ("t3_firmware_up_ns", "t4_carrier_up_ns"):
+        worst = (since_t0(one, mark) - since_t0(agents, mark)).abs().max()
+        assert worst <= exact_ns, f"{mark}: differs by {worst / 1e6:.2f} ms > {exact_ns / 1e6:.2f} ms"
+    for mark in ("t1_switch_done_ns", "t2_rx_power_ns", "t5_traffic_ns"):
+        lag = since_t0(agents, mark) - since_t0(one, mark)
+        assert abs(lag.median()) <= SAMPLED_MEDIAN_TOLERANCE_NS, (
+            f"{mark}: median lag {lag.median() / 1e6:.2f} ms"
+        )
+
+
+@contextlib.asynccontextmanager
+async def agents_running(inv: Path, skews: dict[str, int] | None = None) -> AsyncIterator[dict[str, Agent]]:
+    inventory = load_inventory(inv)
+    settings = BrokerSettings.from_inventory(inventory)
+    agents = {h: Agent(inventory, h, settings, skew_ns=(skews or {}).get(h, 0)) for h in HOSTS}
+    tasks = [asyncio.create_task(a.run(), name=f"test-agent:{h}") for h, a in agents.items()]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(a.connected.wait() for a in agents.values())), 10)
+        yield agents
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# -- clock offset estimation (no broker) ------------------------------------------------------------------------
+def test_offset_estimate_keeps_fastest_round_trips_and_bounds_the_error() -> None:
+    rng = random.Random(7)
+    true_offset = 1_234_567
+    samples = []
+    for i in range(64):
+        t1 = i * 1_000_000
+        clean = i % 4 == 0  # a quarter of the round trips meet no queue; the rest wait on one leg or both
+        up = 20_000 + rng.randrange(0, 5_000 if clean else 2_000_000)  # queueing only ever adds delay
+        down = 20_000 + rng.randrange(0, 5_000 if clean else 2_000_000)
+        t2 = t1 + up + true_offset
+        t3 = t2 + 3_000
+        t4 = t3 - true_offset + down
+        samples.append(OffsetSample(t1, t2, t3, t4))
+    est = estimate_offset(samples)
+    assert est.kept == 16 and est.samples == 64
+    assert abs(est.offset_ns - true_offset) <= est.uncertainty_ns
+    assert est.uncertainty_ns < 100_000  # the slow samples were not used
+    naive = sorted(s.offset_ns for s in samples)[len(samples) // 2]
+    assert abs(est.offset_ns - true_offset) < abs(naive - true_offset) or abs(naive - true_offset) < 10_000
+
+
+# -- four agents through mosquitto --------------------------------------------------------------------------------
+@pytest.fixture
+def agent_procs(broker: Mosquitto, tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _spawn_agents(inv: Path, logs: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    """`labctl agent` per host, as on a real testbed (one process each)."""
+    for host in HOSTS:
+        with open(logs / f"agent-{host}.log", "wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "labctl.cli", "agent", "--host", host, "-i", str(inv)], stderr=log
+                )
+            )
+
+
+@pytest.mark.slow
+async def test_four_agent_processes_match_the_one_process_run(
+    broker: Mosquitto, tmp_path: Path, agent_procs: list[subprocess.Popen[bytes]]
+) -> None:
+    inv_local, exp = write_lab(tmp_path)
+    inv_mqtt, _ = write_lab(tmp_path, broker_section(broker.url))
+    _spawn_agents(inv_mqtt, tmp_path, agent_procs)
+    one = await run_experiment(exp, inv_local, out_dir=tmp_path / "one", plots=False, seed=1)
+    dist = await run_experiment(exp, inv_mqtt, out_dir=tmp_path / "mqtt", plots=False, seed=1)
+    assert one.status == dist.status == "completed", dist.error
+    assert_breakdowns_match(breakdown(one.run_dir), breakdown(dist.run_dir), dist.run_dir)
+    meta = json.loads((dist.run_dir / "run.json").read_text())
+    offsets = meta["clock_offsets"]
+    assert set(offsets) == set(HOSTS)
+    for host, est in offsets.items():
+        assert abs(est["offset_ns"]) <= est["uncertainty_ns"], (host, est)  # one machine: the truth is 0
+    streams = meta["agents"]["streams"]
+    assert all(s["missing_events"] == 0 and s["events"] > 0 for s in streams.values()), streams
+    assert meta["agents"]["rejected"]["malformed"] == meta["agents"]["rejected"]["unauthorised"] == 0
+
+
+@pytest.mark.slow
+async def test_agent_clock_offsets_are_measured_and_removed(broker: Mosquitto, tmp_path: Path) -> None:
+    inv_local, exp = write_lab(tmp_path)
+    inv_mqtt, _ = write_lab(tmp_path, broker_section(broker.url))
+    skews = {"h1": 2_500_000_000, "h2": -1_700_000_000, "h3": 40_000_000, "h4": 0}
+    one = await run_experiment(exp, inv_local, out_dir=tmp_path / "one", plots=False, seed=2)
+    async with agents_running(inv_mqtt, skews):
+        dist = await run_experiment(exp, inv_mqtt, out_dir=tmp_path / "mqtt", plots=False, seed=2)
+    assert dist.status == "completed", dist.error
+    offsets = json.loads((dist.run_dir / "run.json").read_text())["clock_offsets"]
+    for host, skew in skews.items():
+        est = offsets[host]
+        assert abs(est["offset_ns"] - skew) <= est["uncertainty_ns"], (host, est)
+        assert len(est["history"]) >= 2, "measured at run start and periodically"
+    assert_breakdowns_match(breakdown(one.run_dir), breakdown(dist.run_dir), dist.run_dir)
+
+
+@pytest.mark.slow
+async def test_broker_restart_mid_run_agents_reconnect_and_loss_is_counted(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    inv_mqtt, exp = write_lab(tmp_path, broker_section(broker.url), repeat=6)
+    async with agents_running(inv_mqtt) as agents:
+        run = asyncio.create_task(run_experiment(exp, inv_mqtt, out_dir=tmp_path / "mqtt", plots=False))
+        await _wait_until(lambda: all(a.sent_events > 40 for a in agents.values()), 30)
+        assert not run.done()
+        before = {h: a.reconnects for h, a in agents.items()}
+        await asyncio.to_thread(broker.stop)
+        await asyncio.sleep(0.5)  # sampling goes on; nothing can be delivered
+        await asyncio.to_thread(broker.start)
+        outcome = await asyncio.wait_for(run, 60)
+        sent = {h: a.sent_events for h, a in agents.items()}
+    meta = json.loads((outcome.run_dir / "run.json").read_text())
+    assert outcome.status == "completed", outcome.error
+    assert all(agents[h].reconnects > before[h] for h in HOSTS), "every agent reconnected"
+    assert meta["agents"]["reconnects"] >= 1, "the controller reconnected"
+    streams = meta["agents"]["streams"]
+    for host in HOSTS:
+        s = streams[host]
+        # Every event an agent sent is either in the run or counted as lost: nothing vanishes silently.
+        assert s["events"] + s["missing_events"] == sent[host], (host, s, sent)
+    lost = sum(s["missing_events"] for s in streams.values())
+    assert lost > 0, "half a second without a broker must lose events"
+    # ... and the run's event log says so, as sampler drops per agent.
+    drops = meta["drops"]
+    assert sum(drops.get(f"agent:{h}", 0) for h in HOSTS) >= lost
+
+
+# -- rejection -------------------------------------------------------------------------------------------------
+async def _wait_until(predicate: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.02)
+
+
+async def test_malformed_and_unauthorised_messages_are_rejected_and_counted(
+    broker: Mosquitto, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LABCTL_TEST_MQTT_KEY", "right-key")
+    inv_path, _ = write_lab(
+        tmp_path, broker_section(broker.url, extra="  auth_key: ${LABCTL_TEST_MQTT_KEY}\n")
+    )
+    inventory = load_inventory(inv_path)
+    settings = BrokerSettings.from_inventory(inventory)
+    hub = AgentHub(inventory, settings)
+    agent = Agent(inventory, "h1", settings)
+    agent_task = asyncio.create_task(agent.run())
+    await hub.start()
+    good, bad = Signer(Secret("K", "right-key")), Signer(Secret("K", "wrong-key"))
+    lab = inventory.lab
+    ev_topic, cmd_topic = topic(lab, "h1", "events"), topic(lab, "h1", "cmd")
+    enc = msgspec.json.Encoder()
+
+    def batch(seq: int, host: str, source: str) -> bytes:
+        return enc.encode(
+            Batch(
+                host=host,
+                seq=seq,
+                n0=seq,
+                dropped=0,
+                events=[Event(t_ns=1, source=source, kind="carrier", host=host, value=1)],
+            )
+        )
+
+    try:
+        await asyncio.wait_for(agent.connected.wait(), 10)
+        await hub.wait_online("h1")
+        async with aiomqtt.Client("127.0.0.1", broker.port) as rogue:
+            # To the controller.
+            await rogue.publish(ev_topic, b"garbage", qos=1)  # malformed: no MAC field
+            await rogue.publish(ev_topic, good.seal(ev_topic, b"{"), qos=1)  # malformed JSON
+            await rogue.publish(ev_topic, bad.seal(ev_topic, batch(0, "h1", "nic:h1/p0")), qos=1)  # wrong key
+            await rogue.publish(
+                ev_topic, good.seal(ev_topic, batch(0, "h2", "nic:h2/p0")), qos=1
+            )  # other host
+            other = topic(lab, "h9", "events")
+            await rogue.publish(
+                other, good.seal(other, batch(0, "h9", "nic:h9/p0")), qos=1
+            )  # not in inventory
+            await rogue.publish(
+                ev_topic, good.seal(ev_topic, batch(0, "h1", "nic:h2/p1")), qos=1
+            )  # h2's port
+            await rogue.publish(ev_topic, good.seal(ev_topic, batch(1, "h1", "nic:h1/p0")), qos=1)  # valid
+            # To the agent.
+            shell = enc.encode(Command(id=900, op="shell", args={"cmd": "touch /tmp/pwned"}))
+            await rogue.publish(cmd_topic, good.seal(cmd_topic, shell), qos=1)  # not on the allow-list
+            start = enc.encode(
+                Command(
+                    id=901, op="start", args={"probes": ["bash"], "settings": {}, "profile": {}, "seed": 1}
+                )
+            )
+            await rogue.publish(cmd_topic, good.seal(cmd_topic, start), qos=1)  # bad arguments
+            circuits = enc.encode(Command(id=902, op="set_circuits", args={"circuits": {"nic:h2/p0": None}}))
+            await rogue.publish(cmd_topic, good.seal(cmd_topic, circuits), qos=1)  # another host's port
+            ping = enc.encode(Command(id=903, op="ping", args={"t1": 5}))
+            await rogue.publish(cmd_topic, bad.seal(cmd_topic, ping), qos=1)  # wrong key
+            await rogue.publish(cmd_topic, b"- " + ping, qos=1)  # unsigned
+
+        link = hub.links["h1"]
+        await _wait_until(
+            lambda: hub.rejections.malformed + hub.rejections.unauthorised >= 6 and len(link.queue) >= 1
+        )
+        await _wait_until(lambda: agent.rejections.malformed + agent.rejections.unauthorised >= 5)
+        await asyncio.sleep(0.2)  # anything else in flight would show up now
+        assert (hub.rejections.malformed, hub.rejections.unauthorised) == (2, 4), hub.rejections
+        assert (agent.rejections.malformed, agent.rejections.unauthorised) == (1, 4), agent.rejections
+        accepted = [e async for e in _drain(link.queue)]
+        assert [(e.source, e.kind) for e in accepted] == [("nic:h1/p0", "carrier")]
+        assert link.missing_batches == 0  # the batch with a foreign event still counts as received
+        assert not agent._probes, "a rejected command must not start anything"
+    finally:
+        agent_task.cancel()
+        await asyncio.gather(agent_task, return_exceptions=True)
+        await hub.stop()
+
+
+async def _drain(queue: Any) -> AsyncIterator[Event]:
+    while len(queue):
+        yield queue._items.popleft()

@@ -1,0 +1,412 @@
+"""The scheduler: priority order, due dates, cron under an injected clock, resource overlap, crash recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from labctl.errors import InputError
+from labctl.events import read_events
+from labctl.scheduler import (
+    TRANSITIONS,
+    QueueStore,
+    RunRow,
+    Scheduler,
+    WorkerResult,
+    declare,
+    parse_at,
+    pick,
+)
+
+# Two rails on one switch, each on its own pair of hosts: rail 0 = h1,h2; rail 1 = h3,h4.
+SPLIT_INVENTORY = """
+lab: split-test
+switches:
+  ocs1: {driver: sim, size: 16x16}
+profile: fast
+hosts:
+  h1: {nics: [{ifname: p0, rail: 0, switch: ocs1, tx: 1, rx: 17}, {ifname: p1, rail: 0, switch: ocs1, tx: 2, rx: 18}]}
+  h2: {nics: [{ifname: p0, rail: 0, switch: ocs1, tx: 3, rx: 19}, {ifname: p1, rail: 0, switch: ocs1, tx: 4, rx: 20}]}
+  h3: {nics: [{ifname: p0, rail: 1, switch: ocs1, tx: 5, rx: 21}, {ifname: p1, rail: 1, switch: ocs1, tx: 6, rx: 22}]}
+  h4: {nics: [{ifname: p0, rail: 1, switch: ocs1, tx: 7, rx: 23}, {ifname: p1, rail: 1, switch: ocs1, tx: 8, rx: 24}]}
+"""
+
+
+def experiment(rail: int, hosts: tuple[str, str], *, name: str, repeat: int = 1, hold_s: float = 0.0) -> str:
+    a, b = hosts
+    return f"""
+name: {name}
+rails: [{rail}]
+phases:
+  up: {{pairs: [[{a}, {b}]]}}
+  down: {{pairs: [[{b}, {a}]]}}
+baseline: up
+cycle: [down, up]
+repeat: {repeat}
+hold_s: {hold_s}
+recovery_timeout_s: 10
+"""
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> dict[str, Path]:
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(SPLIT_INVENTORY)
+    files = {"inventory": inv}
+    for key, rail, hosts, repeat, hold in (
+        ("rail0", 0, ("h1", "h2"), 3, 0.4),
+        ("rail1", 1, ("h3", "h4"), 3, 0.4),
+        ("rail0b", 0, ("h1", "h2"), 1, 0.0),
+        ("quick", 0, ("h1", "h2"), 1, 0.0),
+        ("long", 0, ("h1", "h2"), 20, 0.3),
+    ):
+        p = tmp_path / f"{key}.yaml"
+        p.write_text(experiment(rail, hosts, name=key, repeat=repeat, hold_s=hold))
+        files[key] = p
+    return files
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[QueueStore]:
+    s = QueueStore(tmp_path / "q.sqlite")
+    yield s
+    s.close()
+
+
+class FakeClock:
+    def __init__(self, wall_ns: int) -> None:
+        self.now = wall_ns
+
+    def wall_ns(self) -> int:
+        return self.now
+
+
+class RecordingExecutor:
+    """A behavioural model of the executor: a run starts when asked and ends when the test says so."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+        self._done: dict[int, asyncio.Future[WorkerResult]] = {}
+
+    async def start(self, row: RunRow, on_started: Callable[[int, str | None], Awaitable[None]]) -> None:
+        self.started.append(row.id)
+        self._done[row.id] = asyncio.get_running_loop().create_future()
+        await on_started(os.getpid(), None)
+
+    async def wait(self, run_id: int) -> WorkerResult:
+        return await self._done[run_id]
+
+    def stop(self, run_id: int) -> None:
+        self.finish(run_id, "aborted")
+
+    def finish(self, run_id: int, status: str = "completed") -> None:
+        if not self._done[run_id].done():
+            self._done[run_id].set_result(WorkerResult(status, None, None))
+
+
+T0 = int(datetime(2026, 12, 1, 0, 0, 30, tzinfo=UTC).timestamp() * 1e9)
+MIN = 60 * 10**9
+
+
+# -- declarations and pure ordering ---------------------------------------------------------------------------
+def test_declaration_holds_rail_ports_and_plan_hosts(lab: dict[str, Path]) -> None:
+    d0 = declare(lab["rail0"], lab["inventory"])
+    d1 = declare(lab["rail1"], lab["inventory"])
+    assert d0.resources.ports == {("ocs1", p) for p in (1, 2, 3, 4, 17, 18, 19, 20)}
+    assert d0.resources.hosts == {"h1", "h2"}
+    assert not d0.resources.overlaps(d1.resources)
+    assert d0.resources.overlaps(declare(lab["rail0b"], lab["inventory"]).resources)
+    assert sorted(map(tuple, d0.baseline["ocs1"]["mapping"])) == [(1, 19), (2, 20), (3, 17), (4, 18)]
+
+
+def test_submit_rejects_bad_experiment_with_one_line(lab: dict[str, Path], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(experiment(0, ("h1", "h9"), name="bad"))
+    with pytest.raises(InputError, match="unknown host 'h9'"):
+        declare(bad, lab["inventory"])
+    with pytest.raises(InputError, match="--at"):
+        parse_at("next tuesday", T0)
+    assert parse_at("+10m", T0) == T0 + 10 * MIN
+    assert parse_at("2026-12-01T00:05:30+00:00", T0) == T0 + 5 * MIN
+
+
+def test_priority_order_and_conservative_backfill(lab: dict[str, Path], store: QueueStore) -> None:
+    inv = lab["inventory"]
+    low = store.submit(lab["rail0"], inv, declare(lab["rail0"], inv), now_ns=T0, priority=0)
+    high = store.submit(lab["rail0b"], inv, declare(lab["rail0b"], inv), now_ns=T0 + 1, priority=5)
+    mid = store.submit(lab["quick"], inv, declare(lab["quick"], inv), now_ns=T0 + 2, priority=2)
+    other = store.submit(lab["rail1"], inv, declare(lab["rail1"], inv), now_ns=T0 + 3, priority=-1)
+    due = store.due(T0 + 10)
+    assert [r.id for r in due] == [high, mid, low, other]
+    # Rail 0 goes to the highest priority; the rail-1 run backfills since nobody above wants rail 1.
+    assert [r.id for r in pick(due, [])] == [high, other]
+    # While a rail-1 run holds rail 1, a waiting high-priority rail-0 run still reserves rail 0.
+    running_other = [r for r in due if r.id == other]
+    assert [r.id for r in pick([r for r in due if r.id != other], running_other)] == [high]
+
+
+def test_transitions_are_enforced(lab: dict[str, Path], store: QueueStore) -> None:
+    rid = store.submit(lab["quick"], lab["inventory"], declare(lab["quick"], lab["inventory"]), now_ns=T0)
+    assert "completed" not in TRANSITIONS["queued"]
+    with pytest.raises(Exception, match="cannot go from queued to completed"):
+        store.transition(rid, "completed")
+    store.transition(rid, "running", started_ns=T0)
+    store.transition(rid, "completed", finished_ns=T0 + 1)
+    assert store.run(rid).state == "completed"
+
+
+# -- due dates and cron under an injected clock ------------------------------------------------------------------
+async def test_due_date_holds_a_run_back_until_its_time(lab: dict[str, Path], tmp_path: Path) -> None:
+    clock, ex = FakeClock(T0), RecordingExecutor()
+    sched = Scheduler(tmp_path / "q.sqlite", executor=ex, clock=clock, tz=UTC, out_dir=tmp_path)
+    inv = lab["inventory"]
+    later = sched.store.submit(
+        lab["rail0"], inv, declare(lab["rail0"], inv), now_ns=T0, due_ns=T0 + 5 * MIN, priority=9
+    )
+    now = sched.store.submit(lab["rail0b"], inv, declare(lab["rail0b"], inv), now_ns=T0, priority=0)
+    writer = asyncio.create_task(sched._writer())
+    try:
+        assert await sched.step() == [now]  # the priority-9 run is not due yet and reserves nothing
+        ex.finish(now)
+        await asyncio.sleep(0.05)
+        clock.now = T0 + 5 * MIN - 1
+        assert await sched.step() == []
+        clock.now = T0 + 5 * MIN
+        assert await sched.step() == [later]
+        ex.finish(later)
+        await asyncio.gather(*sched._monitors.values())
+        assert sched.store.run(later).state == "completed"
+        assert sched.store.run(later).started_ns == T0 + 5 * MIN
+    finally:
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+        sched.store.close()
+
+
+async def test_cron_fires_on_schedule_and_merges_missed_fires(lab: dict[str, Path], tmp_path: Path) -> None:
+    clock, ex = FakeClock(T0), RecordingExecutor()
+    sched = Scheduler(tmp_path / "q.sqlite", executor=ex, clock=clock, tz=UTC, out_dir=tmp_path)
+    sid = sched.store.add_schedule(
+        lab["quick"], lab["inventory"], "every10", "*/10 * * * *", now_ns=T0, tz=UTC, priority=1
+    )
+    writer = asyncio.create_task(sched._writer())
+    try:
+        clock.now = T0 + 9 * MIN  # 00:09:30
+        assert await sched.step() == []
+        clock.now = T0 + 10 * MIN  # 00:10:30: the 00:10 fire
+        [first] = await sched.step()
+        row = sched.store.run(first)
+        assert (row.schedule_id, row.name, row.priority, row.missed_fires) == (sid, "every10", 1, 0)
+        assert row.due_ns == int(datetime(2026, 12, 1, 0, 10, tzinfo=UTC).timestamp() * 1e9)
+        ex.finish(first)
+        await asyncio.gather(*sched._monitors.values())
+        assert await sched.step() == []  # fires once per cron time, not once per step
+        clock.now = T0 + 35 * MIN  # 00:35:30: serve "was down" over 00:20 and 00:30
+        [merged] = await sched.step()
+        row = sched.store.run(merged)
+        assert row.missed_fires == 1
+        assert row.due_ns == int(datetime(2026, 12, 1, 0, 30, tzinfo=UTC).timestamp() * 1e9)
+        [schedule] = sched.store.schedules()
+        assert schedule.next_fire_ns == int(datetime(2026, 12, 1, 0, 40, tzinfo=UTC).timestamp() * 1e9)
+        ex.finish(merged)
+        await asyncio.gather(*sched._monitors.values())
+        assert sched.store.cancel(f"c{sid}") == [f"schedule c{sid} disabled"]
+        clock.now = T0 + 60 * MIN
+        assert await sched.step() == []
+    finally:
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+        sched.store.close()
+
+
+# -- real runs through worker processes ---------------------------------------------------------------------
+def _run_interval(row: RunRow) -> tuple[int, int]:
+    """The run's own start and end (wall ns) from its run.json, as written by the worker process."""
+    assert row.run_dir is not None, row
+    meta = json.loads((Path(row.run_dir) / "run.json").read_text())
+    return int(meta["started_wall_ns"]), int(meta["finished_wall_ns"])
+
+
+@pytest.mark.slow
+async def test_disjoint_runs_overlap_and_overlapping_runs_wait(lab: dict[str, Path], tmp_path: Path) -> None:
+    sched = Scheduler(tmp_path / "q.sqlite", out_dir=tmp_path / "runs", poll_s=0.05, plots=False)
+    inv = lab["inventory"]
+    a = sched.store.submit(lab["rail0"], inv, declare(lab["rail0"], inv), now_ns=time.time_ns())
+    b = sched.store.submit(lab["rail1"], inv, declare(lab["rail1"], inv), now_ns=time.time_ns())
+    c = sched.store.submit(lab["rail0b"], inv, declare(lab["rail0b"], inv), now_ns=time.time_ns())
+    await asyncio.wait_for(sched.serve(exit_when_idle=True), 90)
+    store = QueueStore(tmp_path / "q.sqlite")
+    try:
+        rows = {r.id: r for r in store.runs()}
+    finally:
+        store.close()
+    assert {r.state for r in rows.values()} == {"completed"}, rows
+    (a0, a1), (b0, b1), (c0, _c1) = (_run_interval(rows[i]) for i in (a, b, c))
+    assert a0 < b1 and b0 < a1, "runs on disjoint rails and hosts must run at the same time"
+    assert c0 >= a1, "a run on the same rail must wait for the one holding it"
+
+
+@pytest.mark.slow
+async def test_priority_order_of_real_runs(lab: dict[str, Path], tmp_path: Path) -> None:
+    sched = Scheduler(tmp_path / "q.sqlite", out_dir=tmp_path / "runs", poll_s=0.05, plots=False)
+    inv = lab["inventory"]
+    ids = {
+        prio: sched.store.submit(
+            lab["quick"], inv, declare(lab["quick"], inv), now_ns=time.time_ns() + i, priority=prio
+        )
+        for i, prio in enumerate((1, 7, 3))
+    }
+    await asyncio.wait_for(sched.serve(exit_when_idle=True), 90)
+    store = QueueStore(tmp_path / "q.sqlite")
+    try:
+        rows = {r.id: r for r in store.runs()}
+    finally:
+        store.close()
+    starts = sorted(ids, key=lambda prio: _run_interval(rows[ids[prio]])[0])
+    assert starts == [7, 3, 1]
+
+
+# -- a killed serve ------------------------------------------------------------------------------------------
+def _labctl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "labctl.cli", *args]
+
+
+def _wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie of a process we did not start still answers kill(0); look at its state.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_killed_serve_leaves_consistent_queue_and_restart_restores_baseline(
+    lab: dict[str, Path], tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    db, runs = tmp_path / "q.sqlite", tmp_path / "runs"
+    inv = lab["inventory"]
+    for exp in ("long", "quick"):
+        subprocess.run(_labctl("submit", str(lab[exp]), "-i", str(inv), "--db", str(db)), check=True)
+    serve_args = ("serve", "--db", str(db), "--out", str(runs), "--no-plots", "--poll", "0.05")
+    serve = subprocess.Popen(_labctl(*serve_args), stderr=subprocess.DEVNULL)
+    procs.append(serve)
+
+    def long_row() -> RunRow:
+        s = QueueStore(db)
+        try:
+            return s.run(1)
+        finally:
+            s.close()
+
+    def reconfigured_twice() -> bool:
+        row = long_row()
+        if row.run_dir is None or not (Path(row.run_dir) / "events.jsonl").exists():
+            return False
+        return sum(e.kind == "phase" for e in read_events(Path(row.run_dir) / "events.jsonl")) >= 2
+
+    _wait_for(reconfigured_twice, 60, "the long run to be mid-way")
+    worker = long_row().pid
+    assert worker is not None
+    serve.send_signal(signal.SIGKILL)
+    serve.wait(timeout=10)
+    _wait_for(lambda: _pid_gone(worker), 30, "the orphaned worker to stop")
+
+    # The queue as the dead serve left it: readable, intact, every row in a known state.
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    s = QueueStore(db)
+    try:
+        states = {r.id: r.state for r in s.runs()}
+    finally:
+        s.close()
+    assert states == {1: "running", 2: "queued"}
+
+    restart = subprocess.Popen(_labctl(*serve_args, "--exit-when-idle"), stderr=subprocess.DEVNULL)
+    procs.append(restart)
+    assert restart.wait(timeout=120) == 0
+
+    s = QueueStore(db)
+    try:
+        rows = {r.id: r for r in s.runs()}
+    finally:
+        s.close()
+    interrupted = rows[1]
+    assert interrupted.state == "interrupted"
+    recovery = json.loads(interrupted.recovery or "{}")
+    assert recovery["ok"] is True
+    baseline = sorted(map(tuple, interrupted.baseline["ocs1"]["mapping"]))
+    assert sorted(map(tuple, recovery["held"]["ocs1"])) == baseline
+    # The recovery went through the switch driver: its events show the baseline applied and read back.
+    events = list(read_events(Path(recovery["events"])))
+    assert any(e.kind == "ocs.command" and e.meta.get("recovery") == 1 for e in events)
+    reads = [e for e in events if e.kind == "ocs.read"]
+    assert reads and sorted(map(tuple, reads[-1].meta["patches"])) == baseline
+    meta = json.loads((Path(interrupted.run_dir or "") / "run.json").read_text())
+    assert meta["status"] == "aborted" and meta["recovery"]["ok"] is True
+    # The queue resumed: the waiting run ran, and the interrupted one was retried once.
+    assert rows[2].state == "completed"
+    [retry] = [r for r in rows.values() if r.retry_of == 1]
+    assert (retry.state, retry.attempt) == ("completed", 2)
+
+
+@pytest.mark.slow
+async def test_crashed_worker_is_recovered_and_retried(lab: dict[str, Path], tmp_path: Path) -> None:
+    sched = Scheduler(tmp_path / "q.sqlite", out_dir=tmp_path / "runs", poll_s=0.05, plots=False)
+    inv = lab["inventory"]
+    rid = sched.store.submit(lab["long"], inv, declare(lab["long"], inv), now_ns=time.time_ns())
+    serving = asyncio.create_task(sched.serve(exit_when_idle=False))
+    try:
+        for _ in range(600):
+            row = sched.store.run(rid)
+            if row.run_dir and (Path(row.run_dir) / "events.jsonl").exists():
+                break
+            await asyncio.sleep(0.05)
+        assert row.pid is not None and row.run_dir is not None
+        os.kill(row.pid, signal.SIGKILL)  # the run dies hard: no chance to restore anything itself
+        for _ in range(600):
+            if sched.store.run(rid).state == "interrupted":
+                break
+            await asyncio.sleep(0.05)
+        row = sched.store.run(rid)
+        assert row.state == "interrupted"
+        assert json.loads(row.recovery or "{}")["ok"] is True
+        assert (Path(row.run_dir or "") / "recovery.jsonl").exists()
+        [retry] = sched.store.runs("retry_of=?", (rid,))
+        assert retry.attempt == 2
+        assert sched.store.cancel(str(retry.id))
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
