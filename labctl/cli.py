@@ -24,6 +24,7 @@ from rich.table import Table
 
 from labctl.cli_dom import dom_app
 from labctl.cli_fabric import fabric_app, probe_app
+from labctl.cli_gpu import bench_app
 from labctl.cli_ocs import emulate_app, ocs_app
 from labctl.cli_sched import register as register_sched
 from labctl.errors import InputError, LabctlError
@@ -40,6 +41,7 @@ app = typer.Typer(
 inventory_app = typer.Typer(help="Inspect and validate inventory files.", no_args_is_help=True)
 app.add_typer(inventory_app, name="inventory")
 app.add_typer(probe_app, name="probe")
+app.add_typer(bench_app, name="bench")
 app.add_typer(ocs_app, name="ocs")
 app.add_typer(emulate_app, name="emulate")
 emulate_app.add_typer(fabric_app, name="fabric")
