@@ -108,6 +108,8 @@ def build_emulated_lab(ctx: LabContext) -> Lab:
     from labctl.drivers.sim import SimSwitch
     from labctl.probes.carrier import CarrierTarget, NetlinkCarrierProbe
     from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
+    from labctl.sim.fabric import SimFabric
+    from labctl.sim.probes import SimRxPowerProbe
 
     inv = ctx.inventory
     lease = FabricLease.choose(inv)
@@ -141,7 +143,20 @@ def build_emulated_lab(ctx: LabContext) -> Lab:
         timeout_us=ctx.probes.traffic_timeout_us,
         report_interval_ns=round(ctx.probes.report_interval_ms * 1e6),
     )
-    lab.probes.extend([carrier, traffic])
+    # Rx power: light at each NIC receiver follows the same switch models through the optical model of
+    # the simulated lab (SimFabric: light source, settling ramp, per-port level); each port's emulated
+    # QSFP28 EEPROM is read through the module read interface and decoded by the DOM decoder
+    # (SimRxPowerProbe). SimFabric's link-layer transitions have no listener here: the kernel is the truth
+    # for firmware, carrier and traffic.
+    optics = SimFabric(inv, models, ctx.profile, ctx.rng)
+    rx_power = SimRxPowerProbe(
+        optics,
+        inv.ports,
+        hz=ctx.probes.rx_power_hz,
+        deadband_db=ctx.probes.rx_power_deadband_db,
+        report_interval_ns=round(ctx.probes.report_interval_ms * 1e6),
+    )
+    lab.probes.extend([carrier, traffic, rx_power])
     lab.circuit_probes.append(traffic)
     lab.window_probes.append(carrier)
 
@@ -153,6 +168,7 @@ def build_emulated_lab(ctx: LabContext) -> Lab:
 
     async def stop_fabric() -> None:
         fabric.close()
+        optics.cancel_pending()
         for model in models.values():
             model.cancel_pending()
         await asyncio.to_thread(lease.release, fabric)
