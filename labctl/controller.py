@@ -26,6 +26,7 @@ from labctl.experiment import Plan, RailPhase, build_plan, load_experiment
 from labctl.inventory import Inventory, load_inventory
 from labctl.lab import Lab, LabContext, build_lab
 from labctl.mapping import Mapping
+from labctl.sampling import Probe
 from labctl.store import RunDir, new_run_id, versions, write_json_atomic
 from labctl.topology import peers_of, rail_scope
 
@@ -240,6 +241,18 @@ class Controller:
             self.progress.message(f"restoring baseline '{self.plan.spec.baseline}'")
             await self.reconfigure(self.plan.spec.baseline, None, measured=False, wait=False)
 
+    def _switch_power_probes(self) -> list[Probe]:
+        """The switches' own power monitors on the rails' ports, when the experiment asks for them."""
+        hz = self.plan.spec.probes.switch_power_hz
+        if not hz:
+            return []
+        from labctl.probes.rxpower import SwitchPowerProbe
+
+        ports: dict[str, set[int]] = {}
+        for rail in self.plan.rails:
+            ports.setdefault(self.inventory.rail_switch(rail), set()).update(rail_scope(self.inventory, rail))
+        return [SwitchPowerProbe(self.lab.switches[sw], sorted(p), hz) for sw, p in ports.items()]
+
     async def _read_final_state(self) -> None:
         """Record what every switch holds at the end (an `ocs.read` event per switch)."""
         for sw in self.lab.switches.values():
@@ -259,6 +272,7 @@ class Controller:
                 await sw.connect()
                 stack.push_async_callback(sw.close)
             tasks: list[asyncio.Task[None]] = []
+            self.lab.probes.extend(self._switch_power_probes())
             for probe in self.lab.probes:
                 await stack.enter_async_context(probe)
                 tasks.append(asyncio.create_task(self._pump(probe), name=f"pump:{probe.name}"))

@@ -45,6 +45,12 @@ class ProbeSettings(_Model):
         default=100.0, gt=0, description="steady-state samples are written at most this often per port"
     )
     rx_power_deadband_db: float = Field(default=0.5, ge=0)
+    switch_power_hz: float = Field(
+        default=0.0,
+        ge=0,
+        le=1000,
+        description="poll the OCS's own power monitor on the rails' ports (0: off)",
+    )
 
 
 class AnalysisSettings(_Model):

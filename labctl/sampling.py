@@ -62,6 +62,8 @@ class QueueProbe:
         raise NotImplementedError
 
     async def __aenter__(self) -> Self:
+        if self._task is not None:
+            raise RuntimeError(f"probe {self.name} is already running")
         self._task = asyncio.create_task(self._run(), name=f"probe:{self.name}")
         return self
 

@@ -43,7 +43,7 @@ from typing import Self
 from labctl.clock import now_ns
 from labctl.errors import HardwareError, InputError
 from labctl.events import Event
-from labctl.ocs import TimeoutPolicy
+from labctl.ocs import OpticalSwitch, TimeoutPolicy
 from labctl.sampling import QueueProbe, ReportGate, power_moved, ticks
 
 from .dom import (
@@ -592,5 +592,41 @@ class RxPowerProbe(QueueProbe):
                         host=self.host,
                         value=None if dbm is None else round(dbm, 3),
                         meta=meta,
+                    )
+                )
+
+
+class SwitchPowerProbe(QueueProbe):
+    """The OCS's own per-port power monitor as a second Rx power source.
+
+    Polls `OpticalSwitch.port_power(ports)` at `hz`; the driver call itself writes one `rx_power` event per
+    port with source `ocs:<switch>/<port>` (every driver call feeds the event stream), so this probe only
+    paces the calls. A failed read is recorded as an `ocs.error` event and polling goes on: the switch's
+    monitor is a second opinion, never a reason to stop a run.
+    """
+
+    def __init__(self, switch: OpticalSwitch, ports: Sequence[int], hz: float) -> None:
+        super().__init__(queue_size=16)
+        self.switch = switch
+        self.ports = sorted(set(ports))
+        self.period_ns = round(1e9 / hz)
+        self.name = f"switch-power:{switch.name}"
+        self.reads = 0
+        self.errors = 0
+
+    async def _run(self) -> None:
+        async for _ in ticks(self.period_ns):
+            try:
+                await self.switch.port_power(self.ports)
+                self.reads += 1
+            except HardwareError as e:
+                self.errors += 1
+                self.queue.put(
+                    Event(
+                        t_ns=now_ns(),
+                        kind="ocs.error",
+                        source=f"ocs:{self.switch.name}",
+                        value=str(e),
+                        meta={"operation": "port_power", "errors": self.errors},
                     )
                 )

@@ -161,3 +161,20 @@ def test_recovery_tracker_ignores_the_old_circuit() -> None:
     tracker(Event(t_ns=140, kind="carrier", source="b", value=1))
     tracker(Event(t_ns=150, kind="traffic.ok", source="b"))
     assert tracker.done.is_set() and progress == [1, 2]
+
+
+async def test_switch_power_monitor_as_a_second_rx_power_source(tmp_path: Path, inventory_path: Path) -> None:
+    exp = tmp_path / "power.yaml"
+    exp.write_text(SHORT + "probes: {switch_power_hz: 50}\n")
+    outcome = await run_experiment(exp, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=4,
+                                   plots=False)
+    assert outcome.status == "completed", outcome.error
+    events = list(read_events(outcome.run_dir / "events.jsonl"))
+    switch_power = [e for e in events if e.kind == "rx_power" and e.source.startswith("ocs:ocs1/")]
+    ports = {int(e.source.rsplit("/", 1)[1]) for e in switch_power}
+    assert ports == set(range(1, 17)) | set(range(33, 49))  # both rails' fibers: tx on ingress, rx on egress
+    lit_egress = [e for e in switch_power if int(e.source.rsplit("/", 1)[1]) >= 33 and e.value is not None]
+    assert lit_egress and all(-10 < e.value < 0 for e in lit_egress)  # type: ignore[operator]
+    # The breakdown keeps reading the NIC's own DOM: the switch's readings never become a port's t2.
+    bd = labctl.load_run(outcome.run_dir).breakdown
+    assert not bd["source"].str.startswith("ocs:").any()
