@@ -63,13 +63,23 @@ CONTROL_KINDS = frozenset({"phase", "ocs.command", "ocs.complete", "run.timeout"
 SIGNAL_KINDS = ("rx_power", "link.firmware", "carrier", "traffic.ok", "traffic.lost")
 
 
+class _LiteMeta(msgspec.Struct, frozen=True):
+    peer: str | None = None
+
+
 class _Lite(msgspec.Struct):
-    """The fields the breakdown needs from every event; decoding skips the rest (meta) cheaply."""
+    """The fields the breakdown needs from every event; decoding skips the rest of meta cheaply."""
 
     t_ns: int
     source: str
     kind: str
     value: int | float | str | None = None
+    meta: _LiteMeta = _LiteMeta()
+
+
+def _ok_to(peer: str) -> str:
+    """The index key of traffic.ok events that reached `peer` (traffic probes name their peer in meta)."""
+    return f"traffic.ok>{peer}"
 
 
 @dataclass
@@ -87,12 +97,14 @@ class EventIndex:
         self.control: list[Event] = []
         self._series: dict[tuple[str, str], Series] = {}
 
-    def add(self, t_ns: int, source: str, kind: str, value: Any) -> None:
-        key = (source, kind)
-        self._t[key].append(t_ns)
-        self._v[key].append(
-            -math.inf if value is None else float(value) if not isinstance(value, str) else 0.0
-        )
+    def add(self, t_ns: int, source: str, kind: str, value: Any, peer: str | None = None) -> None:
+        v = -math.inf if value is None else float(value) if not isinstance(value, str) else 0.0
+        keys = [(source, kind)]
+        if kind == "traffic.ok" and peer:
+            keys.append((source, _ok_to(peer)))
+        for key in keys:
+            self._t[key].append(t_ns)
+            self._v[key].append(v)
 
     @classmethod
     def from_events(cls, events: Iterable[Event]) -> EventIndex:
@@ -101,7 +113,7 @@ class EventIndex:
             if e.kind in CONTROL_KINDS:
                 index.control.append(e)
             elif e.kind in SIGNAL_KINDS:
-                index.add(e.t_ns, e.source, e.kind, e.value)
+                index.add(e.t_ns, e.source, e.kind, e.value, e.meta.get("peer"))
         return index
 
     @classmethod
@@ -125,7 +137,7 @@ class EventIndex:
             if e.kind in CONTROL_KINDS:
                 index.control.append(full.decode(line))
             elif e.kind in SIGNAL_KINDS:
-                index.add(e.t_ns, e.source, e.kind, e.value)
+                index.add(e.t_ns, e.source, e.kind, e.value, e.meta.peer)
         return index
 
     def series(self, source: str, kind: str) -> Series:
@@ -220,11 +232,17 @@ def compute_breakdown(
             t_carrier_down = _first(carrier, t0, end, carrier.v == 0)
             lost = index.series(source, "traffic.lost")
             t_lost = _first(lost, t0, end)
-            ok = index.series(source, "traffic.ok")
-            if t4 is not None:
-                t5 = _first(ok, t4, end)
-            else:  # carrier not observed: traffic back after it was seen lost
-                t5 = _first(ok, t_lost, end) if t_lost is not None else None
+            peer = p.get("peer")
+            to_peer = index.series(source, _ok_to(peer)) if peer else None
+            if to_peer is not None and to_peer.t.size:
+                # Traffic that reached the new peer: the old circuit can never be mistaken for it.
+                t5 = _first(to_peer, t4 if t4 is not None else t0, end)
+            else:
+                ok = index.series(source, "traffic.ok")
+                if t4 is not None:
+                    t5 = _first(ok, t4, end)
+                else:  # carrier not observed: traffic back after it was seen lost
+                    t5 = _first(ok, t_lost, end) if t_lost is not None else None
             row.update(
                 {
                     "t2_rx_power_ns": t2,

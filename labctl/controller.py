@@ -60,11 +60,15 @@ class NullProgress:
 class RecoveryTracker:
     """Watches the event stream for the ports of one reconfiguration until each carries traffic again.
 
-    A port counts as recovered at the first `traffic.ok` after t0 that follows either a carrier-up or a
-    traffic loss seen after t0, so traffic still flowing on the old circuit never counts.
+    `expected` maps each port to the peer it must reach. A port counts as recovered at the first
+    `traffic.ok` after t0 that names that peer (traffic probes put their target in `meta.peer`, and are
+    re-targeted only once the switch acknowledged), so traffic still flowing on the old circuit, even after
+    a spurious loss, never counts. For a probe that names no peer, the ok must follow a carrier-up or a
+    traffic loss seen after t0.
     """
 
-    def __init__(self, expected: set[str], t0_ns: int, on_progress: Callable[[int], None]) -> None:
+    def __init__(self, expected: dict[str, str], t0_ns: int, on_progress: Callable[[int], None]) -> None:
+        self.expected = dict(expected)
         self.pending = set(expected)
         self.total = len(expected)
         self.t0_ns = t0_ns
@@ -79,11 +83,16 @@ class RecoveryTracker:
             return
         if (e.kind == "carrier" and e.value == 1) or e.kind == "traffic.lost":
             self._armed.add(e.source)
-        elif e.kind == "traffic.ok" and e.source in self._armed:
-            self.pending.discard(e.source)
-            self._on_progress(self.total - len(self.pending))
-            if not self.pending:
-                self.done.set()
+        elif e.kind == "traffic.ok":
+            if "peer" in e.meta:
+                recovered = e.meta["peer"] == self.expected[e.source]
+            else:
+                recovered = e.source in self._armed
+            if recovered:
+                self.pending.discard(e.source)
+                self._on_progress(self.total - len(self.pending))
+                if not self.pending:
+                    self.done.set()
 
 
 @dataclass
@@ -148,7 +157,7 @@ class Controller:
         n = self.reconfig
         target = self.plan.phases[phase]
         ports = self._affected(target)
-        expected = {p["source"] for p in ports if p["peer"] is not None}
+        expected = {p["source"]: p["peer"] for p in ports if p["peer"] is not None}
         self.events.reconfig = n
         t0 = now_ns()
         self.events.emit(

@@ -277,3 +277,17 @@ def test_no_light_counts_as_dark(value: float | None) -> None:
     s.add(1 * MS, "rx_power", A, value)
     s.add(30 * MS, "rx_power", A, -3.0)
     assert compute_breakdown(s.events).iloc[0]["t2_rx_power_ns"] == 30 * MS
+
+
+def test_traffic_to_the_old_peer_never_counts_as_recovery() -> None:
+    """Under load a probe can see a spurious loss and then the old circuit again before the switch moves
+    the light; t5 must be traffic that reached the *new* peer."""
+    s = Stream()
+    t0 = 5 * MS
+    s.phase(1, t0, "pp", [(A, B)])
+    s.switch(t0, t0 + 25 * MS)
+    s.add(t0 + 1 * MS, "traffic.lost", A, peer="nic:h9/old")
+    s.add(t0 + 3 * MS, "traffic.ok", A, 9_000, peer="nic:h9/old")
+    s.add(t0 + 200 * MS, "traffic.ok", A, 9_000, peer=B)
+    (row,) = compute_breakdown(s.events).to_dict("records")
+    assert row["t5_traffic_ns"] == t0 + 200 * MS

@@ -82,16 +82,19 @@ async def test_run_writes_every_file_and_phases_match_the_profile(
         assert (measured[b] >= measured[a]).all(), (a, b)
     fast = resolve_profile("fast")
     ms = 1e6
-    slack_ms = 25  # asyncio timers fire late on a loaded 2-core machine; generous on purpose
+    # Lower bounds hold row by row: an acknowledgement or a sample can only be observed late, never early.
+    # Sampled marks (t1 ack, t2 Rx power, t5 traffic) also carry the event loop's lag, which on a loaded
+    # 2-core machine can reach tens of ms on single rows, so upper bounds are checked on the median.
+    slack_ms = 10
     assert measured["switch_ns"].min() >= fast.switching_ms[0] * ms
-    assert measured["switch_ns"].max() <= (fast.switching_ms[1] + slack_ms) * ms
-    # firmware = t3 - t2 and t2 is a sample: it can be late by the sampler's lag, so slack on both sides.
-    assert measured["firmware_ns"].min() >= (fast.firmware_up_ms[0] - slack_ms) * ms
-    assert measured["firmware_ns"].max() <= (fast.firmware_up_ms[1] + slack_ms) * ms
-    # Carrier follows firmware by 70-80 us: stamped with model time, so exact.
-    assert measured["carrier_ns"].between(70_000, 80_000).all()
+    assert measured["switch_ns"].median() <= (fast.switching_ms[1] + slack_ms) * ms
     assert measured["transport_ns"].min() >= fast.transport_after_carrier_ms[0] * ms
-    assert measured["transport_ns"].max() <= (fast.transport_after_carrier_ms[1] + 1 + slack_ms) * ms
+    assert measured["transport_ns"].median() <= (fast.transport_after_carrier_ms[1] + 1 + slack_ms) * ms
+    # firmware = t3 (model time, exact) - t2 (a sample, maybe late), so its slack is on the low side.
+    assert measured["firmware_ns"].median() >= (fast.firmware_up_ms[0] - slack_ms) * ms
+    assert measured["firmware_ns"].max() <= fast.firmware_up_ms[1] * ms
+    # Carrier follows firmware by 70-80 us: both are stamped with model time, so this holds exactly.
+    assert measured["carrier_ns"].between(70_000, 80_000).all()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["reconfigurations"] == 2 and summary["phases"]["total"]["count"] == 32
     events = list(read_events(run_dir / "events.jsonl"))
@@ -152,22 +155,33 @@ async def test_cancel_restores_baseline_and_marks_aborted(
 
 def test_recovery_tracker_ignores_the_old_circuit() -> None:
     progress: list[int] = []
-    tracker = RecoveryTracker({"a", "b"}, t0_ns=100, on_progress=progress.append)
+    tracker = RecoveryTracker(
+        {"a": "new-a", "b": "new-b", "c": "new-c"}, t0_ns=100, on_progress=progress.append
+    )
     tracker(Event(t_ns=50, kind="traffic.lost", source="a"))  # before t0
-    tracker(Event(t_ns=110, kind="traffic.ok", source="a"))  # old circuit still up
-    assert tracker.pending == {"a", "b"}
-    tracker(Event(t_ns=120, kind="traffic.lost", source="a"))
-    tracker(Event(t_ns=130, kind="traffic.ok", source="a"))
+    tracker(Event(t_ns=110, kind="traffic.ok", source="a", meta={"peer": "old-a"}))  # old circuit still up
+    tracker(Event(t_ns=115, kind="traffic.lost", source="a", meta={"peer": "old-a"}))  # a spurious loss...
+    tracker(
+        Event(t_ns=118, kind="traffic.ok", source="a", meta={"peer": "old-a"})
+    )  # ...then the old one again
+    assert tracker.pending == {"a", "b", "c"}
+    tracker(Event(t_ns=130, kind="traffic.ok", source="a", meta={"peer": "new-a"}))
+    # A probe that names no peer: an ok counts only after a carrier-up or a loss seen after t0.
+    tracker(Event(t_ns=135, kind="traffic.ok", source="b"))
+    assert "b" in tracker.pending
     tracker(Event(t_ns=140, kind="carrier", source="b", value=1))
     tracker(Event(t_ns=150, kind="traffic.ok", source="b"))
-    assert tracker.done.is_set() and progress == [1, 2]
+    tracker(Event(t_ns=160, kind="traffic.ok", source="c", meta={"peer": "new-c"}))
+    assert tracker.done.is_set()
+    assert progress == [1, 2, 3]
 
 
 async def test_switch_power_monitor_as_a_second_rx_power_source(tmp_path: Path, inventory_path: Path) -> None:
     exp = tmp_path / "power.yaml"
     exp.write_text(SHORT + "probes: {switch_power_hz: 50}\n")
-    outcome = await run_experiment(exp, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=4,
-                                   plots=False)
+    outcome = await run_experiment(
+        exp, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=4, plots=False
+    )
     assert outcome.status == "completed", outcome.error
     events = list(read_events(outcome.run_dir / "events.jsonl"))
     switch_power = [e for e in events if e.kind == "rx_power" and e.source.startswith("ocs:ocs1/")]
