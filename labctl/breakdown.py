@@ -9,6 +9,7 @@ reconfiguration. A missing mark is empty (pandas <NA>, an empty CSV cell), never
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -47,16 +48,8 @@ COLUMNS = [
     "source",
     "peer",
 ]
-DURATIONS = [
-    "switch_ns",
-    "optical_ns",
-    "firmware_ns",
-    "carrier_ns",
-    "transport_ns",
-    "total_ns",
-    "carrier_down_ns",
-    "traffic_lost_ns",
-]
+DURATIONS = [c for c in COLUMNS if c.endswith("_ns") and not re.match(r"t\d_", c)]
+"""The phase durations (and the two down-side delays): every *_ns column that is not a mark t0..t5."""
 INT_COLUMNS = [c for c in COLUMNS if c.endswith("_ns")] + ["reconfig", "rail"]
 DEFAULT_THRESHOLD_DBM = -10.0
 CONTROL_KINDS = frozenset({"phase", "ocs.command", "ocs.complete", "run.timeout", "run.start"})
