@@ -99,6 +99,14 @@ class Tl1Command:
         for part in (self.aid, self.tid, *(b for b in self.blocks if isinstance(b, str))):
             if _FIELD_BAD.search(part):
                 raise ValueError(f"TL1 field {part!r} contains ';', ':' or a line break")
+        for secret in (b for b in self.blocks if isinstance(b, Secret)):
+            value = secret.reveal()
+            # Checked here, once, so a bad secret never reaches the wire or an exception text.
+            if _FIELD_BAD.search(value) or not value.isascii():
+                raise InputError(
+                    f"{self.verb}: the secret from ${{{secret.name}}} contains ';', ':', a line break or "
+                    "non-ASCII characters, which TL1 cannot carry"
+                )
 
     def _render(self, reveal: bool) -> str:
         blocks = [(b.reveal() if reveal else "********") if isinstance(b, Secret) else b for b in self.blocks]

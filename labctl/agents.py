@@ -706,8 +706,11 @@ class AgentHub:
         self.reconnects = 0
         self.connected = asyncio.Event()
         self.world_snapshot: Callable[[], list[WorldItem]] | None = None
-        self._next_id = 1
+        # Command ids are random per hub: an agent that outlives a run caches replies by id (to answer
+        # QoS-1 duplicates), and a new run counting from 1 again would get the old run's answers.
+        self._next_id = secrets.randbits(48)
         self._replies: dict[int, asyncio.Future[Reply]] = {}
+        self._sent_ops: dict[int, str] = {}
         self._pings: dict[int, int] = {}
         self._outgoing: asyncio.Queue[_Outgoing] = asyncio.Queue()
         self._world_pending: list[WorldItem] = []
@@ -876,6 +879,12 @@ class AgentHub:
             raise Rejected("unauthorised", f"reply from {reply.host!r} on {link.host}'s topic")
         if reply.op == "ping" and reply.id in self._pings:
             self._pings[reply.id] = t_rx  # t4, stamped as the reply came off the socket
+        sent_op = self._sent_ops.pop(reply.id, reply.op)
+        if sent_op != reply.op:
+            log.warning(
+                "%s: dropped a reply to command %d: op %r, sent %r", link.host, reply.id, reply.op, sent_op
+            )
+            return
         fut = self._replies.pop(reply.id, None)
         if fut is not None and not fut.done():
             fut.set_result(reply)
@@ -886,6 +895,9 @@ class AgentHub:
     ) -> int:
         cmd_id = self._next_id
         self._next_id += 1
+        self._sent_ops[cmd_id] = op
+        while len(self._sent_ops) > 4096:  # replies that never came
+            del self._sent_ops[next(iter(self._sent_ops))]
 
         def body() -> bytes:
             return _enc.encode(Command(id=cmd_id, op=op, args={**args, **(stamp() if stamp else {})}))

@@ -323,12 +323,13 @@ def main() -> None:
     except typer.Abort:
         err.print("aborted")
         sys.exit(EXIT_ABORTED)
-    except (typer.BadParameter, Exception) as e:  # click usage errors carry their own exit code
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
+    except Exception as e:
+        # Usage errors (unknown option, missing argument, bad value): click's own message and exit code 2.
+        # Matched by shape, not class: typer may bundle its own copy of click.
+        show, exit_code = getattr(e, "show", None), getattr(e, "exit_code", None)
+        if callable(show) and isinstance(exit_code, int):
+            show()
+            sys.exit(exit_code)
         raise
     if isinstance(code, int) and code:
         sys.exit(code)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from labctl.clock import now_ns
-from labctl.errors import HardwareError, SwitchStateMismatch
+from labctl.errors import HardwareError, MappingError, SwitchStateMismatch
 from labctl.events import Event
 from labctl.mapping import Mapping, MappingDiff, PortSpace, diff_mapping, ports_of, validate_mapping
 
@@ -126,6 +126,11 @@ async def converge(
     """Apply-with-verify, shared by every driver. Emits `ocs.command`, `ocs.complete`, `ocs.error`."""
     desired = validate_mapping(mapping, space, switch=name)
     scope_ports = ports_of(desired) | set(scope or ())
+    outside = sorted(p for p in scope_ports if p not in space.all_ports)
+    if outside:
+        raise MappingError(
+            f"{name}: port(s) {outside} out of range 1..{space.all_ports.stop - 1} ({space} switch)"
+        )
     source = f"ocs:{name}"
     meta_base = {**(context or {}), **ops.extra_meta}
     current = await ops.read()

@@ -164,3 +164,20 @@ def test_unknown_profile_is_exit_2(tmp_path: Path, repo: Path) -> None:
     )
     assert proc.returncode == 2
     assert "unknown profile 'warp'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--bogus", "x.yaml"],
+        ["run"],
+        ["report"],
+        ["ocs", "connect", "x", "5"],
+        ["inventory", "check", "a.yaml", "b.yaml"],
+    ],
+)
+def test_usage_errors_are_exit_2_without_traceback(args: list[str]) -> None:
+    proc = subprocess.run([*LABCTL, *args], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "Error:" in proc.stderr or "error:" in proc.stderr

@@ -191,3 +191,11 @@ async def test_nic_model_is_causal_even_when_the_loop_delivers_late(inventory_pa
     assert [v for v, _ in h1_carrier] == [1, 0, 1]
     assert [at for _, at in h1_carrier] == sorted(at for _, at in h1_carrier)
     fabric.cancel_pending()
+
+
+async def test_disconnect_of_ports_out_of_range_is_refused() -> None:
+    sw = make_switch([])
+    await sw.connect()
+    with pytest.raises(MappingError, match=r"port\(s\) \[0, 77\] out of range 1..16"):
+        await sw.disconnect([0, 77])
+    assert sw.model.commands == 0

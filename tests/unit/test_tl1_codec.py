@@ -25,6 +25,7 @@ from labctl.drivers.polatis_tl1 import (
     parse_power,
     parse_size,
 )
+from labctl.errors import InputError
 from labctl.events import Event
 from labctl.inventory import Secret
 from labctl.mapping import PortSpace
@@ -359,3 +360,11 @@ async def test_transcript_size_mismatch_is_an_input_error() -> None:
         sw = make_driver(script.port, [])
         with pytest.raises(InputError, match="inventory says 4x4 but the switch reports 16x16"):
             await sw.connect()
+
+
+@pytest.mark.parametrize("bad", ["a;b", "x:y", "line\nbreak", "pässword"])
+def test_a_password_tl1_cannot_carry_is_refused_without_showing_it(bad: str) -> None:
+    with pytest.raises(InputError) as info:
+        Tl1Command("ACT-USER", "1", aid="admin", blocks=("", Secret("OCS_PW", bad)))
+    assert bad not in str(info.value)
+    assert "${OCS_PW}" in str(info.value)
