@@ -55,7 +55,7 @@ def submit(
     inventory: Annotated[Path, typer.Option("--inventory", "-i", help="Lab inventory.")] = Path(
         "inventory.yaml"
     ),
-    priority: Annotated[int, typer.Option(help="Higher runs first.")] = 0,
+    priority: Annotated[int, typer.Option(help="Higher runs first.", min=-1_000_000, max=1_000_000)] = 0,
     at: Annotated[
         str | None, typer.Option("--at", help="Not before: ISO 8601 (local time) or +30s, +10m, +2h, +1d.")
     ] = None,

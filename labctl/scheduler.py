@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import importlib
 import json
 import logging
@@ -138,23 +139,30 @@ def declare(experiment: Path, inventory_path: Path) -> Declaration:
 # -- time parsing ----------------------------------------------------------------------------------------
 _RELATIVE = re.compile(r"^\+(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_AT_HORIZON_NS = 10 * 366 * 86_400 * 10**9  # ten years: beyond that it is a typo (and overflows SQLite)
 
 
 def parse_at(text: str, now_wall_ns: int) -> int:
     """`--at`: ISO 8601 (local time when no zone is given) or relative `+30s`, `+10m`, `+2h`, `+1d`."""
     m = _RELATIVE.match(text.strip())
     if m:
-        return now_wall_ns + round(float(m[1]) * _UNIT_S[m[2]] * 1e9)
-    try:
-        dt = datetime.fromisoformat(text.strip())
-    except ValueError:
+        at = now_wall_ns + round(float(m[1]) * _UNIT_S[m[2]] * 1e9)
+    else:
+        try:
+            dt = datetime.fromisoformat(text.strip())
+            if dt.tzinfo is None:
+                dt = dt.astimezone()  # naive = local time
+            at = round(dt.timestamp() * 1e9)
+        except (ValueError, OverflowError, OSError):
+            raise InputError(
+                f"--at {text!r}: not a time; use ISO 8601 (2026-12-01T02:00, 2026-12-01 02:00+01:00) "
+                "or a delay like +30s, +10m, +2h"
+            ) from None
+    if not 0 <= at - now_wall_ns <= _AT_HORIZON_NS:
         raise InputError(
-            f"--at {text!r}: not a time; use ISO 8601 (2026-12-01T02:00, 2026-12-01 02:00+01:00) "
-            "or a delay like +30s, +10m, +2h"
-        ) from None
-    if dt.tzinfo is None:
-        dt = dt.astimezone()  # naive = local time
-    return round(dt.timestamp() * 1e9)
+            f"--at {text!r}: must be between now and {_AT_HORIZON_NS // 86_400_000_000_000} days ahead"
+        )
+    return at
 
 
 def _croniter() -> Any:
@@ -163,9 +171,14 @@ def _croniter() -> Any:
 
 
 def validate_cron(expr: str) -> str:
+    """Five fields only (croniter would read a sixth as seconds), and one that can actually fire."""
     croniter = _croniter()
-    if not croniter.is_valid(expr):
+    if len(expr.split()) != 5 or not croniter.is_valid(expr):
         raise InputError(f"--cron {expr!r}: not a cron expression (five fields: min hour day month weekday)")
+    try:
+        croniter(expr, datetime.now().astimezone()).get_next(datetime)
+    except Exception:  # croniter's CroniterBadDateError and friends: e.g. '0 0 31 2 *' never fires
+        raise InputError(f"--cron {expr!r}: never fires (no such date)") from None
     return expr
 
 
@@ -386,7 +399,7 @@ class QueueStore:
                 if n.rowcount:
                     done.append(f"schedule {ident} disabled")
                 return done
-            if ident.isdigit():
+            if re.fullmatch(r"[0-9]+", ident):
                 rows = db.execute("SELECT id, state FROM runs WHERE id=?", (int(ident),)).fetchall()
             else:
                 rows = db.execute(
@@ -770,18 +783,21 @@ class Scheduler:
         try:
             held = await restore_baseline(row, events_path)
             recovery: dict[str, Any] = {"ok": True, "events": str(events_path), "held": held}
-        except (LabctlError, OSError) as e:
-            recovery = {"ok": False, "events": str(events_path), "error": str(e)}
-            log.error("run %d: baseline NOT restored: %s", row.id, e)
+        except Exception as e:  # whatever broke, the row must still end consistent
+            recovery = {"ok": False, "events": str(events_path), "error": f"{type(e).__name__}: {e}"}
+            log.error("run %d: baseline NOT restored: %s", row.id, recovery["error"])
         if run_dir is not None and (run_dir / "run.json").is_file():
             from labctl.store import write_json_atomic
 
-            meta = json.loads((run_dir / "run.json").read_text())
-            if meta.get("status") == "running":
-                meta["status"] = "aborted"
-                meta["error"] = reason
-            meta["recovery"] = {**recovery, "reason": reason}
-            write_json_atomic(run_dir / "run.json", meta)
+            try:
+                meta = json.loads((run_dir / "run.json").read_text())
+                if meta.get("status") == "running":
+                    meta["status"] = "aborted"
+                    meta["error"] = reason
+                meta["recovery"] = {**recovery, "reason": reason}
+                write_json_atomic(run_dir / "run.json", meta)
+            except (OSError, ValueError) as e:
+                log.error("run %d: cannot update %s: %s", row.id, run_dir / "run.json", e)
         now = self.clock.wall_ns()
         rec_json = json.dumps(recovery)
 
@@ -809,10 +825,14 @@ class Scheduler:
         )
 
     # -- running one row ------------------------------------------------------------------------------------
-    async def _launch(self, row: RunRow) -> None:
+    async def _launch(self, row: RunRow) -> bool:
         started = self.clock.wall_ns()
         # Mark running before the worker exists: if serve dies in between, the next serve recovers the row.
-        await self.write(lambda: self.store.transition(row.id, "running", started_ns=started, pid=None))
+        try:
+            await self.write(lambda: self.store.transition(row.id, "running", started_ns=started, pid=None))
+        except LabctlError as e:  # cancelled by a client since this pass read the queue: skip it
+            log.info("run %d not started: %s", row.id, e)
+            return False
 
         async def on_started(pid: int, run_dir: str | None) -> None:
             fields: dict[str, Any] = {"pid": pid}
@@ -827,8 +847,9 @@ class Scheduler:
             await self.write(
                 lambda: self.store.transition(row.id, "failed", finished_ns=self.clock.wall_ns(), error=error)
             )
-            return
+            return False
         self._monitors[row.id] = asyncio.create_task(self._monitor(row.id), name=f"monitor:{row.id}")
+        return True
 
     async def _monitor(self, run_id: int) -> None:
         try:
@@ -862,8 +883,8 @@ class Scheduler:
                 self.executor.stop(row.id)
         started = []
         for row in pick(self.store.due(now), running):
-            await self._launch(row)
-            started.append(row.id)
+            if await self._launch(row):
+                started.append(row.id)
         return started
 
     def idle(self) -> bool:
@@ -896,8 +917,31 @@ class Scheduler:
             self.store.close()
 
 
+@contextlib.contextmanager
+def exclusive_serve(db: Path) -> Iterator[None]:
+    """One `serve` per queue: a second one would take the first one's live runs for dead and recover them."""
+    lock_path = db.with_name(db.name + ".serve.lock")
+    try:
+        fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError as e:
+        raise InputError(f"{lock_path}: cannot create the serve lock: {e.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(f"{db}: another `labctl serve` is already running this queue") from None
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 async def serve_main(db: Path, out_dir: Path, *, plots: bool, exit_when_idle: bool, poll_s: float) -> None:
     """`labctl serve`: runs until SIGINT/SIGTERM, then stops running runs (baselines restored) and exits."""
+    with exclusive_serve(db):
+        await _serve(db, out_dir, plots=plots, exit_when_idle=exit_when_idle, poll_s=poll_s)
+
+
+async def _serve(db: Path, out_dir: Path, *, plots: bool, exit_when_idle: bool, poll_s: float) -> None:
     sched = Scheduler(db, out_dir=out_dir, plots=plots, poll_s=poll_s)
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(sched.serve(exit_when_idle=exit_when_idle))

@@ -410,3 +410,85 @@ async def test_crashed_worker_is_recovered_and_retried(lab: dict[str, Path], tmp
     finally:
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
+
+
+# -- review findings -----------------------------------------------------------------------------------------
+async def test_a_run_cancelled_between_read_and_launch_is_skipped(
+    lab: dict[str, Path], tmp_path: Path
+) -> None:
+    """A client may cancel a run after a scheduling pass read the queue and before it launched the run:
+    the pass skips that run instead of dying, and still starts the others."""
+    clock, ex = FakeClock(T0), RecordingExecutor()
+    sched = Scheduler(tmp_path / "q.sqlite", executor=ex, clock=clock, tz=UTC, out_dir=tmp_path)
+    inv = lab["inventory"]
+    first = sched.store.submit(lab["rail0"], inv, declare(lab["rail0"], inv), now_ns=T0, priority=5)
+    second = sched.store.submit(lab["rail1"], inv, declare(lab["rail1"], inv), now_ns=T0, priority=1)
+    due = sched.store.due
+
+    def due_then_cancel(now_ns: int) -> list[RunRow]:
+        rows = due(now_ns)
+        sched.store.cancel(str(first))  # lands between the read and the launch
+        return rows
+
+    sched.store.due = due_then_cancel  # type: ignore[method-assign]
+    writer = asyncio.create_task(sched._writer())
+    try:
+        assert await sched.step() == [second]
+        assert sched.store.run(first).state == "cancelled"
+        ex.finish(second)
+        await asyncio.gather(*sched._monitors.values())
+    finally:
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+        sched.store.close()
+
+
+def test_a_second_serve_on_the_same_queue_is_refused(tmp_path: Path) -> None:
+    from labctl.scheduler import exclusive_serve
+
+    db = tmp_path / "q.sqlite"
+    with exclusive_serve(db):
+        with pytest.raises(InputError, match="another `labctl serve` is already running this queue"):
+            with exclusive_serve(db):
+                pass
+    with exclusive_serve(db):  # released when the first one ended
+        pass
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cron", "0 0 31 2 *"], "never fires"),
+        (["--cron", "* * * * * *"], "five fields"),
+        (["--at", "+99999999999999d"], "must be between now and"),
+        (["--at", "9999-12-31T23:59"], "must be between now and"),
+        (["--priority", "99999999999999999999"], "priority"),
+    ],
+)
+def test_submit_bad_schedules_are_one_line_exit_2(
+    lab: dict[str, Path], tmp_path: Path, args: list[str], message: str
+) -> None:
+    proc = subprocess.run(
+        _labctl(
+            "submit", str(lab["rail0"]), "-i", str(lab["inventory"]), "--db", str(tmp_path / "q.db"), *args
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert message in proc.stderr
+
+
+def test_cancel_with_a_non_ascii_digit_is_not_a_crash(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        _labctl("cancel", "²", "--db", str(tmp_path / "q.db")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode in (1, 2)
