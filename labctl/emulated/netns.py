@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from labctl.errors import HardwareError
+from labctl.errors import HardwareError, InputError
 
 CLONE_NEWNET = 0x40000000
 NETNS_RUN_DIR = Path("/run/netns")
@@ -34,8 +34,8 @@ def _setns(fd: int) -> None:
 
 
 def netns_path(name: str) -> Path:
-    if not _NAME_OK.match(name):
-        raise ValueError(f"bad network namespace name {name!r}")
+    if not _NAME_OK.match(name) or name in (".", ".."):
+        raise InputError(f"bad network namespace name {name!r} (letters, digits, '.', '_', '-')")
     return NETNS_RUN_DIR / name
 
 
@@ -50,7 +50,7 @@ def entered(name: str | None) -> Iterator[None]:
         try:
             target = os.open(netns_path(name), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise HardwareError(f"network namespace {name!r} does not exist") from None
+            raise InputError(f"network namespace {name!r} does not exist") from None
         try:
             _setns(target)
         finally:
