@@ -483,6 +483,9 @@ class Tl1Connection:
         except asyncio.CancelledError:
             self._fail("closed")
             raise
+        except Exception as e:  # e.g. an event sink that raised: fail pending requests now, not at timeout
+            reason = f"message handling failed: {type(e).__name__}: {e}"
+            log.exception("TL1 reader stopped")
         self._fail(reason)
 
     def _dispatch(self, message: Tl1Message) -> None:

@@ -406,10 +406,10 @@ class Tl1Emulator:
             lo, hi = int(a), int(b or a)
             if lo > hi:
                 raise _Deny("IIAC", f"bad range {lo}&&{hi}")
+            for end in (lo, hi):  # checked before expanding: a huge range must not stall every session
+                if not 1 <= end <= n:
+                    raise _Deny("IIAC", f"port {end} out of range 1..{n}")
             ports.extend(range(lo, hi + 1))
-        bad = [p for p in ports if not 1 <= p <= n]
-        if bad:
-            raise _Deny("IIAC", f"port {bad[0]} out of range 1..{n}")
         return ports
 
     def _execute(self, session: _Session, cmd: _Command) -> tuple[_Reply, MappingDiff | None]:
