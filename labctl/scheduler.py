@@ -139,6 +139,7 @@ def declare(experiment: Path, inventory_path: Path) -> Declaration:
 # -- time parsing ----------------------------------------------------------------------------------------
 _RELATIVE = re.compile(r"^\+(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+STOP_GRACE_S = 60.0  # a stopping run restores its baseline: one switch operation, well under a minute
 _AT_HORIZON_NS = 10 * 366 * 86_400 * 10**9  # ten years: beyond that it is a typo (and overflows SQLite)
 
 
@@ -309,7 +310,11 @@ class QueueStore:
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """One short write transaction; BEGIN IMMEDIATE takes the write lock first (no upgrade deadlock)."""
+        """One short write transaction; BEGIN IMMEDIATE takes the write lock first (no upgrade deadlock).
+        Nested use joins the transaction already open, so several writes can commit together."""
+        if self.db.in_transaction:
+            yield self.db
+            return
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield self.db
@@ -478,25 +483,27 @@ class QueueStore:
                 error = None
             except InputError as e:
                 decl, error = None, str(e)
+            # Advancing the schedule and queueing its run commit together: a crash between the two
+            # would otherwise lose this fire.
             with self.tx() as db:
                 db.execute("UPDATE schedules SET next_fire_ns=? WHERE id=?", (nxt, sched.id))
-            if decl is None:
-                log.error("schedule c%d (%s): not queued: %s", sched.id, sched.name, error)
-                continue
-            queued.append(
-                self.submit(
-                    Path(sched.experiment),
-                    Path(sched.inventory),
-                    decl,
-                    now_ns=now_ns,
-                    priority=sched.priority,
-                    due_ns=fire,
-                    name=sched.name,
-                    profile=sched.profile,
-                    schedule_id=sched.id,
-                    missed_fires=missed,
+                if decl is None:
+                    log.error("schedule c%d (%s): not queued: %s", sched.id, sched.name, error)
+                    continue
+                queued.append(
+                    self.submit(
+                        Path(sched.experiment),
+                        Path(sched.inventory),
+                        decl,
+                        now_ns=now_ns,
+                        priority=sched.priority,
+                        due_ns=fire,
+                        name=sched.name,
+                        profile=sched.profile,
+                        schedule_id=sched.id,
+                        missed_fires=missed,
+                    )
                 )
-            )
         return queued
 
 
@@ -540,7 +547,11 @@ class Executor(Protocol):
 
     async def wait(self, run_id: int) -> WorkerResult: ...
 
-    def stop(self, run_id: int) -> None: ...
+    def stop(self, run_id: int) -> None:
+        """Ask the run to stop (it restores its baseline)."""
+
+    def kill(self, run_id: int) -> None:
+        """Stop it now: the run ignored `stop` for too long (the next serve recovers its baseline)."""
 
 
 class SubprocessExecutor:
@@ -551,7 +562,6 @@ class SubprocessExecutor:
         self.log_dir = log_dir
         self.plots = plots
         self._procs: dict[int, asyncio.subprocess.Process] = {}
-        self._run_dirs: dict[int, str | None] = {}
         self._readers: dict[int, asyncio.Task[WorkerResult]] = {}
 
     def _log_file(self, run_id: int) -> int:
@@ -625,6 +635,11 @@ class SubprocessExecutor:
         proc = self._procs.get(run_id)
         if proc is not None and proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
+
+    def kill(self, run_id: int) -> None:
+        proc = self._procs.get(run_id)
+        if proc is not None and proc.returncode is None:
+            proc.kill()
 
 
 async def _worker_main(args: dict[str, Any]) -> int:
@@ -910,6 +925,10 @@ class Scheduler:
                 self.executor.stop(run_id)
             monitors = list(self._monitors.values())
             if monitors:
+                _, late = await asyncio.wait(monitors, timeout=STOP_GRACE_S)
+                for run_id in [r for r, task in self._monitors.items() if task in late]:
+                    log.error("run %d did not stop within %g s: killed", run_id, STOP_GRACE_S)
+                    self.executor.kill(run_id)
                 await asyncio.gather(*monitors, return_exceptions=True)
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -110,6 +110,9 @@ class RecordingExecutor:
     def stop(self, run_id: int) -> None:
         self.finish(run_id, "aborted")
 
+    def kill(self, run_id: int) -> None:
+        self.finish(run_id, "crashed")
+
     def finish(self, run_id: int, status: str = "completed") -> None:
         if not self._done[run_id].done():
             self._done[run_id].set_result(WorkerResult(status, None, None))
