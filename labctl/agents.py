@@ -34,7 +34,7 @@ import re
 import secrets
 import socket
 import statistics
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -63,6 +63,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 BATCH_INTERVAL_S = 0.005
 BATCH_MAX = 512
 OUTBOX_MAX = 200_000
+RECONNECT_MAX_S = 2.0  # agents retry a lost broker with backoff up to this
 
 
 # -- wire format -----------------------------------------------------------------------------------------
@@ -421,7 +422,7 @@ class Agent:
         self.reconnects = 0
         self.connected = asyncio.Event()
         self._client: aiomqtt.Client | None = None
-        self._outbox: list[Event] = []
+        self._outbox: deque[Event] = deque()
         self._outbox_dropped = 0
         self._probes: dict[str, QueueProbe] = {}
         self._pumps: dict[str, asyncio.Task[None]] = {}
@@ -443,13 +444,21 @@ class Agent:
         """Connect, and reconnect whenever the broker goes away, until cancelled; probes keep sampling."""
         flusher = asyncio.create_task(self._flusher(), name=f"agent:{self.host}:flush")
         try:
+            delay = self.reconnect_s
             while True:
+                started = now_ns()
                 try:
                     await self._session()
                 except aiomqtt.MqttError as e:
-                    log.warning("agent %s: broker connection lost: %s", self.host, e)
+                    # Once per outage at warning level; the retries of a long outage only at debug.
+                    (log.warning if delay == self.reconnect_s else log.debug)(
+                        "agent %s: broker connection lost: %s", self.host, e
+                    )
                 self.reconnects += 1
-                await asyncio.sleep(self.reconnect_s)
+                if now_ns() - started > 5_000_000_000:  # that session was up for a while: a new outage
+                    delay = self.reconnect_s
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
         finally:
             flusher.cancel()
             for t in self._replying:
@@ -496,13 +505,13 @@ class Agent:
     async def _pump(self, probe: QueueProbe) -> None:
         async for event in probe.events():
             if len(self._outbox) >= OUTBOX_MAX:
-                self._outbox.pop(0)
+                self._outbox.popleft()
                 self._outbox_dropped += 1
             self._outbox.append(event)
 
     async def flush(self) -> None:
         while self._outbox:
-            events, self._outbox = self._outbox[:BATCH_MAX], self._outbox[BATCH_MAX:]
+            events = [self._outbox.popleft() for _ in range(min(BATCH_MAX, len(self._outbox)))]
             for e in events:
                 e.t_ns += self.skew_ns  # onto this host's clock (no-op without a test skew)
                 e.host = self.host
@@ -594,6 +603,8 @@ class Agent:
         except ValueError as e:
             raise Rejected("malformed", f"bad settings or profile: {str(e).splitlines()[0]}") from None
         await self._stop_probes(list(self._probes))
+        await self.flush()  # whatever an earlier run left goes out first: this run's stream starts after it
+        seq0, n0 = self.seq, self.sent_events
         self.mirror.cancel_pending()
         self.mirror = FabricMirror(self.inventory, profile, random.Random(args.seed))
         self.world_offset_ns = args.world_offset_ns
@@ -604,7 +615,7 @@ class Agent:
             await probe.__aenter__()
             self._probes[name] = probe
             self._pumps[name] = asyncio.create_task(self._pump(probe), name=f"agent:{self.host}:{name}")
-        return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True, seq=self.seq, n=self.sent_events)
+        return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True, seq=seq0, n=n0)
 
     async def _stop_probes(self, names: list[str]) -> None:
         for name in names:
@@ -666,6 +677,18 @@ class HostLink:
     started: bool = False
     latency_ns: list[int] = field(default_factory=list)
     record_latency: bool = False
+    stream_base: tuple[int, int] | None = None  # (seq, events) where this run's stream starts on the agent
+    first_seen: tuple[int, int] | None = None  # (seq, n0) of the first batch, if it beat the start reply
+
+    def begin_stream(self, seq: int, n: int) -> None:
+        """The agent's counters when this run's probes started (from its start reply). An agent outlives
+        runs, so its sequence numbers do not start at 0: only gaps after this point are this run's loss."""
+        if self.first_seen is not None:  # batches of this run already came: count what preceded the first
+            self.missing_batches += max(0, self.first_seen[0] - seq)
+            self.missing_events += max(0, self.first_seen[1] - n)
+        else:
+            self.next_seq, self.cursor = seq, n
+        self.stream_base = (seq, n)
 
     @property
     def offset_ns(self) -> int:
@@ -844,6 +867,11 @@ class AgentHub:
             raise Rejected("malformed", f"events: {e}") from None
         if batch.host != link.host:
             raise Rejected("unauthorised", f"batch from {batch.host!r} on {link.host}'s topic")
+        if link.stream_base is None and link.first_seen is None:
+            # This run's first batch beat the agent's start reply: start counting from it for now;
+            # begin_stream() settles whether anything before it was lost.
+            link.first_seen = (batch.seq, batch.n0)
+            link.next_seq, link.cursor = batch.seq, batch.n0
         if batch.seq < link.next_seq:
             link.duplicates += 1  # a QoS 1 redelivery
             return
@@ -1002,7 +1030,7 @@ class RemoteProbe:
     async def __aenter__(self) -> Self:
         await self.hub.wait_online(self.host)
         est = await self.hub.measure(self.host)
-        await self.hub.request(
+        reply = await self.hub.request(
             self.host,
             "start",
             {
@@ -1013,6 +1041,8 @@ class RemoteProbe:
                 "world_offset_ns": est.offset_ns,
             },
         )
+        if reply.seq is not None and reply.n is not None:
+            self.link.begin_stream(reply.seq, reply.n)
         self.link.started = True
         snapshot = self.hub.world_snapshot
         if snapshot is not None:

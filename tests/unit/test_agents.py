@@ -282,6 +282,13 @@ async def test_four_agent_processes_match_the_one_process_run(
     streams = meta["agents"]["streams"]
     assert all(s["missing_events"] == 0 and s["events"] > 0 for s in streams.values()), streams
     assert meta["agents"]["rejected"]["malformed"] == meta["agents"]["rejected"]["unauthorised"] == 0
+    # The same long-running agents serve a second run: its commands must not be answered from the first
+    # run's reply cache (ids restart per controller), so it streams events like the first.
+    again = await run_experiment(exp, inv_mqtt, out_dir=tmp_path / "again", plots=False, seed=1)
+    assert again.status == "completed", again.error
+    streams = json.loads((again.run_dir / "run.json").read_text())["agents"]["streams"]
+    assert all(s["missing_events"] == 0 and s["events"] > 0 for s in streams.values()), streams
+    assert_breakdowns_match(breakdown(one.run_dir), breakdown(again.run_dir), again.run_dir)
 
 
 @pytest.mark.slow
