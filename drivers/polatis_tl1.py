@@ -721,6 +721,9 @@ class PolatisTl1Switch:
             raise InputError(
                 f"switch {self.name}: the inventory says {self.space} but the switch reports {size}"
             )
+        if self._closed:  # close() ran while we were (re)connecting: this connection must not outlive it
+            await conn.close()
+            raise Tl1ConnectionLost(f"{self.name}: driver closed while connecting")
         old, self._conn = self._conn, conn
         self._generation += 1
         self._last_io_ns = now_ns()
