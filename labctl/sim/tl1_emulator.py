@@ -20,6 +20,7 @@ import hmac
 import random
 import re
 import time
+from collections.abc import Callable
 from collections.abc import Mapping as MappingType
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,22 +36,6 @@ from labctl.yamlio import load_yaml, pydantic_error_line
 NIL_SID = "( nil )"  # what a Polatis without a configured name prints as its SID (reference §1.2)
 NO_LIGHT_DBM = -99.99  # printed for a dark port (tcdona3's fallback value; the real one is unverified)
 MAX_INPUT = 64 * 1024
-ALL_VERBS = frozenset(
-    {
-        "ACT-USER",
-        "CANC-USER",
-        "RTRV-HDR",
-        "ENT-PATCH",
-        "DLT-PATCH",
-        "RTRV-PATCH",
-        "RTRV-PORT-POWER",
-        "OPR-PORT-SHUTTER",
-        "RLS-PORT-SHUTTER",
-        "RTRV-PORT-SHUTTER",
-        "RTRV-EQPT",
-        "RTRV-NETYPE",
-    }
-)
 
 
 class Tl1Faults(BaseModel):
@@ -108,6 +93,9 @@ class _Reply:
     lines: list[str] = field(default_factory=list)
     code: str | None = None
     comment: str | None = None
+
+
+_Result = tuple[_Reply, MappingDiff | None]
 
 
 @dataclass(eq=False)
@@ -412,64 +400,82 @@ class Tl1Emulator:
             ports.extend(range(lo, hi + 1))
         return ports
 
-    def _execute(self, session: _Session, cmd: _Command) -> tuple[_Reply, MappingDiff | None]:
+    def _execute(self, session: _Session, cmd: _Command) -> _Result:
         verb = cmd.verb
-        if verb not in ALL_VERBS:
+        handler = self._handlers.get(verb)
+        if handler is None:
             raise _Deny("IICM", f"unknown command {verb}")
         if cmd.tid and cmd.tid.upper() != self.sid.upper():
             raise _Deny("IITA", "unknown target identifier")
-        if verb == "ACT-USER":
-            return self._login(session, cmd), None
-        if session.user is None:
+        if verb != "ACT-USER" and session.user is None:
             raise _Deny("PLNA", "log in with ACT-USER first")
+        return handler(session, cmd)
+
+    # -- one handler per verb (registered in `_handlers`) ----------------------------------------------
+    def _act_user(self, session: _Session, cmd: _Command) -> _Result:
+        return self._login(session, cmd), None
+
+    def _canc_user(self, session: _Session, cmd: _Command) -> _Result:
+        session.user = None
+        return _Reply(), None
+
+    def _rtrv_hdr(self, session: _Session, cmd: _Command) -> _Result:
+        return _Reply(), None
+
+    def _rtrv_netype(self, session: _Session, cmd: _Command) -> _Result:
+        return _Reply(lines=["POLATIS,labctl TL1 emulator,OPTICAL SWITCH,1.0"]), None
+
+    def _rtrv_eqpt(self, session: _Session, cmd: _Command) -> _Result:
+        space = self.model.space
+        params = ",".join(cmd.blocks).upper().replace(" ", "")
+        if cmd.aid.upper() != "SYSTEM":
+            raise _Deny("IIAC", f"unknown equipment {cmd.aid!r}")
+        if "PARAMETER=SIZE" not in params:
+            raise _Deny("IPNV", "supported: PARAMETER=SIZE")
+        return _Reply(lines=[f"SYSTEM:SIZE={space.n_ingress}x{space.n_egress}"]), None
+
+    def _rtrv_patch(self, session: _Session, cmd: _Command) -> _Result:
+        patches = self.model.patches
+        if cmd.aid.strip().upper() in ("", "ALL"):
+            chosen = sorted(patches)
+        else:
+            wanted = set(self._ports(cmd.aid, allow_all=False))
+            chosen = sorted(p for p in patches if p[0] in wanted or p[1] in wanted)
+        return _Reply(lines=[f"{i},{e}" for i, e in chosen]), None
+
+    def _rtrv_port_power(self, session: _Session, cmd: _Command) -> _Result:
+        lines = []
+        for port in self._ports(cmd.aid):
+            dbm = self.model.power_dbm(port)
+            lines.append(f"{port}:{NO_LIGHT_DBM if dbm is None else dbm:.2f}")
+        return _Reply(lines=lines), None
+
+    def _set_shutter(self, session: _Session, cmd: _Command) -> _Result:
+        for port in self._ports(cmd.aid, allow_all=False):
+            self.shutters[port] = cmd.verb.startswith("OPR")
+        return _Reply(), None
+
+    def _rtrv_port_shutter(self, session: _Session, cmd: _Command) -> _Result:
+        return _Reply(
+            lines=[f"{p}:{'CLOSED' if self.shutters.get(p) else 'OPEN'}" for p in self._ports(cmd.aid)]
+        ), None
+
+    def _dlt_patch(self, session: _Session, cmd: _Command) -> _Result:
+        patches = self.model.patches
+        if cmd.aid.strip().upper() == "ALL":
+            return _Reply(), MappingDiff(remove=patches, add=frozenset())
+        remove = set()
+        for port in self._ports(cmd.aid, allow_all=False):
+            hit = [p for p in patches if port in p]
+            if not hit:
+                raise _Deny("IENE", f"port {port} has no patch")
+            remove.update(hit)
+        return _Reply(), MappingDiff(remove=frozenset(remove), add=frozenset())
+
+    def _ent_patch(self, session: _Session, cmd: _Command) -> _Result:
+        """`<in>,<out>`; either side may be a list of equal length (bulk form; unverified on real ones)."""
         space = self.model.space
         patches = self.model.patches
-        if verb == "CANC-USER":
-            session.user = None
-            return _Reply(), None
-        if verb == "RTRV-HDR":
-            return _Reply(), None
-        if verb == "RTRV-NETYPE":
-            return _Reply(lines=["POLATIS,labctl TL1 emulator,OPTICAL SWITCH,1.0"]), None
-        if verb == "RTRV-EQPT":
-            params = ",".join(cmd.blocks).upper().replace(" ", "")
-            if cmd.aid.upper() != "SYSTEM":
-                raise _Deny("IIAC", f"unknown equipment {cmd.aid!r}")
-            if "PARAMETER=SIZE" not in params:
-                raise _Deny("IPNV", "supported: PARAMETER=SIZE")
-            return _Reply(lines=[f"SYSTEM:SIZE={space.n_ingress}x{space.n_egress}"]), None
-        if verb == "RTRV-PATCH":
-            if cmd.aid.strip().upper() in ("", "ALL"):
-                chosen = sorted(patches)
-            else:
-                wanted = set(self._ports(cmd.aid, allow_all=False))
-                chosen = sorted(p for p in patches if p[0] in wanted or p[1] in wanted)
-            return _Reply(lines=[f"{i},{e}" for i, e in chosen]), None
-        if verb == "RTRV-PORT-POWER":
-            lines = []
-            for port in self._ports(cmd.aid):
-                dbm = self.model.power_dbm(port)
-                lines.append(f"{port}:{NO_LIGHT_DBM if dbm is None else dbm:.2f}")
-            return _Reply(lines=lines), None
-        if verb in ("OPR-PORT-SHUTTER", "RLS-PORT-SHUTTER"):
-            for port in self._ports(cmd.aid, allow_all=False):
-                self.shutters[port] = verb.startswith("OPR")
-            return _Reply(), None
-        if verb == "RTRV-PORT-SHUTTER":
-            return _Reply(
-                lines=[f"{p}:{'CLOSED' if self.shutters.get(p) else 'OPEN'}" for p in self._ports(cmd.aid)]
-            ), None
-        if verb == "DLT-PATCH":
-            if cmd.aid.strip().upper() == "ALL":
-                return _Reply(), MappingDiff(remove=patches, add=frozenset())
-            remove = set()
-            for port in self._ports(cmd.aid, allow_all=False):
-                hit = [p for p in patches if port in p]
-                if not hit:
-                    raise _Deny("IENE", f"port {port} has no patch")
-                remove.update(hit)
-            return _Reply(), MappingDiff(remove=frozenset(remove), add=frozenset())
-        # ENT-PATCH: "<in>,<out>", either side may be a list of equal length (bulk form; unverified)
         halves = cmd.aid.split(",")
         if len(halves) != 2:
             raise _Deny("IIAC", "expected <ingress>,<egress>")
@@ -490,6 +496,23 @@ class Tl1Emulator:
                 seen.add(port)
             add.add((ingress, egress))
         return _Reply(), MappingDiff(remove=frozenset(), add=frozenset(add))
+
+    @property
+    def _handlers(self) -> dict[str, Callable[[_Session, _Command], _Result]]:
+        return {
+            "ACT-USER": self._act_user,
+            "CANC-USER": self._canc_user,
+            "RTRV-HDR": self._rtrv_hdr,
+            "RTRV-NETYPE": self._rtrv_netype,
+            "RTRV-EQPT": self._rtrv_eqpt,
+            "RTRV-PATCH": self._rtrv_patch,
+            "RTRV-PORT-POWER": self._rtrv_port_power,
+            "OPR-PORT-SHUTTER": self._set_shutter,
+            "RLS-PORT-SHUTTER": self._set_shutter,
+            "RTRV-PORT-SHUTTER": self._rtrv_port_shutter,
+            "DLT-PATCH": self._dlt_patch,
+            "ENT-PATCH": self._ent_patch,
+        }
 
     def _login(self, session: _Session, cmd: _Command) -> _Reply:
         user = cmd.aid
