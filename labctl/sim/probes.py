@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from labctl.clock import now_ns
@@ -155,32 +156,19 @@ class SimTrafficProbe(QueueProbe):
                     continue
                 meta = {"peer": peer.source, "n": count[port]}
                 count[port] = 0
-                if ok:
-                    self.queue.put(
-                        Event(
-                            t_ns=t,
-                            kind="traffic.ok",
-                            source=port.source,
-                            host=port.host,
-                            value=rtt,
-                            meta=meta,
-                        )
+                if not ok:
+                    meta["detected_ns"] = t + self.timeout_ns  # when a real probe would give up on it
+                self.queue.put(
+                    Event(
+                        t_ns=t,
+                        kind="traffic.ok" if ok else "traffic.lost",
+                        source=port.source,
+                        host=port.host,
+                        value=rtt,
+                        meta=meta,
                     )
-                else:
-                    meta["detected_ns"] = t + self.timeout_ns
-                    self.queue.put(
-                        Event(
-                            t_ns=t,
-                            kind="traffic.lost",
-                            source=port.source,
-                            host=port.host,
-                            value=None,
-                            meta=meta,
-                        )
-                    )
+                )
 
 
 async def _forever() -> None:
-    import asyncio
-
     await asyncio.Event().wait()
