@@ -200,7 +200,7 @@ class Controller:
             for probe in self.lab.window_probes:
                 probe.close_window()
             unsubscribe()
-            self.events.flush(durable=True)
+            await self.events.flush_durably()
         self.progress.reconfig_done(n, phase, pending)
         self.reconfig += 1
         return pending

@@ -133,12 +133,20 @@ class EventLog:
         self._pending.clear()
 
     def flush(self, *, durable: bool = False) -> None:
-        """Push batched events to the file; `durable` also fsyncs (used at reconfiguration boundaries)."""
+        """Push batched events to the file (then a killed process loses nothing); `durable` also fsyncs,
+        which can block for a long time on a busy disk: inside a run use `flush_durably()`."""
         self._write_pending()
         if self._file is not None:
             self._file.flush()
             if durable:
                 os.fsync(self._file.fileno())
+
+    async def flush_durably(self) -> None:
+        """flush(), then fsync in a worker thread so samplers on the event loop keep their timing (an
+        fsync behind other disk traffic can take tens of ms). Used at every reconfiguration boundary."""
+        self.flush()
+        if self._file is not None:
+            await asyncio.to_thread(os.fsync, self._file.fileno())
 
     def close(self) -> None:
         if self._file is not None:
