@@ -400,6 +400,7 @@ async def run_experiment(
             events=events.count,
             finished_wall_ns=Timebase.capture().wall0_ns,
             drops=dict(controller._drops_seen),
+            probes={p.name: p.stats() for p in lab.probes if hasattr(p, "stats")},
             **lab.meta,
         )
     outcome = RunOutcome(run.path, status, error, events=events.count)

@@ -50,9 +50,28 @@ class QueueProbe:
 
     name = "probe"
 
+    counters: tuple[str, ...] = ()
+    """Attributes counting the probe's work (samples, pings); `stats()` reports them and their rates."""
+
     def __init__(self, queue_size: int = 65536) -> None:
         self.queue = EventQueue(queue_size)
         self._task: asyncio.Task[None] | None = None
+        self._started_ns: int | None = None
+        self._stopped_ns: int | None = None
+
+    def stats(self) -> dict[str, float | int]:
+        """What the probe did, for run.json: events dropped, time running, each counter and its rate, so a
+        sampler that could not keep its configured rate on a busy machine says so."""
+        out: dict[str, float | int] = {"dropped": self.dropped}
+        if self._started_ns is None:
+            return out
+        running_s = ((self._stopped_ns or now_ns()) - self._started_ns) / 1e9
+        out["running_s"] = round(running_s, 3)
+        for name in self.counters:
+            count = getattr(self, name)
+            out[name] = count
+            out[f"{name}_per_s"] = round(count / running_s, 1) if running_s > 0 else 0.0
+        return out
 
     @property
     def dropped(self) -> int:
@@ -65,6 +84,7 @@ class QueueProbe:
         if self._task is not None:
             raise RuntimeError(f"probe {self.name} is already running")
         self._task = asyncio.create_task(self._run(), name=f"probe:{self.name}")
+        self._started_ns = now_ns()
         return self
 
     async def __aexit__(
@@ -80,6 +100,7 @@ class QueueProbe:
                 if current is not None and current.cancelling():
                     raise
             self._task = None
+        self._stopped_ns = now_ns()
         self.queue.close()
 
     def events(self) -> AsyncIterator[Event]:

@@ -463,6 +463,7 @@ class RxPowerProbe(QueueProbe):
     """Polls one port's module at `hz` and emits `rx_power` per lane on change and as a heartbeat."""
 
     name = "rx-power"
+    counters = ("samples", "read_errors")
 
     def __init__(
         self,
@@ -604,6 +605,8 @@ class SwitchPowerProbe(QueueProbe):
     paces the calls. A failed read is recorded as an `ocs.error` event and polling goes on: the switch's
     monitor is a second opinion, never a reason to stop a run.
     """
+
+    counters = ("reads", "errors")
 
     def __init__(self, switch: OpticalSwitch, ports: Sequence[int], hz: float) -> None:
         super().__init__(queue_size=16)

@@ -52,6 +52,7 @@ class _Circuit:
 
 class UdpTrafficProbe(QueueProbe):
     name = "traffic"
+    counters = ("pings",)
 
     def __init__(
         self,

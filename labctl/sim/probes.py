@@ -59,6 +59,13 @@ class SimLinkProbe(QueueProbe):
 
 class SimRxPowerProbe(QueueProbe):
     name = "sim-rx-power"
+    counters = ("samples",)  # port samples: per port, divide by the port count
+
+    def stats(self) -> dict[str, float | int]:
+        out = super().stats()
+        if "samples_per_s" in out:
+            out["samples_per_s_per_port"] = round(out["samples_per_s"] / len(self.ports), 1)
+        return out
 
     def __init__(
         self,
@@ -111,6 +118,7 @@ class SimRxPowerProbe(QueueProbe):
 
 class SimTrafficProbe(QueueProbe):
     name = "sim-traffic"
+    counters = ("pings",)
 
     def __init__(
         self,
