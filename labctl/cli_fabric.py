@@ -136,13 +136,15 @@ def probe_traffic(
     duration: Annotated[
         float | None, typer.Option(min=0, max=86_400, help="Seconds to run (default: until Ctrl-C).")
     ] = None,
-    report_ms: Annotated[float, typer.Option(help="Heartbeat interval while steady.")] = 100.0,
+    report_ms: Annotated[float, typer.Option(min=1, help="Heartbeat interval while steady (ms).")] = 100.0,
 ) -> None:
     """UDP ping-pong both ways between two NIC ports of a running emulated fabric; events as JSON lines."""
     from labctl.emulated.fabric import FabricLayout, managed_prefix
     from labctl.inventory import load_inventory
     from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
 
+    if port_a == port_b:
+        raise InputError(f"{port_a}: a ping-pong needs two different ports")
     inv = load_inventory(inventory)
     layout = FabricLayout.of(inv, prefix or managed_prefix(inv))
     by_label = {fp.port.label: fp for fp in layout.ports}
