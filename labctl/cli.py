@@ -125,6 +125,11 @@ class RichProgress:
             self.bar.stop()
 
 
+def _rate_label(key: str) -> str:
+    """`samples_per_s_per_port` → `samples per port`, `pings_per_s` → `pings`."""
+    return key.replace("_per_s_per_port", " per port").replace("_per_s", "").replace("_", " ")
+
+
 def _summary_table(summary: dict[str, Any], title: str) -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column("phase")
@@ -271,6 +276,11 @@ def report(
         f"{len(run_data.events)} events, profile {meta.get('profile', {}).get('name')}, "
         f"seed {meta.get('seed')}"
     )
+    for name, stats in meta.get("probes", {}).items():  # what each sampler achieved
+        rates = ", ".join(f"{_rate_label(k)} {v:,.0f}/s" for k, v in stats.items() if "_per_s" in k)
+        dropped = f", [red]{stats['dropped']} dropped[/]" if stats.get("dropped") else ""
+        if rates or dropped:
+            out.print(f"probe {name}: {rates}{dropped}")
     out.print(_summary_table(summary, "link-up breakdown"))
 
 

@@ -96,6 +96,11 @@ def test_sigint_restores_baseline_and_leaves_an_aborted_run(
     assert {tuple(x) for x in final.meta["patches"]} == baseline_patches(repo)
     assert (run_dir / "breakdown.csv").exists() and (run_dir / "summary.json").exists()
     assert not run.breakdown.empty
+    report = subprocess.run(
+        [*LABCTL, "report", str(run_dir)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert report.returncode == 0 and "status: aborted" in report.stdout
+    assert "probe sim-rx-power: samples" in report.stdout  # what the sampler achieved, from run.json
 
 
 def test_sigkill_leaves_events_readable_up_to_the_last_flush(
