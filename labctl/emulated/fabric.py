@@ -294,19 +294,16 @@ class KernelFabric:
             raise HardwareError(f"fabric {self.layout.prefix}: not opened")
         return self._rt
 
+    def _error(self, what: str) -> None:
+        """A kernel operation the fabric could not carry out: an event, never an exception in a timer."""
+        self.emit(Event(t_ns=now_ns(), kind="ocs.error", source=f"fabric:{self.layout.prefix}", value=what))
+
     def _on_light(self, switch: str, egress: int, ingress: int | None, t_ns: int) -> None:
         try:
             self._cross_connect(switch, egress, ingress)
             self._light_changed(switch, egress, ingress, t_ns)
         except (OSError, HardwareError) as e:
-            self.emit(
-                Event(
-                    t_ns=now_ns(),
-                    kind="ocs.error",
-                    source=f"fabric:{self.layout.prefix}",
-                    value=f"{switch} egress {egress}: {e}",
-                )
-            )
+            self._error(f"{switch} egress {egress}: {e}")
 
     def _cross_connect(self, switch: str, egress: int, ingress: int | None) -> None:
         """Program the tc redirect of one patch (one direction of light)."""
@@ -371,14 +368,7 @@ class KernelFabric:
                     if self._generation[fp] == generations[fp] and not self.fiber_up[fp]:
                         self._set_fiber(fp, peer, True, t_fw)
             except (OSError, HardwareError) as e:
-                self.emit(
-                    Event(
-                        t_ns=now_ns(),
-                        kind="ocs.error",
-                        source=f"fabric:{self.layout.prefix}",
-                        value=f"firmware link-up {a.port.label}<->{b.port.label}: {e}",
-                    )
-                )
+                self._error(f"firmware link-up {a.port.label}<->{b.port.label}: {e}")
 
         handle = loop.call_at(t_fw / 1e9, fire)
         self._timers.add(handle)
