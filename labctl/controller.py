@@ -65,13 +65,24 @@ class RecoveryTracker:
     re-targeted only once the switch acknowledged), so traffic still flowing on the old circuit, even after
     a spurious loss, never counts. For a probe that names no peer, the ok must follow a carrier-up or a
     traffic loss seen after t0.
+
+    The recovery timeout is judged in event time: an ok stamped after `deadline_ns` is too late even if a
+    busy loop delivers it before the timeout's timer fires, so whether a port timed out never depends on
+    how late the controller itself got to run.
     """
 
-    def __init__(self, expected: dict[str, str], t0_ns: int, on_progress: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        expected: dict[str, str],
+        t0_ns: int,
+        on_progress: Callable[[int], None],
+        deadline_ns: int | None = None,
+    ) -> None:
         self.expected = dict(expected)
         self.pending = set(expected)
         self.total = len(expected)
         self.t0_ns = t0_ns
+        self.deadline_ns = deadline_ns
         self._armed: set[str] = set()
         self._on_progress = on_progress
         self.done = asyncio.Event()
@@ -84,6 +95,8 @@ class RecoveryTracker:
         if (e.kind == "carrier" and e.value == 1) or e.kind == "traffic.lost":
             self._armed.add(e.source)
         elif e.kind == "traffic.ok":
+            if self.deadline_ns is not None and e.t_ns > self.deadline_ns:
+                return
             if "peer" in e.meta:
                 recovered = e.meta["peer"] == self.expected[e.source]
             else:
@@ -173,7 +186,13 @@ class Controller:
             },
         )
         self.progress.reconfig_started(n, phase, len(expected) if wait else 0)
-        tracker = RecoveryTracker(expected, t0, lambda k: self.progress.port_recovered(n, k, len(expected)))
+        timeout_ns = round(self.plan.spec.recovery_timeout_s * 1e9)
+        tracker = RecoveryTracker(
+            expected,
+            t0,
+            lambda k: self.progress.port_recovered(n, k, len(expected)),
+            deadline_ns=t0 + timeout_ns if wait else None,
+        )
         unsubscribe = self.events.subscribe(tracker)
         pending: list[str] = []
         for probe in self.lab.window_probes:
@@ -181,9 +200,8 @@ class Controller:
         try:
             await asyncio.gather(*(self._apply_rail(rp) for rp in target.values()))
             if wait:
-                timeout = self.plan.spec.recovery_timeout_s - (now_ns() - t0) / 1e9
                 try:
-                    await asyncio.wait_for(tracker.done.wait(), max(timeout, 0))
+                    await asyncio.wait_for(tracker.done.wait(), max(t0 + timeout_ns - now_ns(), 0) / 1e9)
                 except TimeoutError:
                     pending = sorted(tracker.pending)
                     self.events.emit(

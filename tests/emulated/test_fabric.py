@@ -1,7 +1,9 @@
 """The kernel-real emulated fabric: namespaces, veth NICs, tc cross-connects, carrier and traffic probes.
 
-Tolerances (stated once, used below): asyncio timers and netlink delivery on a 2-core CI machine add
-latency, so a modeled delay is accepted from its low bound minus 1 ms to its high bound plus TOL_NS.
+Timing (stated once, used below): every mark a probe observes can be late by however long a loaded 2-core
+CI machine stalls the loop, so tests check marks against their causes (never before the cause, in the
+physics' order, within their own reconfiguration) and against the fabric's exact model time, never against
+a wall-clock latency: bench/ measures speed. A modeled delay's low bound gets 1 ms for timer rounding.
 """
 
 from __future__ import annotations
@@ -14,17 +16,16 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from labctl.clock import now_ns
 from labctl.drivers.sim import SimSwitch
 from labctl.emulated import netns
 from labctl.emulated.fabric import FabricLayout, KernelFabric
-from labctl.events import Event
+from labctl.events import Event, read_events
 from labctl.inventory import Inventory, load_inventory
 from labctl.probes.carrier import CarrierTarget, NetlinkCarrierProbe
 from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
@@ -33,7 +34,6 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.emulated
 
-TOL_NS = 25_000_000
 FIRMWARE_MS = (100.0, 150.0)
 
 SMALL = textwrap.dedent(
@@ -231,6 +231,14 @@ async def _deliveries_until(
     return got
 
 
+async def _eventually(condition: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
+    """Wait for a condition the test cannot await directly; the deadline only turns a hang into a failure."""
+    deadline = now_ns() + round(timeout_s * 1e9)
+    while not condition():
+        assert now_ns() < deadline, f"never happened: {what}"
+        await asyncio.sleep(0.005)
+
+
 async def _wait_fiber(f: Fab, label: str, up: bool, timeout_s: float = 2.0) -> None:
     deadline = now_ns() + round(timeout_s * 1e9)
     while f.fabric.fiber_up[f.ports[label]] != up:  # the fabric has no change notification to await
@@ -291,21 +299,30 @@ async def test_traffic_probe_follows_the_patch(fab: Fab) -> None:
             await fab.switch.apply(fab.link("h1/ens1f0np0", "h2/ens1f0np0"))
             # c is told to expect a, but nothing is patched to c: its pings must be lost.
             probe.set_circuits({a: b, b: a, c: a})
-            await asyncio.sleep(FIRMWARE_MS[1] / 1e3 + 0.15)
+            await _eventually(
+                lambda: (
+                    {e.source for e in events if e.kind == "traffic.ok"} == {a, b}
+                    and any(e.kind == "traffic.lost" and e.source == c for e in events)
+                ),
+                "traffic ok on a-b and lost on c",
+            )
             t_cut = now_ns()
             await fab.switch.apply(
                 [], scope=[p for pair in fab.link("h1/ens1f0np0", "h2/ens1f0np0") for p in pair]
             )
-            await asyncio.sleep(0.1)
+            await _eventually(
+                lambda: {e.source for e in events if e.kind == "traffic.lost" and e.t_ns >= t_cut} >= {a, b},
+                "traffic lost on a-b after the cut",
+            )
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
     ok = {e.source for e in events if e.kind == "traffic.ok"}
     assert ok == {a, b}
     assert all(e.meta["peer"] in (a, b) for e in events if e.kind == "traffic.ok")
-    assert all(
-        isinstance(e.value, int) and 0 < e.value < 50_000_000 for e in events if e.kind == "traffic.ok"
-    )
+    for e in events:  # an answer's RTT is its receipt stamp minus its ping's send stamp
+        if e.kind == "traffic.ok":
+            assert isinstance(e.value, int) and e.value == e.t_ns - int(e.meta["sent_ns"]) > 0
     for port in (a, b):  # cutting the patch stops its traffic: lost from the cut on, never ok again
         mine = [e for e in events if e.source == port]
         assert mine[-1].kind == "traffic.lost", (port, [e.kind for e in mine])
@@ -338,27 +355,41 @@ async def test_carrier_follows_the_patch_after_the_firmware_delay(fab: Fab) -> N
             result = await fab.switch.apply(fab.link("h1/ens1f0np0", "h2/ens1f0np0"))
             t_done = result.value.complete_ns
             assert t_done is not None
-            await asyncio.sleep(FIRMWARE_MS[1] / 1e3 + 0.05)
-            up = {e.source: e.t_ns for e in events if e.kind == "carrier" and e.value == 1}
-            assert set(up) == {a, b}
-            for t in up.values():
-                assert (
-                    t_done + FIRMWARE_MS[0] * 1e6 - 1_000_000 <= t <= t_done + FIRMWARE_MS[1] * 1e6 + TOL_NS
-                )
-            fw = {e.source: e.t_ns for e in fab.events if e.kind == "link.firmware" and e.value == 1}
-            assert all(0 <= up[s] - fw[s] < TOL_NS for s in (a, b))  # carrier follows firmware link-up
-            # Removing the patch inside a reconfiguration window: carrier-down is seen at once, although
-            # linkwatch defers its notification on these non-urgent (same-ifindex) veths by up to 1 s.
+
+            def carrier_up() -> dict[str, int]:
+                return {e.source: e.t_ns for e in events if e.kind == "carrier" and e.value == 1}
+
+            await _eventually(lambda: set(carrier_up()) == {a, b}, "carrier up on both ends")
+            up = carrier_up()
+            # The fabric plans each fiber flip at light + a firmware delay drawn from the profile (exact model
+            # time); the flip happens at or after its plan, and the probe sees carrier at or after the flip.
+            # How soon after is speed, measured in bench/carrier.py, not asserted here.
+            fw = {e.source: e for e in fab.events if e.kind == "link.firmware" and e.value == 1}
+            for s in (a, b):
+                planned = int(fw[s].meta["planned_ns"])
+                assert t_done + FIRMWARE_MS[0] * 1e6 - 1_000_000 <= planned <= t_done + FIRMWARE_MS[1] * 1e6
+                assert planned <= fw[s].t_ns <= up[s]
+            # Removing the patch inside a reconfiguration window: linkwatch may defer the carrier-down
+            # notification on these non-urgent (same-ifindex) veths by up to 1 s, so the window polls.
             probe.open_window([a, b])
+            polls_before = probe.polls
             t_cmd = now_ns()
             await fab.switch.apply(
                 [], scope=[p for pair in fab.link("h1/ens1f0np0", "h2/ens1f0np0") for p in pair]
             )
-            await asyncio.sleep(0.05)
+
+            def carrier_down() -> dict[str, Event]:
+                return {
+                    e.source: e for e in events if e.kind == "carrier" and e.value == 0 and e.t_ns > t_cmd
+                }
+
+            await _eventually(lambda: set(carrier_down()) == {a, b}, "carrier down on both ends")
             probe.close_window()
-            down = {e.source: e for e in events if e.kind == "carrier" and e.value == 0 and e.t_ns > t_cmd}
-            assert set(down) == {a, b}
-            assert all(e.t_ns - t_cmd < TOL_NS for e in down.values())
+            assert probe.polls > polls_before
+            for e in carrier_down().values():
+                assert e.meta["via"] in ("poll", "event")
+                if e.meta["via"] == "poll" and "after_ns" in e.meta:  # the poll before still saw carrier
+                    assert int(e.meta["after_ns"]) < e.t_ns
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -407,31 +438,44 @@ async def test_emulated_reconfig_timeline_has_every_mark(
         assert rows[col].notna().all(), col
     assert not rows["timed_out"].any()
     profile = load_inventory(REPO / "experiments" / "inventories" / "emulated.yaml").profile("emulated-fast")
-    sw_lo, sw_hi = (x * 1_000_000 for x in profile.switching_ms)
+    sw_lo = profile.switching_ms[0] * 1_000_000
     fw_lo, fw_hi = (x * 1_000_000 for x in profile.firmware_up_ms)
-    # The switch phase is the TL1 driver's DLT/ENT commands over TCP, each switching for the profile's
-    # time: at least one switching time, at most a few plus protocol round trips.
-    # Lower bounds hold row by row (nothing is observed early). Upper bounds of observed marks hold on the
-    # median; single rows only get a gross bound, since a loaded 2-core machine can stall a loop for tens
-    # of ms and every mark here is observed by a probe on that loop.
-    gross = 10 * TOL_NS
-
-    def within(col: pd.Series, low: float, high: float) -> None:
-        assert (col >= low).all(), (col.name, col.min(), low)
-        assert col.median() <= high, (col.name, col.median(), high)
-        assert (col <= high + gross).all(), (col.name, col.max(), high + gross)
-
-    within(rows["switch_ns"], sw_lo - 1_000_000, 4 * sw_hi + TOL_NS)
-    # A link's light comes back between t0 + one switching time and t1, then firmware link-up follows.
-    t3 = rows["t3_firmware_up_ns"]
-    assert (t3 - rows["t0_command_ns"] >= sw_lo + fw_lo - 1_000_000).all()
-    within(t3 - rows["t1_switch_done_ns"], -gross, fw_hi + TOL_NS)  # t1 is observed: it may be late
-    # Light is back (Rx power over the threshold, read from the emulated QSFP28 modules) within the switch
-    # command's switching times plus the optics' settling; the DOM poller samples at 1 kHz.
-    settle_hi = profile.optical_settle_ms[1] * 1_000_000
-    within(rows["optical_ns"], sw_lo, 4 * sw_hi + settle_hi + TOL_NS)
-    assert (t3 - rows["t2_rx_power_ns"]).median() > 0
-    # Carrier and transport are real kernel behaviour, not modeled: bounded by the tolerance.
-    within(rows["carrier_ns"], 0, TOL_NS)
-    within(rows["transport_ns"], 0, TOL_NS)
-    within(rows["carrier_down_ns"], 0, TOL_NS)
+    # Every mark here is observed by a probe on a loop that a loaded 2-core CI machine can stall for tens of
+    # ms, so marks are checked against their causes, never against a wall-clock latency (bench/ measures
+    # speed): nothing is observed before its cause, the marks keep the physics' order, and every mark
+    # belongs to its own reconfiguration (it precedes the next command).
+    t0, t1 = rows["t0_command_ns"], rows["t1_switch_done_ns"]
+    t2, t3 = rows["t2_rx_power_ns"], rows["t3_firmware_up_ns"]
+    t4, t5 = rows["t4_carrier_up_ns"], rows["t5_traffic_ns"]
+    # The switch phase is the TL1 driver's DLT/ENT commands over TCP, each switching for the profile's time.
+    assert (t1 - t0 >= sw_lo - 1_000_000).all()
+    # Light comes back (Rx power over the threshold, read from the emulated QSFP28 modules) no sooner than one
+    # switching time after the command; firmware link-up follows the light after the profile's delay.
+    assert (t2 - t0 >= sw_lo - 1_000_000).all()
+    assert (t3 - t0 >= sw_lo + fw_lo - 1_000_000).all()
+    # The fabric flips each fiber at a planned time, light + a firmware delay drawn from the profile: that
+    # plan is exact model time, and the flip (t3) can only happen at or after it.
+    events = list(read_events(outcome.run_dir / "events.jsonl"))
+    planned = {
+        (e.source, e.t_ns): int(e.meta["planned_ns"])
+        for e in events
+        if e.kind == "link.firmware" and e.value == 1
+    }
+    for source, t in zip(rows["source"], t3, strict=True):
+        assert t - fw_hi <= planned[(source, t)] <= t, source
+    # Carrier follows the fiber, traffic follows carrier; light is seen before link-up on most rows (t2 is a
+    # sample, so a stalled loop may see it late; the firmware delay is >= 100 ms).
+    assert (t4 >= t3).all() and (t5 >= t4).all()
+    assert ((t3 - t2) > 0).mean() > 0.5
+    assert (rows["carrier_down_ns"] >= 0).all()
+    commands = [*sorted(frame.groupby("reconfig")["t0_command_ns"].min().tolist()), events[-1].t_ns]
+    for k, group in rows.groupby("reconfig"):
+        next_command = commands[commands.index(group["t0_command_ns"].min()) + 1]
+        for col in (
+            "t1_switch_done_ns",
+            "t2_rx_power_ns",
+            "t3_firmware_up_ns",
+            "t4_carrier_up_ns",
+            "t5_traffic_ns",
+        ):
+            assert (group[col] < next_command).all(), (k, col)

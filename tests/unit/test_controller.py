@@ -90,14 +90,18 @@ async def test_run_writes_every_file_and_phases_match_the_profile(
     ms = 1e6
     # Lower bounds hold row by row: an acknowledgement or a sample can only be observed late, never early.
     # Sampled marks (t1 ack, t2 Rx power, t5 traffic) also carry the event loop's lag, which on a loaded
-    # 2-core machine can reach tens of ms on single rows, so upper bounds are checked on the median.
-    slack_ms = 10
+    # 2-core machine can reach tens of ms, so they get no wall-clock upper bound (bench/ measures speed):
+    # instead each belongs to its own reconfiguration, before the next command.
     assert measured["switch_ns"].min() >= fast.switching_ms[0] * ms
-    assert measured["switch_ns"].median() <= (fast.switching_ms[1] + slack_ms) * ms
     assert measured["transport_ns"].min() >= fast.transport_after_carrier_ms[0] * ms
-    assert measured["transport_ns"].median() <= (fast.transport_after_carrier_ms[1] + 1 + slack_ms) * ms
-    # firmware = t3 (model time, exact) - t2 (a sample, maybe late), so its slack is on the low side.
-    assert measured["firmware_ns"].median() >= (fast.firmware_up_ms[0] - slack_ms) * ms
+    commands = [
+        *sorted(bd.groupby("reconfig")["t0_command_ns"].min().tolist()),
+        int(run.events["t_ns"].max()),
+    ]
+    for k, group in measured.groupby("reconfig"):
+        next_command = commands[commands.index(group["t0_command_ns"].min()) + 1]
+        assert (group[marks[1:]] < next_command).all().all(), k
+    # firmware = t3 (model time, exact) - t2 (a sample, maybe late): never above the model's longest delay.
     assert measured["firmware_ns"].max() <= fast.firmware_up_ms[1] * ms
     # Carrier follows firmware by 70-80 us: both are stamped with model time, so this holds exactly.
     assert measured["carrier_ns"].between(70_000, 80_000).all()
@@ -180,6 +184,18 @@ def test_recovery_tracker_ignores_the_old_circuit() -> None:
     tracker(Event(t_ns=160, kind="traffic.ok", source="c", meta={"peer": "new-c"}))
     assert tracker.done.is_set()
     assert progress == [1, 2, 3]
+
+
+def test_recovery_tracker_judges_the_timeout_in_event_time() -> None:
+    """A busy loop may deliver an ok stamped after the deadline before the timeout fires: still too late."""
+    tracker = RecoveryTracker(
+        {"a": "new-a", "b": "new-b"}, t0_ns=100, on_progress=lambda _: None, deadline_ns=200
+    )
+    tracker(
+        Event(t_ns=200, kind="traffic.ok", source="a", meta={"peer": "new-a"})
+    )  # at the deadline: in time
+    tracker(Event(t_ns=201, kind="traffic.ok", source="b", meta={"peer": "new-b"}))
+    assert tracker.pending == {"b"} and not tracker.done.is_set()
 
 
 async def test_switch_power_monitor_as_a_second_rx_power_source(tmp_path: Path, inventory_path: Path) -> None:
