@@ -349,7 +349,7 @@ class KernelFabric:
         for fp, peer in ((a, b), (b, a)) if a is not b else ((a, a),):
             self._generation[fp] += 1
             if self.fiber_up[fp]:
-                self._set_fiber(fp, peer, False, None)
+                self._set_fiber(fp, peer, False)
 
     def _link_lit(self, a: FabricPort, b: FabricPort, t_ns: int) -> None:
         """Both directions of the a-b link are lit from t_ns: firmware link-up after the profile's delay."""
@@ -366,20 +366,24 @@ class KernelFabric:
             try:
                 for fp, peer in pairs:
                     if self._generation[fp] == generations[fp] and not self.fiber_up[fp]:
-                        self._set_fiber(fp, peer, True, t_fw)
+                        self._set_fiber(fp, peer, True, (t_ns, t_fw))
             except (OSError, HardwareError) as e:
                 self._error(f"firmware link-up {a.port.label}<->{b.port.label}: {e}")
 
         handle = loop.call_at(t_fw / 1e9, fire)
         self._timers.add(handle)
 
-    def _set_fiber(self, fp: FabricPort, peer: FabricPort, up: bool, planned_ns: int | None) -> None:
+    def _set_fiber(
+        self, fp: FabricPort, peer: FabricPort, up: bool, plan: tuple[int, int] | None = None
+    ) -> None:
+        """Flip one fiber end; a link-up carries its plan: when both directions were lit, and the flip time
+        that the profile's firmware delay gave (the flip itself runs on the loop, at or after that time)."""
         t = now_ns()
         self._control().set_up(fp.index, up)
         self.fiber_up[fp] = up
         meta: dict[str, object] = {"peer": peer.port.source, "fiber": fp.fiber}
-        if planned_ns is not None:
-            meta["planned_ns"] = planned_ns
+        if plan is not None:
+            meta["lit_ns"], meta["planned_ns"] = plan
         self.emit(
             Event(
                 t_ns=t,

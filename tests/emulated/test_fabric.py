@@ -3,7 +3,8 @@
 Timing (stated once, used below): every mark a probe observes can be late by however long a loaded 2-core
 CI machine stalls the loop, so tests check marks against their causes (never before the cause, in the
 physics' order, within their own reconfiguration) and against the fabric's exact model time, never against
-a wall-clock latency: bench/ measures speed. A modeled delay's low bound gets 1 ms for timer rounding.
+a wall-clock latency: bench/ measures speed. A modeled delay's low bound gets 1 ms for timer rounding, and an
+observed phase may exceed its modeled high bound by STALL_NS (the loop's lateness, not a speed claim).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.emulated
 
 FIRMWARE_MS = (100.0, 150.0)
+STALL_NS = 250_000_000  # the tolerance: how late a probe's mark may be on a loaded CI machine
 
 SMALL = textwrap.dedent(
     """
@@ -366,8 +368,9 @@ async def test_carrier_follows_the_patch_after_the_firmware_delay(fab: Fab) -> N
             # How soon after is speed, measured in bench/carrier.py, not asserted here.
             fw = {e.source: e for e in fab.events if e.kind == "link.firmware" and e.value == 1}
             for s in (a, b):
-                planned = int(fw[s].meta["planned_ns"])
-                assert t_done + FIRMWARE_MS[0] * 1e6 - 1_000_000 <= planned <= t_done + FIRMWARE_MS[1] * 1e6
+                lit, planned = int(fw[s].meta["lit_ns"]), int(fw[s].meta["planned_ns"])
+                assert lit <= t_done  # light is back once the switch says the patch is made
+                assert FIRMWARE_MS[0] * 1e6 - 1_000_000 <= planned - lit <= FIRMWARE_MS[1] * 1e6
                 assert planned <= fw[s].t_ns <= up[s]
             # Removing the patch inside a reconfiguration window: linkwatch may defer the carrier-down
             # notification on these non-urgent (same-ifindex) veths by up to 1 s, so the window polls.
@@ -438,44 +441,46 @@ async def test_emulated_reconfig_timeline_has_every_mark(
         assert rows[col].notna().all(), col
     assert not rows["timed_out"].any()
     profile = load_inventory(REPO / "experiments" / "inventories" / "emulated.yaml").profile("emulated-fast")
-    sw_lo = profile.switching_ms[0] * 1_000_000
-    fw_lo, fw_hi = (x * 1_000_000 for x in profile.firmware_up_ms)
-    # Every mark here is observed by a probe on a loop that a loaded 2-core CI machine can stall for tens of
-    # ms, so marks are checked against their causes, never against a wall-clock latency (bench/ measures
-    # speed): nothing is observed before its cause, the marks keep the physics' order, and every mark
-    # belongs to its own reconfiguration (it precedes the next command).
+    ms = 1_000_000
+    sw_lo, sw_hi = (x * ms for x in profile.switching_ms)
+    fw_lo, fw_hi = (x * ms for x in profile.firmware_up_ms)
+    settle_hi = profile.optical_settle_ms[1] * ms
     t0, t1 = rows["t0_command_ns"], rows["t1_switch_done_ns"]
     t2, t3 = rows["t2_rx_power_ns"], rows["t3_firmware_up_ns"]
     t4, t5 = rows["t4_carrier_up_ns"], rows["t5_traffic_ns"]
-    # The switch phase is the TL1 driver's DLT/ENT commands over TCP, each switching for the profile's time.
-    assert (t1 - t0 >= sw_lo - 1_000_000).all()
-    # Light comes back (Rx power over the threshold, read from the emulated QSFP28 modules) no sooner than one
-    # switching time after the command; firmware link-up follows the light after the profile's delay.
-    assert (t2 - t0 >= sw_lo - 1_000_000).all()
-    assert (t3 - t0 >= sw_lo + fw_lo - 1_000_000).all()
-    # The fabric flips each fiber at a planned time, light + a firmware delay drawn from the profile: that
-    # plan is exact model time, and the flip (t3) can only happen at or after it.
+    # 1. What the fabric models is exact model time: each fiber end flips at a plan, light (both directions
+    #    lit) + a firmware delay drawn from the profile, and light comes one switching time after the command
+    #    at the earliest. The flip itself (t3) runs on the loop, at or after its plan.
     events = list(read_events(outcome.run_dir / "events.jsonl"))
-    planned = {
-        (e.source, e.t_ns): int(e.meta["planned_ns"])
-        for e in events
-        if e.kind == "link.firmware" and e.value == 1
-    }
-    for source, t in zip(rows["source"], t3, strict=True):
-        assert t - fw_hi <= planned[(source, t)] <= t, source
-    # Carrier follows the fiber, traffic follows carrier; light is seen before link-up on most rows (t2 is a
-    # sample, so a stalled loop may see it late; the firmware delay is >= 100 ms).
-    assert (t4 >= t3).all() and (t5 >= t4).all()
-    assert ((t3 - t2) > 0).mean() > 0.5
-    assert (rows["carrier_down_ns"] >= 0).all()
+    flips = {(e.source, e.t_ns): e.meta for e in events if e.kind == "link.firmware" and e.value == 1}
+    for source, command, flip in zip(rows["source"], t0, t3, strict=True):
+        meta = flips[(source, flip)]
+        lit, planned = int(meta["lit_ns"]), int(meta["planned_ns"])
+        assert lit - command >= sw_lo - ms, source
+        assert fw_lo - ms <= planned - lit <= fw_hi, source
+        assert planned <= flip, source
+    # 2. Marks observed by probes (t1 the switch's acknowledgement, t2 Rx power from the emulated QSFP28
+    #    modules, t4 carrier, t5 traffic) are never early: row by row, no mark before its cause, in the
+    #    physics' order, and each one within its own reconfiguration (before the next command).
+    assert (t1 - t0 >= sw_lo - ms).all() and (t2 - t0 >= sw_lo - ms).all()
+    assert (t4 >= t3).all() and (t5 >= t4).all() and (rows["carrier_down_ns"] >= 0).all()
     commands = [*sorted(frame.groupby("reconfig")["t0_command_ns"].min().tolist()), events[-1].t_ns]
+    marks = ["t1_switch_done_ns", "t2_rx_power_ns", "t3_firmware_up_ns", "t4_carrier_up_ns", "t5_traffic_ns"]
     for k, group in rows.groupby("reconfig"):
         next_command = commands[commands.index(group["t0_command_ns"].min()) + 1]
-        for col in (
-            "t1_switch_done_ns",
-            "t2_rx_power_ns",
-            "t3_firmware_up_ns",
-            "t4_carrier_up_ns",
-            "t5_traffic_ns",
-        ):
-            assert (group[col] < next_command).all(), (k, col)
+        assert (group[marks] < next_command).all().all(), k
+
+    # 3. Phases match the profile within the stated tolerance: a probe's mark can be late by however long
+    #    the loop stalls, which a loaded 2-core CI machine stretches to tens of ms, so each observed phase
+    #    may exceed its modeled bound by up to STALL_NS. This bounds lateness; speed is measured in bench/.
+    #    Over TL1 the switch phase is two commands (DLT, then ENT), each switching for the profile's time.
+    def within(col: str, low: float, high: float) -> None:
+        assert (rows[col] >= low).all(), (col, rows[col].min(), low)
+        assert (rows[col] <= high + STALL_NS).all(), (col, rows[col].max(), high + STALL_NS)
+
+    within("switch_ns", sw_lo - ms, 2 * sw_hi)
+    within("optical_ns", sw_lo - ms, 2 * sw_hi + settle_hi)
+    assert ((t3 - t2) > 0).mean() > 0.5  # light is seen before link-up on most rows (it leads by >= 100 ms)
+    within("carrier_ns", 0, 0)  # carrier and transport are real kernel behaviour: no modeled delay
+    within("transport_ns", 0, 0)
+    within("carrier_down_ns", 0, 0)
