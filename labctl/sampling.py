@@ -107,17 +107,24 @@ class QueueProbe:
         return aiter(self.queue)
 
 
-async def ticks(period_ns: int) -> AsyncIterator[int]:
-    """Yield tick times on an absolute schedule; if the loop falls behind, skip missed ticks."""
+async def ticks(period_ns: int, max_lag_ns: int | None = None) -> AsyncIterator[int]:
+    """Yield tick times on an absolute schedule.
+
+    asyncio's sleeps wake up to ~1 ms late (epoll's timeout is whole milliseconds, rounded up), so a 1 kHz
+    schedule that realigned after every late wake-up would lose ~10% of its ticks. A tick late by at most
+    `max_lag_ns` (default: two periods, and at least 2 ms) is caught up at once; after a longer stall the
+    missed ticks are skipped and the schedule realigns instead of bursting.
+    """
+    max_lag = max_lag_ns if max_lag_ns is not None else max(2 * period_ns, 2_000_000)
     next_t = now_ns()
     while True:
         t = now_ns()
-        if t < next_t:
-            await asyncio.sleep((next_t - t) / 1e9)
-            t = now_ns()
+        # Catching up (no sleep due) still lets the loop run between ticks; either way, stamp after waking.
+        await asyncio.sleep(max(next_t - t, 0) / 1e9)
+        t = now_ns()
         yield t
         next_t += period_ns
-        if next_t <= t:  # behind schedule: realign instead of bursting
+        if t - next_t > max_lag:  # stalled: skip what was missed
             next_t = t + period_ns
 
 

@@ -1,0 +1,63 @@
+"""The periodic ticker, driven by a fake clock whose sleeps overshoot like epoll's millisecond rounding."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from labctl import sampling
+
+
+class FakeClock:
+    """epoll waits whole milliseconds, rounded up, and each wake-up costs the loop `turn_ns`."""
+
+    def __init__(self, turn_ns: int = 60_000) -> None:
+        self.t = 1_000_000_000
+        self.turn_ns = turn_ns
+        self.stall_at: int | None = None
+        self.stall_ns = 0
+
+    def now_ns(self) -> int:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += math.ceil(seconds * 1e3) * 1_000_000 + self.turn_ns
+        if self.stall_at is not None and self.t >= self.stall_at:
+            self.t += self.stall_ns  # the loop was busy elsewhere
+            self.stall_at = None
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(sampling, "now_ns", fake.now_ns)
+    monkeypatch.setattr(sampling.asyncio, "sleep", fake.sleep)
+    return fake
+
+
+async def take(period_ns: int, until_ns: int) -> list[int]:
+    out: list[int] = []
+    async for t in sampling.ticks(period_ns):
+        if t >= until_ns:
+            break
+        out.append(t)
+    return out
+
+
+async def test_late_wakeups_do_not_cost_ticks(clock: FakeClock) -> None:
+    start = clock.t
+    ticks = await take(1_000_000, start + 1_000_000_000)
+    assert len(ticks) in (999, 1000, 1001)  # 1 kHz over one second, although sleeps wake late
+    assert ticks == sorted(ticks)
+
+
+async def test_a_long_stall_skips_missed_ticks_instead_of_bursting(clock: FakeClock) -> None:
+    start = clock.t
+    clock.stall_at, clock.stall_ns = start + 100_000_000, 50_000_000
+    ticks = await take(1_000_000, start + 1_000_000_000)
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert max(gaps) >= 50_000_000  # the stall shows as one gap...
+    assert len(ticks) < 1000 - 40  # ...and its ~50 ticks are not replayed afterwards
+    assert sum(g == 0 for g in gaps) == 0  # never two ticks at the same instant
