@@ -351,9 +351,12 @@ async def test_carrier_follows_the_patch_after_the_firmware_delay(fab: Fab) -> N
     async with probe:
         task = asyncio.create_task(pump())
         try:
-            await asyncio.sleep(0.05)
-            initial = {e.source: e.value for e in events if e.kind == "carrier" and e.meta.get("initial")}
-            assert initial == dict.fromkeys((fp.port.source for fp in fab.ports.values()), 0)
+
+            def initial() -> dict[str, object]:
+                return {e.source: e.value for e in events if e.kind == "carrier" and e.meta.get("initial")}
+
+            await _eventually(lambda: len(initial()) == len(fab.ports), "an initial carrier state per port")
+            assert initial() == dict.fromkeys((fp.port.source for fp in fab.ports.values()), 0)
             result = await fab.switch.apply(fab.link("h1/ens1f0np0", "h2/ens1f0np0"))
             t_done = result.value.complete_ns
             assert t_done is not None
