@@ -710,6 +710,9 @@ class HostLink:
 class _Outgoing:
     topic: str
     body: Callable[[], bytes]  # built at send time, so a ping's t1 is stamped as it leaves
+    # A request's caller gives up at its timeout: a command still unsent then (no broker) is dropped, so a
+    # `start` the controller already reported as failed cannot reach an agent after a reconnect.
+    expires_ns: int | None = None
 
 
 class AgentHub:
@@ -727,6 +730,7 @@ class AgentHub:
         }
         self.rejections = Rejections()
         self.reconnects = 0
+        self.expired_commands = 0
         self.connected = asyncio.Event()
         self.world_snapshot: Callable[[], list[WorldItem]] | None = None
         # Command ids are random per hub: an agent that outlives a run caches replies by id (to answer
@@ -777,6 +781,7 @@ class AgentHub:
             "agents": {
                 "broker": f"{self.broker.hostname}:{self.broker.port}",
                 "reconnects": self.reconnects,
+                "expired_commands": self.expired_commands,
                 "rejected": self.rejections.as_dict(),
                 "streams": {host: link.stats() for host, link in self.links.items() if link.started},
             },
@@ -815,6 +820,9 @@ class AgentHub:
                 client = self._client
                 if client is None:
                     continue
+                batch = self._unexpired(batch)
+                if not batch:
+                    break
                 try:
                     # Tasks start in order, and each hands its packet to the client on its first step.
                     await asyncio.gather(
@@ -830,6 +838,12 @@ class AgentHub:
                     # Resend all: the agent answers a repeated command id without acting twice, and world
                     # updates are states, so a duplicate changes nothing.
                     await asyncio.sleep(0.05)
+
+    def _unexpired(self, batch: list[_Outgoing]) -> list[_Outgoing]:
+        now = now_ns()
+        keep = [item for item in batch if item.expires_ns is None or item.expires_ns > now]
+        self.expired_commands += len(batch) - len(keep)
+        return keep
 
     # -- receive ------------------------------------------------------------------------------------------
     def _on_message(self, topic_name: str, payload: Any, t_rx: int) -> None:
@@ -919,7 +933,12 @@ class AgentHub:
 
     # -- send ---------------------------------------------------------------------------------------------
     def post(
-        self, host: str, op: str, args: dict[str, Any], stamp: Callable[[], dict[str, Any]] | None = None
+        self,
+        host: str,
+        op: str,
+        args: dict[str, Any],
+        stamp: Callable[[], dict[str, Any]] | None = None,
+        expires_ns: int | None = None,
     ) -> int:
         cmd_id = self._next_id
         self._next_id += 1
@@ -930,12 +949,12 @@ class AgentHub:
         def body() -> bytes:
             return _enc.encode(Command(id=cmd_id, op=op, args={**args, **(stamp() if stamp else {})}))
 
-        self._outgoing.put_nowait(_Outgoing(topic(self.lab, host, "cmd"), body))
+        self._outgoing.put_nowait(_Outgoing(topic(self.lab, host, "cmd"), body, expires_ns))
         return cmd_id
 
     async def request(self, host: str, op: str, args: dict[str, Any], timeout_s: float = 10.0) -> Reply:
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        cmd_id = self.post(host, op, args)
+        cmd_id = self.post(host, op, args, expires_ns=now_ns() + round(timeout_s * 1e9))
         self._replies[cmd_id] = fut
         try:
             reply = await asyncio.wait_for(fut, timeout_s)
@@ -968,7 +987,7 @@ class AgentHub:
             return {"t1": sent["t1"]}
 
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        cmd_id = self.post(host, "ping", {}, stamp)
+        cmd_id = self.post(host, "ping", {}, stamp, expires_ns=now_ns() + round(timeout_s * 1e9))
         self._replies[cmd_id] = fut
         self._pings[cmd_id] = 0
         try:

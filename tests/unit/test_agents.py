@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import random
@@ -33,6 +34,7 @@ from labctl.agents import (
     topic,
 )
 from labctl.controller import run_experiment
+from labctl.errors import HardwareError
 from labctl.events import Event
 from labctl.inventory import Secret, load_inventory
 from tests.conftest import require
@@ -346,6 +348,55 @@ async def test_broker_restart_mid_run_agents_reconnect_and_loss_is_counted(
     # ... and the run's event log says so, as sampler drops per agent.
     drops = meta["drops"]
     assert sum(drops.get(f"agent:{h}", 0) for h in HOSTS) >= lost
+
+
+async def test_a_command_that_timed_out_without_a_broker_is_never_delivered(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    """The controller gave up on it (and said so): a reconnect must not deliver it late."""
+    inv_path, _ = write_lab(tmp_path, broker_section(broker.url))
+    inventory = load_inventory(inv_path)
+    settings = BrokerSettings.from_inventory(inventory)
+    hub_may_connect = asyncio.Event()
+    hub_may_connect.set()
+
+    @dataclasses.dataclass(frozen=True)
+    class GatedBroker(BrokerSettings):
+        """Holds the controller off the broker until the agent is subscribed again, so that whatever the
+        controller still has queued would surely reach the agent."""
+
+        def client(self, identifier: str, will: aiomqtt.Will | None = None) -> aiomqtt.Client:
+            if not hub_may_connect.is_set():
+                raise aiomqtt.MqttError("held off by the test")
+            return super().client(identifier, will)
+
+    hub = AgentHub(inventory, GatedBroker(**dataclasses.asdict(settings)))
+    agent = Agent(inventory, "h1", settings)
+    agent_task = asyncio.create_task(agent.run())
+    await hub.start()
+    try:
+        await asyncio.wait_for(agent.connected.wait(), 10)
+        await hub.wait_online("h1")
+        await hub.request("h1", "ping", {"t1": 1}, timeout_s=5)  # delivered while the broker is up
+        hub_may_connect.clear()
+        await asyncio.to_thread(broker.stop)
+        await _wait_until(lambda: not hub.connected.is_set() and not agent.connected.is_set())
+        stale_id = hub._next_id
+        with pytest.raises(HardwareError, match=r"no reply to ping within 0\.2 s"):
+            await hub.request("h1", "ping", {"t1": 2}, timeout_s=0.2)
+        await asyncio.to_thread(broker.start)
+        await asyncio.wait_for(agent.connected.wait(), 10)
+        hub_may_connect.set()
+        await asyncio.wait_for(hub.connected.wait(), 10)
+        fresh = await hub.request("h1", "ping", {"t1": 3}, timeout_s=10)
+        assert fresh.ok and fresh.id in agent._handled
+        assert stale_id not in agent._handled
+        assert hub.expired_commands == 1
+        assert hub.report()["agents"]["expired_commands"] == 1
+    finally:
+        agent_task.cancel()
+        await asyncio.gather(agent_task, return_exceptions=True)
+        await hub.stop()
 
 
 # -- rejection -------------------------------------------------------------------------------------------------
