@@ -54,11 +54,11 @@ async def run_at(
         task = asyncio.create_task(pump())
         probe.set_circuits({a.source: b.source, b.source: a.source})
         await asyncio.sleep(0.2)
-        p0, q0 = probe.pings, probe.pongs
+        p0, q0, l0 = probe.pings, probe.pongs, probe.lost
         t0 = now_ns()
         await asyncio.sleep(seconds)
         elapsed = (now_ns() - t0) / 1e9
-        pings, pongs = probe.pings - p0, probe.pongs - q0
+        pings, pongs, lost = probe.pings - p0, probe.pongs - q0, probe.lost - l0
         # Resume detection at this rate: fiber ends down, then up; fiber-up → first traffic.ok per port.
         resumes = []
         ports = fabric.layout.ports
@@ -81,7 +81,9 @@ async def run_at(
     return {
         "target_hz": 2 * 1e6 / interval_us,
         "sent_hz": pings / elapsed,
-        "answered": pongs / max(pings, 1),
+        # Of the pings resolved in the window (answered or declared lost): in-flight ones at either edge
+        # are not counted, so this can never exceed 100 %.
+        "answered": pongs / max(pongs + lost, 1),
         "rtt_med_us": float(np.median(rtts)) / 1e3 if rtts else float("nan"),
         "resume_med_ms": float(np.median(resumes)) / 1e6 if resumes else float("nan"),
         "resume_p99_ms": float(np.percentile(resumes, 99)) / 1e6 if resumes else float("nan"),

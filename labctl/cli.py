@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import signal
 import sys
 from pathlib import Path
@@ -333,12 +334,24 @@ def main() -> None:
     except typer.Abort:
         err.print("aborted")
         sys.exit(EXIT_ABORTED)
+    except OSError as e:
+        # The environment said no (permissions, a missing device, a busy port): one line, not a traceback.
+        if os.environ.get("LABCTL_DEBUG"):
+            raise
+        hint = " (this needs root: CAP_NET_ADMIN and CAP_SYS_ADMIN)" if isinstance(e, PermissionError) else ""
+        err.print(f"error: {e}{hint}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(1)
     except Exception as e:
-        # Usage errors (unknown option, missing argument, bad value): click's own message and exit code 2.
-        # Matched by shape, not class: typer may bundle its own copy of click.
+        # Usage errors (unknown option, missing argument, bad value): one line and exit code 2. Matched by
+        # shape, not class: typer may bundle its own copy of click. A bare command group shows its help.
         show, exit_code = getattr(e, "show", None), getattr(e, "exit_code", None)
         if callable(show) and isinstance(exit_code, int):
-            show()
+            message, ctx = getattr(e, "format_message", None), getattr(e, "ctx", None)
+            if type(e).__name__ == "NoArgsIsHelpError" or not callable(message):
+                show()
+            else:
+                where = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+                err.print(f"error: {message()}{where}", markup=False, highlight=False, soft_wrap=True)
             sys.exit(exit_code)
         raise
     if isinstance(code, int) and code:

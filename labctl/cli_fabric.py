@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -24,6 +26,19 @@ InventoryOpt = Annotated[
     Path, typer.Option("--inventory", "-i", help="Inventory with `fabric: emulated` and NIC addresses.")
 ]
 DEFAULT_INVENTORY = Path("experiments/inventories/emulated.yaml")
+
+
+def _bounded(low: float, high: float) -> Callable[[float | None], float | None]:
+    """A range check that names nan and inf for what they are (click's range check calls nan too large)."""
+
+    def check(value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise typer.BadParameter(f"{value} is not a finite number")
+        if value is not None and not low <= value <= high:
+            raise typer.BadParameter(f"{value:g} is not in {low:g}..{high:g}")
+        return value
+
+    return check
 
 
 @fabric_app.command("up")
@@ -109,9 +124,12 @@ def probe_carrier(
         str | None, typer.Option("--netns", help="Network namespace of the interfaces (default: this one).")
     ] = None,
     duration: Annotated[
-        float | None, typer.Option(min=0, max=86_400, help="Seconds to run (default: until Ctrl-C).")
+        float | None,
+        typer.Option(callback=_bounded(0, 86_400), help="Seconds to run, 0..86400 (default: until Ctrl-C)."),
     ] = None,
-    poll_hz: Annotated[float, typer.Option(min=1000, max=100_000, help="Carrier poll rate (Hz).")] = 2000.0,
+    poll_hz: Annotated[
+        float, typer.Option(callback=_bounded(1000, 100_000), help="Carrier poll rate (Hz), 1000..100000.")
+    ] = 2000.0,
     no_poll: Annotated[
         bool, typer.Option("--no-poll", help="Events only: carrier-down may then lag up to 1 s (linkwatch).")
     ] = False,
@@ -134,9 +152,13 @@ def probe_traffic(
     ] = None,
     interval_us: Annotated[int, typer.Option(min=10, help="Ping interval per direction.")] = 1000,
     duration: Annotated[
-        float | None, typer.Option(min=0, max=86_400, help="Seconds to run (default: until Ctrl-C).")
+        float | None,
+        typer.Option(callback=_bounded(0, 86_400), help="Seconds to run, 0..86400 (default: until Ctrl-C)."),
     ] = None,
-    report_ms: Annotated[float, typer.Option(min=1, help="Heartbeat interval while steady (ms).")] = 100.0,
+    report_ms: Annotated[
+        float,
+        typer.Option(callback=_bounded(1, 86_400_000), help="Heartbeat interval while steady (ms), >= 1."),
+    ] = 100.0,
 ) -> None:
     """UDP ping-pong both ways between two NIC ports of a running emulated fabric; events as JSON lines."""
     from labctl.emulated.fabric import FabricLayout, managed_prefix

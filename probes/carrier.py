@@ -40,7 +40,7 @@ from labctl.emulated.rtnl import (
     parse_link,
 )
 from labctl.emulated.timerfd import PeriodicTimer
-from labctl.errors import HardwareError
+from labctl.errors import InputError
 from labctl.events import Event
 from labctl.sampling import QueueProbe
 
@@ -137,7 +137,8 @@ class NetlinkCarrierProbe(QueueProbe):
                         index = socket.if_nametoindex(target.ifname)
                     except OSError:
                         where = f"namespace {name}" if name else "this namespace"
-                        raise HardwareError(
+                        # Named on input (CLI or inventory): bad input, as for the DOM probe.
+                        raise InputError(
                             f"carrier probe: no interface {target.ifname!r} in {where}"
                         ) from None
                     space.watched[index] = _Watched(target, index, getlink_request(index, POLL_SEQ))

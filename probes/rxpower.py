@@ -41,6 +41,7 @@ from types import TracebackType
 from typing import Self
 
 from labctl.clock import now_ns
+from labctl.emulated import netns as netns_mod
 from labctl.errors import HardwareError, InputError
 from labctl.events import Event
 from labctl.ocs import OpticalSwitch, TimeoutPolicy
@@ -82,9 +83,6 @@ def _where(ifname: str, netns: str | None) -> str:
 
 # -- network namespaces ----------------------------------------------------------------------------------
 
-CLONE_NEWNET = 0x40000000
-NETNS_RUN_DIR = "/run/netns"
-
 
 def sockets_in_netns(
     netns: str | None, factories: Sequence[Callable[[], socket.socket]]
@@ -94,23 +92,16 @@ def sockets_in_netns(
     its event loop stay where they are."""
     if netns is None:
         return [f() for f in factories]
-    path = os.path.join(NETNS_RUN_DIR, netns)
-    if not os.path.exists(path):
+    path = netns_mod.netns_path(netns)  # a bad name is one clear InputError, not a failed setns
+    if not path.exists():
         raise NoSuchInterfaceError(f"network namespace {netns!r} does not exist ({path})")
     result: list[socket.socket] = []
     failure: list[BaseException] = []
 
     def enter_and_create() -> None:
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if libc.setns(fd, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns into netns {netns}: {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            result.extend(f() for f in factories)
+            with netns_mod.entered(netns):
+                result.extend(f() for f in factories)
         except BaseException as e:  # handed to the caller's thread
             failure.append(e)
 

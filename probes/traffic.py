@@ -77,6 +77,7 @@ class UdpTrafficProbe(QueueProbe):
         self._timer: PeriodicTimer | None = None
         self.pings = 0
         self.pongs = 0
+        self.lost = 0  # pings resolved as lost: timed out, or overtaken by a later answer
         self.late = 0
         self.send_errors = 0
 
@@ -127,6 +128,7 @@ class UdpTrafficProbe(QueueProbe):
                 if t - sent < self.timeout_ns:
                     break
                 del out[seq]
+                self.lost += 1
                 self._outcome(source, circuit, False, sent, t, None)
             circuit.seq = (circuit.seq + 1) & 0xFFFFFFFF
             sent = now_ns()
@@ -170,6 +172,7 @@ class UdpTrafficProbe(QueueProbe):
                 if old_sent >= sent:
                     break
                 del circuit.outstanding[old_seq]
+                self.lost += 1
                 self._outcome(source, circuit, False, old_sent, t, None)
             self._outcome(source, circuit, True, sent, t, t - sent)
 

@@ -321,6 +321,8 @@ async def test_traffic_probe_follows_the_patch(fab: Fab) -> None:
             await asyncio.gather(task, return_exceptions=True)
     ok = {e.source for e in events if e.kind == "traffic.ok"}
     assert ok == {a, b}
+    # Every ping is resolved once: answered, lost, or still in flight when the probe stopped.
+    assert probe.pongs > 0 and probe.lost > 0 and probe.pongs + probe.lost <= probe.pings
     assert all(e.meta["peer"] in (a, b) for e in events if e.kind == "traffic.ok")
     for e in events:  # an answer's RTT is its receipt stamp minus its ping's send stamp
         if e.kind == "traffic.ok":

@@ -179,10 +179,31 @@ def test_unknown_profile_is_exit_2(tmp_path: Path, repo: Path) -> None:
         ["report"],
         ["ocs", "connect", "x", "5"],
         ["inventory", "check", "a.yaml", "b.yaml"],
+        ["probe", "carrier", "--iface", "lo", "--duration", "nan"],
+        ["probe", "carrier", "--iface", "lo", "--poll-hz", "5"],
+        ["dom", "read", "lo", "--netns", ".."],
     ],
 )
-def test_usage_errors_are_exit_2_without_traceback(args: list[str]) -> None:
+def test_usage_errors_are_one_line_and_exit_2(args: list[str]) -> None:
     proc = subprocess.run([*LABCTL, *args], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert "Error:" in proc.stderr or "error:" in proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_an_os_error_is_one_line_and_exit_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """E.g. `labctl emulate fabric up` without root: the kernel's refusal, said once, with the likely cause."""
+    import labctl.inventory
+    from labctl import cli
+
+    def refuse(*_: object, **__: object) -> None:
+        raise PermissionError(1, "Operation not permitted", "/run/netns")
+
+    monkeypatch.setattr(sys, "argv", ["labctl", "inventory", "check", "inventory.yaml"])
+    monkeypatch.setattr(labctl.inventory, "load_inventory", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 1
+    stderr = capsys.readouterr().err
+    assert stderr.count("\n") == 1 and "Operation not permitted" in stderr and "needs root" in stderr, stderr
