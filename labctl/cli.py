@@ -49,8 +49,8 @@ emulate_app.add_typer(fabric_app, name="fabric")
 app.add_typer(dom_app, name="dom")
 register_sched(app)
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True, emoji=False)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 InventoryOpt = Annotated[
     Path, typer.Option("--inventory", "-i", help="Lab inventory (switches, hosts, NIC ports, fibers).")
@@ -155,8 +155,11 @@ async def _run_with_signals(coro: Any, progress: RichProgress) -> Any:
         hits += 1
         if hits == 1:
             progress.message(f"[yellow]{name}: stopping; restoring the baseline (send again to abandon)[/]")
-        else:
+        elif hits == 2:
             progress.message(f"[red]{name}: abandoning the baseline restore[/]")
+        else:  # the controller ignores more: it is closing switches and writing the run directory
+            progress.message(f"[red]{name}: finishing the run directory (SIGKILL stops at once)[/]")
+            return
         task.cancel()
 
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -13,8 +13,8 @@ bench_app = typer.Typer(
     help="Microbenchmarks that write a run directory like `labctl run`.", no_args_is_help=True
 )
 
-_out = Console(soft_wrap=True)
-_err = Console(stderr=True, soft_wrap=True)
+_out = Console(soft_wrap=True, emoji=False)
+_err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 
 def _dist_cells(d: object, digits: int = 0) -> list[str]:

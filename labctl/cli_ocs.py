@@ -31,7 +31,7 @@ emulate_app = typer.Typer(
     no_args_is_help=True,
 )
 
-out = Console(soft_wrap=True)
+out = Console(soft_wrap=True, emoji=False)
 
 InventoryOpt = Annotated[
     Path,

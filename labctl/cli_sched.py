@@ -18,8 +18,8 @@ from rich.table import Table
 
 from labctl.errors import InputError
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True, emoji=False)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 DbOpt = Annotated[
     Path, typer.Option("--db", help="The queue database (SQLite, WAL). `serve` and the clients share it.")

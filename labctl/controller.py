@@ -25,6 +25,7 @@ from labctl.events import Event, EventLog
 from labctl.experiment import Plan, RailPhase, build_plan, load_experiment
 from labctl.inventory import Inventory, load_inventory
 from labctl.lab import Lab, LabContext, build_lab
+from labctl.looplag import LoopLagMonitor
 from labctl.mapping import Mapping
 from labctl.sampling import Probe
 from labctl.store import RunDir, new_run_id, versions, write_json_atomic
@@ -131,6 +132,9 @@ class Controller:
         self.current: dict[int, Mapping] = {rail: frozenset() for rail in plan.rails}
         self.reconfig = 0
         self._drops_seen: dict[str, int] = {}
+        self.loop_lag = LoopLagMonitor()
+        self._restoring = False
+        self._abandon_restore = False
 
     # -- one reconfiguration ---------------------------------------------------------------------------------
     def _affected(self, target: dict[int, RailPhase]) -> list[dict[str, Any]]:
@@ -197,6 +201,7 @@ class Controller:
         pending: list[str] = []
         for probe in self.lab.window_probes:
             probe.open_window([p["source"] for p in ports])
+        self.loop_lag.open_window()
         try:
             await asyncio.gather(*(self._apply_rail(rp) for rp in target.values()))
             if wait:
@@ -218,9 +223,13 @@ class Controller:
             for probe in self.lab.window_probes:
                 probe.close_window()
             unsubscribe()
+            # How late the loop ran in this window: context for every mark observed in it.
+            self.events.emit(now_ns(), "loop.lag", "controller", self.loop_lag.window_max_ns)
+            # An interrupted reconfiguration keeps its number too: the baseline restore that follows an
+            # abort must not be filed under it (its acknowledgement would become this one's t1).
+            self.reconfig += 1
             await self.events.flush_durably()
         self.progress.reconfig_done(n, phase, pending)
-        self.reconfig += 1
         return pending
 
     # -- the whole run ---------------------------------------------------------------------------------
@@ -289,7 +298,32 @@ class Controller:
                 self.events.emit(now_ns(), "ocs.error", f"ocs:{sw.name}", f"final read-back failed: {e!r}")
 
     async def run(self) -> tuple[str, str | None]:
-        """Returns (status, error). Cancellation is absorbed here: the baseline is restored first."""
+        """Returns (status, error), whatever happens to the caller.
+
+        The caller's first cancellation (Ctrl-C) stops the sequence and restores the baseline; a second one
+        abandons the restore; later ones are ignored, so the switches are closed, the probes stopped and the
+        run directory finished in every case. The work runs in its own task: a burst of signals lands here,
+        never at an arbitrary await inside clean-up code.
+        """
+        work = asyncio.create_task(self._run(), name="controller")
+        current = asyncio.current_task()
+        cancels = 0
+        while True:
+            try:
+                return await asyncio.shield(work)
+            except asyncio.CancelledError:
+                if work.done() or current is None:
+                    raise
+                current.uncancel()
+                cancels += 1
+                if cancels == 1:
+                    work.cancel()
+                elif cancels == 2:
+                    self._abandon_restore = True
+                    if self._restoring:
+                        work.cancel()
+
+    async def _run(self) -> tuple[str, str | None]:
         status, error = "completed", None
         async with contextlib.AsyncExitStack() as stack:
             # LIFO: after every switch has closed; pushed first so a start that fails midway is undone too.
@@ -304,6 +338,7 @@ class Controller:
                 await stack.enter_async_context(probe)
                 tasks.append(asyncio.create_task(self._pump(probe), name=f"pump:{probe.name}"))
             tasks.append(asyncio.create_task(self._flusher(), name="flusher"))
+            await stack.enter_async_context(self.loop_lag)
             try:
                 await self.sequence()
             except asyncio.CancelledError:
@@ -315,14 +350,22 @@ class Controller:
             except LabctlError as e:
                 status, error = "failed", str(e)
                 log.error("run failed: %s", e)
-            try:
-                await self.restore_baseline()
-            except asyncio.CancelledError:
-                error = (error or "") + "; baseline NOT restored (interrupted again)"
-                status = "aborted"
-            except LabctlError as e:
-                error = (error + "; " if error else "") + f"baseline NOT restored: {e}"
-                status = "failed" if status == "completed" else status
+            if self._abandon_restore:
+                error, status = (error or "") + "; baseline NOT restored (abandoned)", "aborted"
+            else:
+                self._restoring = True
+                try:
+                    await self.restore_baseline()
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is not None:
+                        task.uncancel()
+                    error, status = (error or "") + "; baseline NOT restored (abandoned)", "aborted"
+                except LabctlError as e:
+                    error = (error + "; " if error else "") + f"baseline NOT restored: {e}"
+                    status = "failed" if status == "completed" else status
+                finally:
+                    self._restoring = False
             await self._read_final_state()
             for t in tasks:
                 t.cancel()
@@ -419,6 +462,7 @@ async def run_experiment(
             finished_wall_ns=Timebase.capture().wall0_ns,
             drops=dict(controller._drops_seen),
             probes={p.name: p.stats() for p in lab.probes if hasattr(p, "stats")},
+            loop_lag_ns=controller.loop_lag.stats(),
             **lab.meta,
         )
     outcome = RunOutcome(run.path, status, error, events=events.count)

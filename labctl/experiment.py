@@ -7,11 +7,12 @@ mapping per switch before anything is sent, so a bad experiment fails in full be
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from labctl.errors import InputError
 from labctl.inventory import Inventory
@@ -76,8 +77,20 @@ class GpuSettings(_Model):
     pointer_chase: bool = True
 
 
+_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
 class ExperimentSpec(_Model):
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=80)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_directory_name(cls, name: str) -> str:
+        # It becomes part of the run directory's name: no path separators, no leading dot.
+        if not _NAME_OK.match(name):
+            raise ValueError("use letters, digits, '.', '_' and '-', starting with a letter or digit")
+        return name
+
     description: str = ""
     rails: list[int] | None = Field(default=None, description="default: every rail of the inventory")
     phases: dict[str, PhaseSpec] = Field(min_length=1)

@@ -70,14 +70,28 @@ def _index_lines(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:
             _index_lines(item, (*loc, i), lines)
 
 
+def text_line_of(path: Path, offset: int) -> str:
+    """`:N` for the line holding byte `offset` of a file, or nothing if it cannot be read again."""
+    try:
+        newlines = path.read_bytes()[:offset].count(b"\n")
+    except OSError:
+        return ""
+    return f":{newlines + 1}"
+
+
 def load_yaml(path: Path, what: str) -> SourcedYaml:
     """Read a YAML file; any I/O or syntax problem becomes one InputError line with file and line."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputError(f"{path}: {what} file not found") from None
+        raise InputError(f"{path}: {what} not found") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, expected the {what}") from None
     except OSError as e:
-        raise InputError(f"{path}: cannot read {what} file: {e.strerror}") from None
+        raise InputError(f"{path}: cannot read {what}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        line = text_line_of(path, e.start)
+        raise InputError(f"{path}{line}: not a UTF-8 text file (byte {e.start}: {e.reason})") from None
     try:
         node = yaml.compose(text, Loader=_UniqueKeyLoader)
         data = yaml.load(text, Loader=_UniqueKeyLoader)

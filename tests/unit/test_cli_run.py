@@ -103,6 +103,25 @@ def test_sigint_restores_baseline_and_leaves_an_aborted_run(
     assert "probe sim-rx-power: samples" in report.stdout  # what the sampler achieved, from run.json
 
 
+def test_a_burst_of_signals_still_finishes_the_run_directory(
+    procs: list[subprocess.Popen[str]], repo: Path, tmp_path: Path
+) -> None:
+    """Ctrl-C hammered: the restore is abandoned, but the run is still marked aborted and fully written."""
+    p = start_run(procs, repo, tmp_path)
+    wait_for_line(p, "reconfig 1/8 → pp done")
+    for sig in (signal.SIGINT, signal.SIGINT, signal.SIGTERM, signal.SIGINT):
+        p.send_signal(sig)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130, stderr
+    assert "Traceback" not in stderr and "status: aborted" in stdout
+    (run_dir,) = tmp_path.iterdir()
+    assert labctl.load_run(run_dir).status == "aborted"
+    events = list(read_events(run_dir / "events.jsonl"))
+    assert events[-1].kind == "run.end" and events[-1].value == "aborted"
+    assert [e for e in events if e.kind == "ocs.read"], "the switches' final state is still read back"
+    assert (run_dir / "breakdown.csv").exists() and (run_dir / "summary.json").exists()
+
+
 def test_sigkill_leaves_events_readable_up_to_the_last_flush(
     procs: list[subprocess.Popen[str]], repo: Path, tmp_path: Path
 ) -> None:

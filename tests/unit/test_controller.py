@@ -152,6 +152,11 @@ async def test_cancel_restores_baseline_and_marks_aborted(
     assert any(e.kind == "run.abort" for e in events)
     phases = [e for e in events if e.kind == "phase"]
     assert phases[-1].value == "dp" and phases[-1].meta["measured"] is False  # the restore
+    # The restore is a reconfiguration of its own: nothing of it is filed under the interrupted one.
+    assert phases[-1].reconfig == phases[-2].reconfig + 1
+    restore_t0 = phases[-1].t_ns
+    interrupted = [e for e in events if e.reconfig == phases[-2].reconfig]
+    assert interrupted and all(e.t_ns <= restore_t0 for e in interrupted)
     final = [e for e in events if e.kind == "ocs.read"][-1]
     from labctl.experiment import build_plan, load_experiment
     from labctl.inventory import load_inventory

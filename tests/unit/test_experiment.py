@@ -61,6 +61,8 @@ def test_reconfig_timeline_experiment(experiment_path: Path, inventory_path: Pat
         (BASE + "rails: [0, 5]\n", "rails[1]: rail 5 is not in the inventory"),
         (BASE + "repeat: 0\n", "repeat: Input should be greater than or equal to 1"),
         (BASE.replace("[[h1, h2], [h3, h4]]", "[[h1, h2, h3]]"), "a pair needs exactly two hosts"),
+        (BASE.replace("name: t", 'name: "../../etc"'), "exp.yaml:1: name: use letters, digits"),
+        (BASE.replace("name: t", "name: .hidden"), "name: use letters, digits"),
     ],
 )
 def test_bad_experiment_is_one_line(tmp_path: Path, inventory_path: Path, text: str, expected: str) -> None:

@@ -131,7 +131,32 @@ def test_cli_inventory_check_missing_file(tmp_path: Path, capsys: pytest.Capture
     finally:
         sys.argv = sys_argv
     assert info.value.code == 2
-    assert "nope.yaml: inventory file not found" in capsys.readouterr().err
+    assert "nope.yaml: inventory not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"lab: x\n\xff\xfe\n", "bad.yaml:2: not a UTF-8 text file"),
+        (None, "bad.yaml: is a directory, expected the inventory"),
+        (b"\n" * 99 + b"lab: x\nprofile: nope\n", "bad.yaml:100: "),  # never rendered as an emoji code
+    ],
+)
+def test_cli_unreadable_inventory_is_one_line(tmp_path: Path, content: bytes | None, expected: str) -> None:
+    path = tmp_path / "bad.yaml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    proc = subprocess.run(
+        [sys.executable, "-m", "labctl.cli", "inventory", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and expected in proc.stderr, proc.stderr
 
 
 def test_cli_inventory_check_ok(inventory_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,72 @@
+"""How late the event loop runs: the bound on how late any mark observed on it can be.
+
+Every sampled mark (a switch acknowledgement, an Rx-power sample, a pong) is stamped when our code gets to
+run, so a stalled loop (a busy 2-core machine, a slow synchronous call) delays it by the stall. The monitor
+sleeps one period at a time and records how late each wake-up was; the controller reports the worst lag of
+every reconfiguration window (`loop.lag` events) and the run's distribution (run.json `loop_lag_ns`), so a
+reader can tell a slow phase from a slow loop. asyncio timers wake up to ~1 ms late by design (epoll's
+millisecond timeout), so a quiet loop reads 0-1.1 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from array import array
+from types import TracebackType
+from typing import Self
+
+from labctl.clock import now_ns
+
+MAX_KEPT = 1 << 20  # ~17 min of lags at 1 kHz; later ones only feed max and count
+
+
+class LoopLagMonitor:
+    def __init__(self, period_ns: int = 1_000_000) -> None:
+        self.period_ns = period_ns
+        self.lags_ns = array("q")
+        self.count = 0
+        self.max_ns = 0
+        self.window_max_ns = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self._run(), name="loop-lag")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        period_s = self.period_ns / 1e9
+        while True:
+            due = now_ns() + self.period_ns
+            await asyncio.sleep(period_s)
+            self.record(max(now_ns() - due, 0))
+
+    def record(self, lag_ns: int) -> None:
+        self.count += 1
+        if len(self.lags_ns) < MAX_KEPT:
+            self.lags_ns.append(lag_ns)
+        self.max_ns = max(self.max_ns, lag_ns)
+        self.window_max_ns = max(self.window_max_ns, lag_ns)
+
+    def open_window(self) -> None:
+        self.window_max_ns = 0
+
+    def stats(self) -> dict[str, int]:
+        """Median, p99 (nearest rank) and max lag in ns over the run, and how many wake-ups they cover."""
+        kept = sorted(self.lags_ns)
+        if not kept:
+            return {"n": 0}
+        return {
+            "n": self.count,
+            "period_ns": self.period_ns,
+            "median": kept[len(kept) // 2],
+            "p99": kept[min(len(kept) - 1, -(-99 * len(kept) // 100) - 1)],
+            "max": self.max_ns,
+        }
