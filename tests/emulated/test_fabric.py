@@ -36,7 +36,9 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.emulated
 
 FIRMWARE_MS = (100.0, 150.0)
-STALL_NS = 250_000_000  # the tolerance: how late a probe's mark may be on a loaded CI machine
+# The tolerance: how late a probe's mark may be on a loaded CI machine. Measured here with four busy loops
+# and a disk writer on 2 cores: observed phases exceeded their modeled bound by up to 109 ms.
+STALL_NS = 250_000_000
 
 SMALL = textwrap.dedent(
     """
@@ -485,6 +487,12 @@ async def test_emulated_reconfig_timeline_has_every_mark(
 
     within("switch_ns", sw_lo - ms, 2 * sw_hi)
     within("optical_ns", sw_lo - ms, 2 * sw_hi + settle_hi)
+    # firmware = t3 - t2: link-up follows light by the firmware delay; light on one end (t2) may lead the
+    # link being lit both ways by up to the switch phase, and either mark may be late by the tolerance.
+    firmware = rows["firmware_ns"]
+    assert (firmware >= fw_lo - settle_hi - STALL_NS).all(), firmware.min()
+    assert (firmware <= fw_hi + 2 * sw_hi + STALL_NS).all(), firmware.max()
+    within("total_ns", sw_lo + fw_lo - ms, 2 * sw_hi + fw_hi)
     assert ((t3 - t2) > 0).mean() > 0.5  # light is seen before link-up on most rows (it leads by >= 100 ms)
     within("carrier_ns", 0, 0)  # carrier and transport are real kernel behaviour: no modeled delay
     within("transport_ns", 0, 0)

@@ -87,8 +87,11 @@ recovery_timeout_s: 10
 # delivery latency (decision 0017): a few ms on loopback, more with four agents on one busy event loop.
 # Sampled marks (and the switch acknowledgement, t1) carry each run's own scheduling noise (1 kHz sampling
 # on a shared 2-core box: up to ~100 ms on single rows when it is loaded, in the one-process run too), so
-# they are checked against their causes, never against a latency.
+# they are compared on the median, within a stated tolerance, and checked row by row against their causes.
 EXACT_SLACK_NS = 500_000  # on top of the recorded offset uncertainty (event-loop stamping jitter)
+# The world feed's delivery lag (a few ms on loopback, tens with four agents on one busy loop) plus both
+# runs' scheduling noise.
+SAMPLED_MEDIAN_TOLERANCE_NS = 150_000_000
 SWITCHING_NS = 2_500_000  # the fixed profile's switching_ms
 TRANSPORT_NS = 15_000_000  # and its transport_after_carrier_ms
 
@@ -196,8 +199,14 @@ def assert_breakdowns_match(one: pd.DataFrame, agents: pd.DataFrame, run_dir: Pa
     for mark in ("t3_firmware_up_ns", "t4_carrier_up_ns"):
         worst = (since_t0(one, mark) - since_t0(agents, mark)).abs().max()
         assert worst <= exact_ns, f"{mark}: differs by {worst / 1e6:.2f} ms > {exact_ns / 1e6:.2f} ms"
-    # Sampled marks are late by each run's own scheduling noise, so they are held to their causes, not to
-    # each other: light no sooner than the switching time after the command, traffic no sooner than the
+    # Sampled marks match within the stated tolerance on the median (single rows carry each run's own
+    # scheduling noise)...
+    for mark in ("t1_switch_done_ns", "t2_rx_power_ns", "t5_traffic_ns"):
+        lag = since_t0(agents, mark) - since_t0(one, mark)
+        assert abs(lag.median()) <= SAMPLED_MEDIAN_TOLERANCE_NS, (
+            f"{mark}: median lag {lag.median() / 1e6:.2f} ms"
+        )
+    # ...and row by row they are held to their causes: light no sooner than the switching time after the command, traffic no sooner than the
     # transport delay after carrier, and every mark before the next reconfiguration's command.
     for frame in (one, agents):
         assert (since_t0(frame, "t1_switch_done_ns") >= SWITCHING_NS).all()

@@ -93,6 +93,7 @@ async def test_run_writes_every_file_and_phases_match_the_profile(
     # 2-core machine can reach tens of ms, so they get no wall-clock upper bound (bench/ measures speed):
     # instead each belongs to its own reconfiguration, before the next command.
     assert measured["switch_ns"].min() >= fast.switching_ms[0] * ms
+    assert measured["optical_ns"].min() >= fast.switching_ms[0] * ms  # light only once the mirrors moved
     assert measured["transport_ns"].min() >= fast.transport_after_carrier_ms[0] * ms
     commands = [
         *sorted(bd.groupby("reconfig")["t0_command_ns"].min().tolist()),
