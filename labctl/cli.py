@@ -49,6 +49,27 @@ emulate_app.add_typer(fabric_app, name="fabric")
 app.add_typer(dom_app, name="dom")
 register_sched(app)
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        from labctl import __version__
+
+        out.print(f"labctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print labctl's version and exit."
+        ),
+    ] = False,
+) -> None:
+    """labctl: time optical circuit switch reconfigurations, from the switch command to traffic resuming."""
+
+
 out = Console(soft_wrap=True, emoji=False)
 err = Console(stderr=True, soft_wrap=True, emoji=False)
 
@@ -299,9 +320,10 @@ def plot(
 ) -> None:
     """(Re)draw timeline.png/.svg for one reconfiguration and distributions.png."""
     from labctl.plots import plot_run
-    from labctl.store import resolve_run_path
+    from labctl.store import events_file, resolve_run_path
 
     path = resolve_run_path(run_path)
+    events_file(path)
     for p in plot_run(path, reconfig=reconfig):
         out.print(str(p))
 

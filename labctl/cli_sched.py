@@ -172,7 +172,10 @@ def cancel(
     ident: Annotated[str, typer.Argument(metavar="ID", help="Run id (12), schedule id (c3) or name.")],
     db: DbOpt = DEFAULT_DB,
 ) -> None:
-    """Cancel a queued run, stop a running one (its baseline is restored), or disable a schedule."""
+    """Cancel a queued run, stop a running one (its baseline is restored), or disable a schedule.
+
+    By name, it cancels every queued or running run with that name and disables the schedules with it.
+    """
     from labctl.scheduler import QueueStore
 
     store = QueueStore(db)

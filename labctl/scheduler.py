@@ -400,9 +400,10 @@ class QueueStore:
         done: list[str] = []
         with self.tx() as db:
             if re.fullmatch(r"[cC]\d+", ident):
-                n = db.execute("UPDATE schedules SET enabled=0 WHERE id=? AND enabled=1", (int(ident[1:]),))
-                if n.rowcount:
-                    done.append(f"schedule {ident} disabled")
+                row = db.execute("SELECT enabled FROM schedules WHERE id=?", (int(ident[1:]),)).fetchone()
+                if row is not None:
+                    db.execute("UPDATE schedules SET enabled=0 WHERE id=?", (int(ident[1:]),))
+                    done.append(f"schedule {ident} {'disabled' if row['enabled'] else 'already disabled'}")
                 return done
             if re.fullmatch(r"[0-9]+", ident):
                 rows = db.execute("SELECT id, state FROM runs WHERE id=?", (int(ident),)).fetchall()

@@ -128,7 +128,16 @@ def resolve_run_path(path: Path | str) -> Path:
         )
         if runs:
             return runs[-1]
-    raise InputError(f"{path}: not a run directory (no {RUN_JSON})")
+        raise InputError(f"{path}: no run directory in it (no {RUN_JSON} here or one level down)")
+    raise InputError(f"{path}: no such run directory")
+
+
+def events_file(run_path: Path) -> Path:
+    """The run's events.jsonl; its absence is one clear InputError."""
+    path = run_path / EVENTS
+    if not path.is_file():
+        raise InputError(f"{run_path}: no {EVENTS} (not a labctl run directory, or a damaged one)")
+    return path
 
 
 def load_run(path: Path | str) -> Run:
@@ -139,16 +148,25 @@ def load_run(path: Path | str) -> Run:
     from labctl.breakdown import compute_breakdown, read_breakdown_csv
 
     run_path = resolve_run_path(path)
-    try:
-        meta = json.loads((run_path / RUN_JSON).read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"{run_path / RUN_JSON}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    events_path = run_path / EVENTS
-    events = list(read_events(events_path)) if events_path.exists() else []
+    meta = _json_object(run_path / RUN_JSON)
+    events = list(read_events(events_file(run_path)))
     if (run_path / BREAKDOWN_CSV).exists():
         breakdown = read_breakdown_csv(run_path / BREAKDOWN_CSV)
     else:
         breakdown = compute_breakdown(events)
     summary_path = run_path / SUMMARY
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = _json_object(summary_path) if summary_path.exists() else {}
     return Run(path=run_path, meta=meta, events=events_frame(events), breakdown=breakdown, summary=summary)
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """A run's JSON file, which must hold an object: anything else is one clear InputError."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read: {e}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data

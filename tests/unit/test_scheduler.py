@@ -225,6 +225,8 @@ async def test_cron_fires_on_schedule_and_merges_missed_fires(lab: dict[str, Pat
         ex.finish(merged)
         await asyncio.gather(*sched._monitors.values())
         assert sched.store.cancel(f"c{sid}") == [f"schedule c{sid} disabled"]
+        assert sched.store.cancel(f"c{sid}") == [f"schedule c{sid} already disabled"]  # like a cancelled run
+        assert sched.store.cancel("c999") == []  # no such schedule: the CLI says so, exit 2
         clock.now = T0 + 60 * MIN
         assert await sched.step() == []
     finally:
