@@ -32,6 +32,7 @@ from labctl.probes.carrier import CarrierTarget, NetlinkCarrierProbe
 from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
 from labctl.sim.switch_model import SwitchModel
 from tests.conftest import REPO
+from tests.emulated.conftest import _root_links
 
 pytestmark = pytest.mark.emulated
 
@@ -148,6 +149,17 @@ def test_up_that_fails_midway_removes_what_it_built(
     assert netns.list_netns(fabric_prefix) == []
 
 
+def _all_cmdlines() -> list[tuple[int, str]]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                found.append(
+                    (int(entry), Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+                )
+    return found
+
+
 def test_a_test_that_fails_midway_leaves_nothing(tmp_path: Path, fabric_prefix: str) -> None:
     """A pytest session whose test fails with a fabric up: its fixtures and sweep remove every namespace."""
     inv = tmp_path / "small.yaml"
@@ -167,6 +179,7 @@ def test_a_test_that_fails_midway_leaves_nothing(tmp_path: Path, fabric_prefix: 
             """
         )
     )
+    links_before = _root_links()
     child = subprocess.Popen(
         [
             sys.executable,
@@ -187,7 +200,13 @@ def test_a_test_that_fails_midway_leaves_nothing(tmp_path: Path, fabric_prefix: 
     output, _ = child.communicate(timeout=120)
     assert child.returncode == 1, output
     assert "failing midway on purpose" in output
+    # The child's fixture swept the namespaces the failed test left, and said so at teardown (that report
+    # is the one error); it found no leftover root-namespace link or process. Checked again from outside.
+    assert "test left namespaces behind" in output
+    assert "test left links" not in output and "test left child processes" not in output, output
     assert netns.list_netns(f"lt{child.pid}-") == []
+    assert _root_links() == links_before
+    assert not [pid for pid, cmdline in _all_cmdlines() if f"lt{child.pid}-" in cmdline]
 
 
 # -- cross-connects carry traffic between exactly the patched ports ----------------------------------------
