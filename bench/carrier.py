@@ -12,6 +12,7 @@ Run as root: python bench/carrier.py
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import multiprocessing as mp
 import os
@@ -147,6 +148,11 @@ def toggle_deferred(
 
 
 def main() -> None:
+    argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="BENCH_CYCLES=N sets the cycle count.",
+    ).parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/carrier.py needs root")
     netns.cleanup(NS)

@@ -17,15 +17,16 @@ Needs root for the namespace; the emulated rows run without it.
 from __future__ import annotations
 
 import argparse
-import ctypes
+import contextlib
 import os
 import statistics
 import subprocess
 import time
 from collections.abc import Callable
 
+from labctl.emulated import netns
 from labctl.probes.dom import module_info, mw_to_dbm
-from labctl.probes.rxpower import CLONE_NEWNET, NetlinkError, NetlinkModuleEeprom
+from labctl.probes.rxpower import NetlinkError, NetlinkModuleEeprom
 from labctl.sim.module_eeprom import EmulatedQsfp28
 
 PORTS = 16
@@ -87,8 +88,7 @@ class Netns:
 
     def __init__(self) -> None:
         self.name = f"lt{os.getpid()}-bench"
-        self.libc = ctypes.CDLL(None, use_errno=True)
-        self.home = os.open("/proc/self/ns/net", os.O_RDONLY)
+        self._inside = contextlib.ExitStack()
 
     def __enter__(self) -> Netns:
         subprocess.run(["ip", "netns", "add", self.name], check=True)
@@ -97,20 +97,14 @@ class Netns:
                 ["ip", "-n", self.name, "link", "add", "va", "type", "veth", "peer", "name", "vb"], check=True
             )
             subprocess.run(["ip", "-n", self.name, "link", "set", "vb", "up"], check=True)
-            fd = os.open(f"/run/netns/{self.name}", os.O_RDONLY)
-            try:
-                if self.libc.setns(fd, CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), "setns")
-            finally:
-                os.close(fd)
+            self._inside.enter_context(netns.entered(self.name))
         except BaseException:
             subprocess.run(["ip", "netns", "del", self.name], check=False)
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.libc.setns(self.home, CLONE_NEWNET)
-        os.close(self.home)
+        self._inside.close()
         subprocess.run(["ip", "netns", "del", self.name], check=False)
 
 

@@ -2,12 +2,14 @@
 
 One circuit (two NIC ports patched through the tc OCS), pinging both ways with UdpTrafficProbe at shrinking
 intervals for 2 s each. "Sustained" = ≥ 95 % of the intended pings were sent and ≥ 99.9 % of those were
-answered. At that rate, the cut-and-restore check measures resume detection: the fiber ends go down, come
-back up, and we take fiber-up → first traffic.ok. Goal: resolution ≤ 0.2 ms. Run as root: python bench/traffic.py
+answered (of the pings resolved in the window: in-flight ones at either edge are not counted). At that
+rate, the cut-and-restore check measures resume detection: the fiber ends go down, come back up, and we
+take fiber-up → first traffic.ok. Goal: resolution ≤ 0.2 ms. Run as root: python bench/traffic.py
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import random
@@ -137,6 +139,9 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/traffic.py needs root")
     asyncio.run(main())
