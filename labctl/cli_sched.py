@@ -113,6 +113,12 @@ def queue(
     """Show queued and running runs (in start order) and active cron schedules."""
     from labctl.scheduler import QueueStore, fmt_wall
 
+    if not db.exists():  # reading must not create a queue file where the user mistyped a path
+        if as_json:
+            print(json.dumps({"runs": [], "schedules": []}))
+        else:
+            out.print(f"no queue at {db} yet (labctl submit creates it)")
+        return
     store = QueueStore(db)
     try:
         rows, schedules = store.active(), store.schedules()
@@ -178,6 +184,8 @@ def cancel(
     """
     from labctl.scheduler import QueueStore
 
+    if not db.exists():
+        raise InputError(f"{db}: no queue database here (labctl submit creates it)")
     store = QueueStore(db)
     try:
         done = store.cancel(ident)
@@ -197,6 +205,12 @@ def history(
     """Finished runs, newest first: state, start and end, run directory, error."""
     from labctl.scheduler import QueueStore, fmt_wall
 
+    if not db.exists():
+        if as_json:
+            print("[]")
+        else:
+            out.print(f"no queue at {db} yet (labctl submit creates it)")
+        return
     store = QueueStore(db)
     try:
         rows = store.runs("state NOT IN ('queued','running')", (), "id DESC")[:limit]

@@ -488,6 +488,7 @@ def test_submit_bad_schedules_are_one_line_exit_2(
 
 
 def test_cancel_with_a_non_ascii_digit_is_not_a_crash(tmp_path: Path) -> None:
+    QueueStore(tmp_path / "q.db").close()
     proc = subprocess.run(
         _labctl("cancel", "²", "--db", str(tmp_path / "q.db")),
         capture_output=True,
@@ -497,3 +498,18 @@ def test_cancel_with_a_non_ascii_digit_is_not_a_crash(tmp_path: Path) -> None:
     )
     assert "Traceback" not in proc.stderr
     assert proc.returncode in (1, 2)
+
+
+def test_reading_a_queue_that_does_not_exist_creates_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "typo.db"
+    queue = subprocess.run(
+        _labctl("queue", "--db", str(db), "--json"), capture_output=True, text=True, timeout=60
+    )
+    assert queue.returncode == 0 and json.loads(queue.stdout) == {"runs": [], "schedules": []}
+    history = subprocess.run(_labctl("history", "--db", str(db)), capture_output=True, text=True, timeout=60)
+    assert history.returncode == 0 and "no queue at" in history.stdout
+    cancel = subprocess.run(
+        _labctl("cancel", "1", "--db", str(db)), capture_output=True, text=True, timeout=60
+    )
+    assert cancel.returncode == 2 and cancel.stderr.count("\n") == 1 and "no queue database" in cancel.stderr
+    assert not db.exists()
