@@ -17,6 +17,7 @@ import asyncio
 import multiprocessing as mp
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -155,6 +156,8 @@ def main() -> None:
     ).parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/carrier.py needs root")
+    # A timeout's SIGTERM unwinds like Ctrl-C, so the finally blocks remove the namespaces.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     netns.cleanup(NS)
     netns.create(NS)
     try:

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import os
 import random
+import signal
 import sys
 import tempfile
 import textwrap
@@ -144,4 +145,6 @@ if __name__ == "__main__":
     ).parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/traffic.py needs root")
+    # A timeout's SIGTERM unwinds like Ctrl-C, so the finally blocks remove the namespaces.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     asyncio.run(main())
