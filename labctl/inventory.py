@@ -118,6 +118,14 @@ class SwitchSpec(_Model):
         "and drive it over real TCP (polatis-tl1)",
     )
 
+    @field_validator("size", mode="before")
+    @classmethod
+    def _size_is_text(cls, value: object) -> object:
+        # YAML reads `0x10` as the hex number 16: say what was meant instead of "should be a valid string".
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            raise ValueError(f"{value!r} is a number here; write the port space as INxOUT, e.g. 16x16")
+        return value
+
     @field_validator("size")
     @classmethod
     def _size_parses(cls, value: str) -> str:

@@ -85,6 +85,11 @@ def test_default_inventory_is_the_opus_testbed(inventory_path: Path) -> None:
             GOOD.replace("size: 4x4", "size: four"), "inventory.yaml:3: switches.ocs1.size:", id="bad-size"
         ),
         pytest.param(
+            GOOD.replace("size: 4x4", "size: 0x10"),
+            "inventory.yaml:3: switches.ocs1.size: 16 is a number here; write the port space as INxOUT",
+            id="size-read-as-hex",
+        ),
+        pytest.param(
             GOOD.replace("{driver: sim, size: 4x4}", "{driver: sim, size: 4x4, password: hunter2}"),
             "switches.ocs1.password: secrets must be written as an environment reference",
             id="literal-secret",
