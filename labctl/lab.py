@@ -24,7 +24,8 @@ from labctl.sim.switch_model import SwitchModel
 
 @runtime_checkable
 class ReconfigWindow(Protocol):
-    """A probe that samples harder while a reconfiguration is in flight (the carrier poll)."""
+    """A probe that samples or reports harder while a reconfiguration is in flight (the carrier poll, dense
+    Rx-power reports until the light is seen back)."""
 
     def open_window(self, sources: Collection[str] | None = None) -> None: ...
 
@@ -90,19 +91,22 @@ def build_simulated_lab(ctx: LabContext) -> Lab:
         timeout_us=ctx.probes.traffic_timeout_us,
         report_interval_ns=report_ns,
     )
-    probes: list[Probe] = [
-        SimLinkProbe(fabric, inv.ports),
-        SimRxPowerProbe(
-            fabric,
-            inv.ports,
-            hz=ctx.probes.rx_power_hz,
-            deadband_db=ctx.probes.rx_power_deadband_db,
-            report_interval_ns=report_ns,
-        ),
-        traffic,
-    ]
+    rx_power = SimRxPowerProbe(
+        fabric,
+        inv.ports,
+        hz=ctx.probes.rx_power_hz,
+        deadband_db=ctx.probes.rx_power_deadband_db,
+        report_interval_ns=report_ns,
+    )
+    probes: list[Probe] = [SimLinkProbe(fabric, inv.ports), rx_power, traffic]
     hooks: list[Callable[[], None]] = [fabric.cancel_pending, *(m.cancel_pending for m in models.values())]
-    return Lab(switches=switches, probes=probes, circuit_probes=[traffic], close_hooks=hooks)
+    return Lab(
+        switches=switches,
+        probes=probes,
+        circuit_probes=[traffic],
+        close_hooks=hooks,
+        window_probes=[rx_power],
+    )
 
 
 def switch_timeouts(spec: SwitchSpec) -> TimeoutPolicy:

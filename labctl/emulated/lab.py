@@ -158,7 +158,7 @@ def build_emulated_lab(ctx: LabContext) -> Lab:
     )
     lab.probes.extend([carrier, traffic, rx_power])
     lab.circuit_probes.append(traffic)
-    lab.window_probes.append(carrier)
+    lab.window_probes.extend([carrier, rx_power])
 
     async def start_fabric() -> None:
         await asyncio.to_thread(lease.acquire, fabric)

@@ -12,13 +12,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from labctl.clock import now_ns
 from labctl.events import Event
 from labctl.inventory import NicPort
 from labctl.probes.dom import EepromRead, module_info, mw_to_dbm
-from labctl.sampling import QueueProbe, ReportGate, power_moved, ticks
+from labctl.sampling import LightWindow, QueueProbe, ReportGate, power_moved, ticks
 from labctl.sim.fabric import SimFabric
 from labctl.sim.module_eeprom import EmulatedQsfp28
 
@@ -82,6 +82,7 @@ class SimRxPowerProbe(QueueProbe):
         self.period_ns = round(1e9 / hz)
         self.deadband_db = deadband_db
         self.gate = ReportGate(report_interval_ns)
+        self.window = LightWindow(max(2 * self.period_ns, 1_000_000))
         self.samples = 0
         # Every port carries an emulated QSFP28; the model's power goes into its EEPROM words (all lanes)
         # and comes back out through the module's read interface and the DOM decoder, so the simulated
@@ -89,6 +90,13 @@ class SimRxPowerProbe(QueueProbe):
         self.modules = {port: EmulatedQsfp28() for port in self.ports}
         self.module_info = module_info(EmulatedQsfp28())
         self._reads: list[EepromRead] = list(self.module_info.rx_power_reads)
+
+    def open_window(self, sources: Collection[str] | None = None) -> None:
+        """A reconfiguration moves these ports' light: report them densely until it is seen back."""
+        self.window.open((p.source for p in self.ports if sources is None or p.source in sources), now_ns())
+
+    def close_window(self) -> None:
+        self.window.close()
 
     async def _run(self) -> None:
         last: dict[NicPort, float | None] = {}
@@ -102,7 +110,8 @@ class SimRxPowerProbe(QueueProbe):
                 dbm = mw_to_dbm(mw)
                 self.samples += 1
                 changed = port not in last or power_moved(last[port], dbm, self.deadband_db)
-                if self.gate.due(port.source, changed, t):
+                interval = self.window.interval(port.source, dbm is not None, t)
+                if self.gate.due(port.source, changed, t, interval):
                     last[port] = dbm
                     self.queue.put(
                         Event(
