@@ -35,7 +35,7 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
@@ -45,7 +45,7 @@ from labctl.emulated import netns as netns_mod
 from labctl.errors import HardwareError, InputError
 from labctl.events import Event
 from labctl.ocs import OpticalSwitch, TimeoutPolicy
-from labctl.sampling import QueueProbe, ReportGate, power_moved, ticks
+from labctl.sampling import LightWindow, QueueProbe, ReportGate, power_moved, ticks
 
 from .dom import (
     A0H,
@@ -477,6 +477,7 @@ class RxPowerProbe(QueueProbe):
         self.period_ns = round(1e9 / hz)
         self.deadband_db = deadband_db
         self.gate = ReportGate(report_interval_ns)
+        self.window = LightWindow(max(2 * self.period_ns, 1_000_000))
         self.consume_latched_flags = consume_latched_flags
         self.max_error_streak = max(1, round(max_error_streak_s * hz))
         self.mem: ModuleEeprom | None = None
@@ -536,6 +537,15 @@ class RxPowerProbe(QueueProbe):
             close()
         self.mem = None
 
+    def open_window(self, sources: Collection[str] | None = None) -> None:
+        """A reconfiguration moves this port's light: report densely until it is seen back (LightWindow)."""
+        if sources is None or self.source in sources:
+            lanes = self.info.lanes if self.info is not None else (1,)
+            self.window.open((f"{self.source}#{lane}" for lane in lanes), now_ns())
+
+    def close_window(self) -> None:
+        self.window.close()
+
     async def _run(self) -> None:
         mem, info = self.mem, self.info
         assert mem is not None and info is not None
@@ -567,7 +577,8 @@ class RxPowerProbe(QueueProbe):
             for i, mw in enumerate(mws):
                 dbm = mw_to_dbm(mw)
                 changed = not reported[i] or power_moved(last[i], dbm, self.deadband_db)
-                if not self.gate.due(keys[i], changed, t):
+                interval = self.window.interval(keys[i], dbm is not None, t)
+                if not self.gate.due(keys[i], changed, t, interval):
                     continue
                 reported[i] = True
                 last[i] = dbm

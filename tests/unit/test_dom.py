@@ -451,6 +451,19 @@ async def test_poller_emits_per_lane_and_never_consumes_latched_flags() -> None:
     assert m.lower[3] & 0x04  # the latched LOS the poller never read is still there for its owner
 
 
+async def test_poller_reports_steady_lanes_while_a_reconfiguration_window_is_open() -> None:
+    """A dark gap that fell between samples leaves the power unchanged: the window still reports it soon."""
+    m = EmulatedQsfp28(rx_power_mw=0.5)
+    probe = RxPowerProbe("nic:h1/p", "h1", lambda: m, hz=2000, report_interval_ns=60 * 10**9)
+    probe.open_window(["nic:h2/p"])  # before start and for another port: nothing to do
+    async with probe:
+        await asyncio.wait_for(_collect(probe, 4), 5)  # the first report of each lane
+        probe.open_window(["nic:h1/p"])
+        again = await asyncio.wait_for(_collect(probe, 8), 10)  # steady power, no heartbeat due: the window
+        assert {e.meta["lane"] for e in again} == {1, 2, 3, 4}
+        probe.close_window()
+
+
 async def test_poller_consumes_latched_flags_only_when_configured() -> None:
     m = EmulatedQsfp28(rx_power_mw=0.5)
     m.set_rx_power_mw(None, lane=2)
