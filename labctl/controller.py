@@ -312,9 +312,11 @@ class Controller:
             try:
                 return await asyncio.shield(work)
             except asyncio.CancelledError:
-                if work.done() or current is None:
+                if current is None:
                     raise
                 current.uncancel()
+                if work.done():  # finished as the signal came: its outcome stands
+                    return work.result()
                 cancels += 1
                 if cancels == 1:
                     work.cancel()
