@@ -16,8 +16,9 @@ dropped and counted, never acted on.
 
 Clock: the controller measures each agent's offset (agent clock − controller clock) with timestamped
 ping/pong over the broker, keeps the lowest-RTT samples (their offsets' median; uncertainty = half the
-largest kept RTT, a strict bound), at run start and every `clock_sync_interval_s`, shifts agent stamps
-onto the run timebase, and writes every estimate to run.json `clock_offsets`.
+largest kept RTT, a strict bound), at run start, every `clock_sync_interval_s` and at run end (so every
+run brackets its drift, however short), shifts agent stamps onto the run timebase, and writes every
+estimate to run.json `clock_offsets`.
 """
 
 from __future__ import annotations
@@ -1072,6 +1073,9 @@ class RemoteProbe:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self.link.online.is_set():  # the closing estimate: with the opening one it brackets the drift
+            with contextlib.suppress(HardwareError, TimeoutError):
+                await asyncio.wait_for(self.hub.measure(self.host), 5.0)
         try:
             reply = await self.hub.request(self.host, "stop", {}, timeout_s=10.0)
         except HardwareError as e:
