@@ -359,6 +359,10 @@ def main() -> None:
     except typer.Abort:
         err.print("aborted")
         sys.exit(EXIT_ABORTED)
+    except BrokenPipeError:
+        # `labctl history | head`: the reader left; say nothing more (and let Python's exit flush nowhere).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     except OSError as e:
         # The environment said no (permissions, a missing device, a busy port): one line, not a traceback.
         if os.environ.get("LABCTL_DEBUG"):
