@@ -344,30 +344,27 @@ class Controller:
             try:
                 await self.sequence()
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
+                _absorb_cancel()
                 status, error = "aborted", "interrupted by signal"
                 self.events.emit(now_ns(), "run.abort", "controller", error)
             except LabctlError as e:
                 status, error = "failed", str(e)
                 log.error("run failed: %s", e)
-            if self._abandon_restore:
-                error, status = (error or "") + "; baseline NOT restored (abandoned)", "aborted"
-            else:
+            abandoned = self._abandon_restore
+            if not abandoned:
                 self._restoring = True
                 try:
                     await self.restore_baseline()
                 except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if task is not None:
-                        task.uncancel()
-                    error, status = (error or "") + "; baseline NOT restored (abandoned)", "aborted"
+                    _absorb_cancel()
+                    abandoned = True
                 except LabctlError as e:
                     error = (error + "; " if error else "") + f"baseline NOT restored: {e}"
                     status = "failed" if status == "completed" else status
                 finally:
                     self._restoring = False
+            if abandoned:
+                error, status = (error or "") + "; baseline NOT restored (abandoned)", "aborted"
             await self._read_final_state()
             for t in tasks:
                 t.cancel()
@@ -376,6 +373,13 @@ class Controller:
         self._record_drops()
         self.lab.close()
         return status, error
+
+
+def _absorb_cancel() -> None:
+    """This task handled a cancellation itself: clear it, so later awaits in clean-up are not cancelled."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 def _git_describe() -> str | None:

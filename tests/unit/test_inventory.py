@@ -111,15 +111,20 @@ def test_bad_inventory_is_one_line_naming_the_field(tmp_path: Path, text: str, e
     assert expected in message, message
 
 
-def test_cli_inventory_check_exit_code_2_and_one_line(tmp_path: Path) -> None:
-    path = write(tmp_path, GOOD.replace("switch: ocs1, tx: 2", "switch: ocs9, tx: 2"))
-    proc = subprocess.run(
+def inventory_check(path: Path) -> subprocess.CompletedProcess[str]:
+    """`labctl inventory check PATH` as a real subprocess."""
+    return subprocess.run(
         [sys.executable, "-m", "labctl.cli", "inventory", "check", str(path)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def test_cli_inventory_check_exit_code_2_and_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD.replace("switch: ocs1, tx: 2", "switch: ocs9, tx: 2"))
+    proc = inventory_check(path)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -153,13 +158,7 @@ def test_cli_unreadable_inventory_is_one_line(tmp_path: Path, content: bytes | N
         path.mkdir()
     else:
         path.write_bytes(content)
-    proc = subprocess.run(
-        [sys.executable, "-m", "labctl.cli", "inventory", "check", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = inventory_check(path)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and expected in proc.stderr, proc.stderr
 
