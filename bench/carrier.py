@@ -27,8 +27,8 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from labctl.clock import now_ns
-from labctl.emulated import netns
-from labctl.emulated.rtnl import Rtnl, open_route_socket
+from labctl.linux import netns
+from labctl.linux.rtnl import Rtnl, open_route_socket
 
 NS = f"lb{os.getpid()}-carrier"
 CYCLES = int(os.environ.get("BENCH_CYCLES", "200"))

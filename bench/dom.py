@@ -26,10 +26,10 @@ import sys
 import time
 from collections.abc import Callable
 
-from labctl.emulated import netns
-from labctl.probes.dom import module_info, mw_to_dbm
+from labctl.linux import netns
+from labctl.models.module_eeprom import EmulatedQsfp28
 from labctl.probes.rxpower import NetlinkError, NetlinkModuleEeprom
-from labctl.sim.module_eeprom import EmulatedQsfp28
+from labctl.transceiver import module_info, mw_to_dbm
 
 PORTS = 16
 

@@ -23,13 +23,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
 from labctl.drivers.polatis_tl1 import PolatisTl1Switch, Tl1Endpoint
+from labctl.emulators.tl1 import Tl1Emulator
 from labctl.events import Event
 from labctl.inventory import Secret
 from labctl.mapping import PortSpace
+from labctl.models.switch import SwitchModel
 from labctl.ocs import TimeoutPolicy
 from labctl.profiles import Profile, resolve_profile
-from labctl.sim.switch_model import SwitchModel
-from labctl.sim.tl1_emulator import Tl1Emulator
 
 SPACE = PortSpace(32, 32)
 PASSWORD = "bench-" + os.urandom(4).hex()

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from labctl.clock import now_ns
-from labctl.emulated import netns
-from labctl.emulated.fabric import FabricLayout, KernelFabric
+from labctl.emulators.fabric import FabricLayout, KernelFabric
 from labctl.events import Event
 from labctl.inventory import load_inventory
+from labctl.linux import netns
 from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
 
 PREFIX = f"lb{os.getpid()}-t-"

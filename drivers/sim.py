@@ -13,8 +13,8 @@ from labctl.clock import now_ns
 from labctl.errors import HardwareError
 from labctl.events import Event
 from labctl.mapping import Mapping, MappingDiff, PortSpace
+from labctl.models.switch import SwitchModel
 from labctl.ocs import ApplyResult, EventSink, SwitchOps, Timed, TimeoutPolicy, converge
-from labctl.sim.switch_model import SwitchModel
 
 
 class SimSwitch:

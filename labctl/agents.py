@@ -50,11 +50,11 @@ from labctl.errors import HardwareError, InputError
 from labctl.events import Event, EventQueue
 from labctl.experiment import ProbeSettings
 from labctl.inventory import Inventory, NicPort, Secret
-from labctl.lab import Lab, LabContext
+from labctl.labs.base import Lab, LabContext
+from labctl.models.fabric import SimFabric
+from labctl.models.switch import SwitchModel
 from labctl.profiles import Profile
 from labctl.sampling import QueueProbe
-from labctl.sim.fabric import SimFabric
-from labctl.sim.switch_model import SwitchModel
 
 log = logging.getLogger("labctl.agents")
 
@@ -358,7 +358,7 @@ def host_probes(
 ) -> dict[str, QueueProbe]:
     """This host's simulated probes. The traffic probe knows every port as a possible peer, but only
     pings from the ports `set_circuits` gives it, which are this host's."""
-    from labctl.sim.probes import SimLinkProbe, SimRxPowerProbe, SimTrafficProbe
+    from labctl.models.probes import SimLinkProbe, SimRxPowerProbe, SimTrafficProbe
 
     report_ns = round(settings.report_interval_ms * 1e6)
     make: dict[str, Callable[[], QueueProbe]] = {
@@ -1107,7 +1107,7 @@ def build_agent_lab(ctx: LabContext) -> Lab:
     """The simulated lab with its probes on `labctl agent`s: the switch and NIC behaviour model (the world)
     stays here with the switch drivers; each host's agent samples its own ports from a mirror of it."""
     from labctl.drivers.sim import SimSwitch
-    from labctl.lab import switch_timeouts
+    from labctl.labs.base import switch_timeouts
 
     inv = ctx.inventory
     drivers = {s.driver for s in inv.switches.values()}

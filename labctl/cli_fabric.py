@@ -51,7 +51,7 @@ def fabric_up(
     """Build the inventory's fabric (prefix lc-<layout hash>-); runs on this inventory then reuse it."""
     import random
 
-    from labctl.emulated.fabric import FabricLayout, KernelFabric, managed_prefix
+    from labctl.emulators.fabric import FabricLayout, KernelFabric, managed_prefix
     from labctl.inventory import load_inventory
 
     inv = load_inventory(inventory)
@@ -77,9 +77,9 @@ def fabric_down(
     profile: Annotated[str | None, typer.Option(help="Accepted for symmetry with `up`.")] = None,
 ) -> None:
     """Remove the inventory's fabric and any fabric left by a run that was killed."""
-    from labctl.emulated import netns
-    from labctl.emulated.fabric import managed_prefix
+    from labctl.emulators.fabric import managed_prefix
     from labctl.inventory import load_inventory
+    from labctl.linux import netns
 
     inv = load_inventory(inventory)
     inv.profile(profile)
@@ -161,7 +161,7 @@ def probe_traffic(
     ] = 100.0,
 ) -> None:
     """UDP ping-pong both ways between two NIC ports of a running emulated fabric; events as JSON lines."""
-    from labctl.emulated.fabric import FabricLayout, managed_prefix
+    from labctl.emulators.fabric import FabricLayout, managed_prefix
     from labctl.inventory import load_inventory
     from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
 

@@ -248,10 +248,10 @@ def emulate_ocs(
     ] = None,
 ) -> None:
     """Serve a protocol-faithful OCS emulator until Ctrl-C; drive it with `labctl ocs` or any TL1 client."""
+    from labctl.emulators.tl1 import Tl1Emulator, load_faults
     from labctl.mapping import PortSpace
+    from labctl.models.switch import SwitchModel
     from labctl.profiles import Profile, resolve_profile
-    from labctl.sim.switch_model import SwitchModel
-    from labctl.sim.tl1_emulator import Tl1Emulator, load_faults
 
     if protocol.lower() != "tl1":
         raise InputError(f"--protocol {protocol}: only tl1 is emulated so far")

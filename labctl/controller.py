@@ -24,7 +24,7 @@ from labctl.errors import LabctlError
 from labctl.events import Event, EventLog
 from labctl.experiment import Plan, RailPhase, build_plan, load_experiment
 from labctl.inventory import Inventory, load_inventory
-from labctl.lab import Lab, LabContext, build_lab
+from labctl.labs.base import Lab, LabContext, build_lab
 from labctl.looplag import LoopLagMonitor
 from labctl.mapping import Mapping
 from labctl.sampling import Probe

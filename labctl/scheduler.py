@@ -688,7 +688,7 @@ async def restore_baseline(row: RunRow, events_path: Path) -> dict[str, Any]:
     from labctl.events import EventLog
     from labctl.experiment import ProbeSettings
     from labctl.inventory import load_inventory
-    from labctl.lab import LabContext, build_lab
+    from labctl.labs.base import LabContext, build_lab
 
     inventory = load_inventory(row.inventory)
     events = EventLog(events_path, Timebase.capture())

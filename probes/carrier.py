@@ -27,8 +27,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from labctl.clock import now_ns
-from labctl.emulated import netns
-from labctl.emulated.rtnl import (
+from labctl.errors import InputError
+from labctl.events import Event
+from labctl.linux import netns
+from labctl.linux.rtnl import (
     IFF_LOWER_UP,
     OPERSTATES,
     RTM_NEWLINK,
@@ -39,9 +41,7 @@ from labctl.emulated.rtnl import (
     open_route_socket,
     parse_link,
 )
-from labctl.emulated.timerfd import PeriodicTimer
-from labctl.errors import InputError
-from labctl.events import Event
+from labctl.linux.timerfd import PeriodicTimer
 from labctl.sampling import QueueProbe
 
 DUMP_SEQ = 1

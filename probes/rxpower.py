@@ -41,13 +41,12 @@ from types import TracebackType
 from typing import Self
 
 from labctl.clock import now_ns
-from labctl.emulated import netns as netns_mod
 from labctl.errors import HardwareError, InputError
 from labctl.events import Event
+from labctl.linux import netns as netns_mod
 from labctl.ocs import OpticalSwitch, TimeoutPolicy
 from labctl.sampling import LightWindow, QueueProbe, ReportGate, power_moved, ticks
-
-from .dom import (
+from labctl.transceiver import (
     A0H,
     A2H,
     DomDecodeError,

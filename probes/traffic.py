@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from labctl.clock import now_ns
-from labctl.emulated import netns
-from labctl.emulated.timerfd import PeriodicTimer
 from labctl.events import Event
+from labctl.linux import netns
+from labctl.linux.timerfd import PeriodicTimer
 from labctl.sampling import QueueProbe, ReportGate
 
 UDP_PORT = 47_000

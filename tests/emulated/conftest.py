@@ -72,7 +72,7 @@ def _sweep_test_namespaces() -> Iterator[None]:
     if os.geteuid() != 0 or not os.path.isdir("/run/netns"):
         yield
         return
-    from labctl.emulated import netns as lnetns
+    from labctl.linux import netns as lnetns
 
     for prefix in lnetns.stale_run_prefixes("lt"):
         lnetns.cleanup(prefix)
@@ -91,7 +91,7 @@ def fabric_prefix() -> Iterator[str]:
     midway) and the test fails if it left a namespace, a root-namespace link or a child process behind."""
     require(sys.platform == "linux", "needs Linux")
     require(os.geteuid() == 0, "needs root for network namespaces")
-    from labctl.emulated import netns as lnetns
+    from labctl.linux import netns as lnetns
 
     prefix = f"lt{os.getpid()}-{next(_fabric_counter)}-"
     links_before = _root_links()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from labctl.emulated.rtnl import (
+from labctl.linux.rtnl import (
     IFF_LOWER_UP,
     IFF_UP,
     IFINFOMSG,

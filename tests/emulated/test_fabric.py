@@ -24,13 +24,13 @@ import pytest
 
 from labctl.clock import now_ns
 from labctl.drivers.sim import SimSwitch
-from labctl.emulated import netns
-from labctl.emulated.fabric import FabricLayout, KernelFabric
+from labctl.emulators.fabric import FabricLayout, KernelFabric
 from labctl.events import Event, read_events
 from labctl.inventory import Inventory, load_inventory
+from labctl.linux import netns
+from labctl.models.switch import SwitchModel
 from labctl.probes.carrier import CarrierTarget, NetlinkCarrierProbe
 from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
-from labctl.sim.switch_model import SwitchModel
 from tests.conftest import REPO
 from tests.emulated.conftest import _root_links
 
@@ -169,7 +169,7 @@ def test_a_test_that_fails_midway_leaves_nothing(tmp_path: Path, fabric_prefix: 
         textwrap.dedent(
             f"""
             import random
-            from labctl.emulated.fabric import FabricLayout, KernelFabric
+            from labctl.emulators.fabric import FabricLayout, KernelFabric
             from labctl.inventory import load_inventory
 
             def test_fails(fabric_prefix):

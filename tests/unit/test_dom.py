@@ -13,7 +13,9 @@ import sys
 import pytest
 
 from labctl.errors import InputError
-from labctl.probes.dom import (
+from labctl.models.module_eeprom import EmulatedQsfp28, ModuleEepromReadError
+from labctl.probes.rxpower import LosPlan, ModuleEepromError, RxPowerProbe
+from labctl.transceiver import (
     DomDecodeError,
     EepromRead,
     FlatImage,
@@ -27,8 +29,6 @@ from labctl.probes.dom import (
     parse_hex,
     read_dom,
 )
-from labctl.probes.rxpower import LosPlan, ModuleEepromError, RxPowerProbe
-from labctl.sim.module_eeprom import EmulatedQsfp28, ModuleEepromReadError
 
 
 def put(buf: bytearray, offset: int, hex_bytes: str) -> None:
@@ -524,7 +524,7 @@ def test_ioctl_fallback_maps_pages_onto_the_flat_layouts() -> None:
 
 
 async def test_poller_over_a_model_driven_module() -> None:
-    from labctl.sim.module_eeprom import ModelDrivenQsfp28
+    from labctl.models.module_eeprom import ModelDrivenQsfp28
 
     light: dict[str, float | None] = {"dbm": None}
     module = ModelDrivenQsfp28(lambda _t: light["dbm"])

@@ -13,10 +13,10 @@ from labctl.errors import HardwareError, MappingError, SwitchStateMismatch
 from labctl.events import Event
 from labctl.inventory import load_inventory
 from labctl.mapping import Mapping, MappingDiff, PortSpace, apply_diff
+from labctl.models.fabric import SimFabric
+from labctl.models.switch import SwitchModel
 from labctl.ocs import OpticalSwitch, SwitchOps, TimeoutPolicy, converge
 from labctl.profiles import resolve_profile
-from labctl.sim.fabric import SimFabric
-from labctl.sim.switch_model import SwitchModel
 
 FAST = resolve_profile("fast")
 SPACE = PortSpace(8, 8)

@@ -14,14 +14,14 @@ import pytest
 
 from labctl.clock import Timebase
 from labctl.drivers.polatis_tl1 import PolatisTl1Switch, Tl1Deny, Tl1Endpoint
+from labctl.emulators.tl1 import Tl1Emulator, Tl1Faults, load_faults
 from labctl.errors import HardwareError, InputError
 from labctl.events import Event, EventLog
 from labctl.inventory import Secret
 from labctl.mapping import PortSpace
+from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
 from labctl.ocs import OpticalSwitch, TimeoutPolicy
 from labctl.profiles import resolve_profile
-from labctl.sim.switch_model import INSERTION_LOSS_DB, SwitchModel
-from labctl.sim.tl1_emulator import Tl1Emulator, Tl1Faults, load_faults
 
 SPACE = PortSpace(32, 32)
 PW = "c0rrect-Horse-Battery"

@@ -14,7 +14,7 @@ from labctl.errors import InputError
 from labctl.events import read_events
 from labctl.experiment import ProbeSettings
 from labctl.inventory import load_inventory
-from labctl.lab import LabContext, build_lab
+from labctl.labs.base import LabContext, build_lab
 
 TL1_INVENTORY = Path(__file__).resolve().parents[2] / "experiments" / "inventories" / "tl1-emulated.yaml"
 PW = "e2e-Secret-9f3a"

@@ -2,7 +2,7 @@
 
 Everything here works on bytes fetched through one read interface, `ModuleEeprom.read(i2c_address, page,
 bank, offset, length)`, shaped like the kernel's ETHTOOL_MSG_MODULE_EEPROM_GET request. A live module
-(labctl.probes.rxpower), the emulated module (labctl.sim.module_eeprom) and an image file (`FlatImage`,
+(labctl.probes.rxpower), the emulated module (labctl.models.module_eeprom) and an image file (`FlatImage`,
 `PagedImage`) all provide it, so one decoder serves them all.
 
 Supported management interfaces, chosen by the SFF-8024 identifier byte (byte 0):

@@ -19,13 +19,13 @@ import fcntl
 import os
 from pathlib import Path
 
-from labctl.emulated import netns
-from labctl.emulated.fabric import FabricLayout, KernelFabric, managed_prefix, run_prefix
+from labctl.emulators.fabric import FabricLayout, KernelFabric, managed_prefix, run_prefix
 from labctl.errors import HardwareError, InputError
 from labctl.inventory import Inventory
-from labctl.lab import Lab, LabContext, switch_timeouts, tl1_emulated_switch
+from labctl.labs.base import Lab, LabContext, switch_timeouts, tl1_emulated_switch
+from labctl.linux import netns
+from labctl.models.switch import SwitchModel
 from labctl.ocs import OpticalSwitch
-from labctl.sim.switch_model import SwitchModel
 
 LOCK_DIR = Path("/run/labctl")
 
@@ -106,10 +106,10 @@ def _locked(prefix: str) -> bool:
 
 def build_emulated_lab(ctx: LabContext) -> Lab:
     from labctl.drivers.sim import SimSwitch
+    from labctl.models.fabric import SimFabric
+    from labctl.models.probes import SimRxPowerProbe
     from labctl.probes.carrier import CarrierTarget, NetlinkCarrierProbe
     from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
-    from labctl.sim.fabric import SimFabric
-    from labctl.sim.probes import SimRxPowerProbe
 
     inv = ctx.inventory
     lease = FabricLease.choose(inv)

@@ -30,14 +30,14 @@ import socket
 from dataclasses import dataclass, field
 
 from labctl.clock import now_ns
-from labctl.emulated import netns
-from labctl.emulated.rtnl import Rtnl, open_route_socket
 from labctl.errors import HardwareError, InputError
 from labctl.events import Event
 from labctl.inventory import Inventory, NicPort
+from labctl.linux import netns
+from labctl.linux.rtnl import Rtnl, open_route_socket
+from labctl.models.switch import SwitchModel
 from labctl.ocs import EventSink
 from labctl.profiles import Profile
-from labctl.sim.switch_model import SwitchModel
 
 REDIRECT_PRIO = 1
 INDEX_BASE = 1000

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from labctl.inventory import Inventory, NicPort
+from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
 from labctl.profiles import Profile
-from labctl.sim.switch_model import INSERTION_LOSS_DB, SwitchModel
 
 # port, kind ("link.firmware" | "carrier" | "transport"), value 0/1, model time
 TransitionListener = Callable[[NicPort, str, int, int], None]

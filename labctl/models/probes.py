@@ -3,7 +3,7 @@
 - `SimLinkProbe`: `link.firmware` and `carrier` transitions, stamped with the model's transition time
   (like a netlink subscriber stamping on receipt, without the receive latency), plus an initial dump.
 - `SimRxPowerProbe`: samples every port's Rx power at `rx_power_hz` through an emulated QSFP28 module
-  EEPROM per port (labctl.sim.module_eeprom) and the DOM decoder (labctl.probes.dom), the same read and
+  EEPROM per port (labctl.models.module_eeprom) and the DOM decoder (labctl.transceiver), the same read and
   decode path as a live module, and reports changes and heartbeats.
 - `SimTrafficProbe`: one ping-pong per port to its expected peer every `interval_us`; `traffic.ok` with the
   RTT, `traffic.lost` stamped at the send time of the first unanswered ping.
@@ -17,10 +17,10 @@ from collections.abc import Collection, Sequence
 from labctl.clock import now_ns
 from labctl.events import Event
 from labctl.inventory import NicPort
-from labctl.probes.dom import EepromRead, module_info, mw_to_dbm
+from labctl.models.fabric import SimFabric
+from labctl.models.module_eeprom import EmulatedQsfp28
 from labctl.sampling import LightWindow, QueueProbe, ReportGate, power_moved, ticks
-from labctl.sim.fabric import SimFabric
-from labctl.sim.module_eeprom import EmulatedQsfp28
+from labctl.transceiver import EepromRead, module_info, mw_to_dbm
 
 
 class SimLinkProbe(QueueProbe):

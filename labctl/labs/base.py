@@ -16,10 +16,10 @@ from typing import Any, Protocol, runtime_checkable
 from labctl.errors import InputError
 from labctl.experiment import ProbeSettings
 from labctl.inventory import Inventory, Secret, SecretRef, SwitchSpec
+from labctl.models.switch import SwitchModel
 from labctl.ocs import EventSink, OpticalSwitch, TimeoutPolicy
 from labctl.profiles import Profile
 from labctl.sampling import CircuitProbe, Probe
-from labctl.sim.switch_model import SwitchModel
 
 
 @runtime_checkable
@@ -71,8 +71,8 @@ class LabContext:
 
 def build_simulated_lab(ctx: LabContext) -> Lab:
     from labctl.drivers.sim import SimSwitch
-    from labctl.sim.fabric import SimFabric
-    from labctl.sim.probes import SimLinkProbe, SimRxPowerProbe, SimTrafficProbe
+    from labctl.models.fabric import SimFabric
+    from labctl.models.probes import SimLinkProbe, SimRxPowerProbe, SimTrafficProbe
 
     inv = ctx.inventory
     models = {
@@ -122,7 +122,7 @@ def tl1_emulated_switch(
     inventory a one-time password is generated for the run, so the login path is always exercised.
     """
     from labctl.drivers.polatis_tl1 import PolatisTl1Switch, Tl1Endpoint
-    from labctl.sim.tl1_emulator import Tl1Emulator
+    from labctl.emulators.tl1 import Tl1Emulator
 
     user = spec.user or "admin"
     password: SecretRef | Secret = spec.password or Secret(
@@ -186,7 +186,7 @@ def build_lab(ctx: LabContext) -> Lab:
 
         return build_agent_lab(ctx)
     if ctx.inventory.model.fabric == "emulated":  # chosen explicitly by the inventory, never guessed
-        from labctl.emulated.lab import build_emulated_lab
+        from labctl.labs.kernel import build_emulated_lab
 
         return build_emulated_lab(ctx)
     drivers = {spec.driver for spec in ctx.inventory.switches.values()}

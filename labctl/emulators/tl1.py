@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from labctl.errors import InputError
 from labctl.mapping import MappingDiff
-from labctl.sim.switch_model import SwitchModel
+from labctl.models.switch import SwitchModel
 from labctl.yamlio import load_yaml, pydantic_error_line
 
 NIL_SID = "( nil )"  # what a Polatis without a configured name prints as its SID (reference §1.2)
