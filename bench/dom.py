@@ -27,8 +27,9 @@ import time
 from collections.abc import Callable
 
 from labctl.linux import netns
+from labctl.linux.ethtool import NetlinkModuleEeprom
+from labctl.linux.netlink import NetlinkError
 from labctl.models.module_eeprom import EmulatedQsfp28
-from labctl.probes.rxpower import NetlinkError, NetlinkModuleEeprom
 from labctl.transceiver import module_info, mw_to_dbm
 
 PORTS = 16

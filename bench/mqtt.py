@@ -20,7 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from labctl.agents import Agent, AgentHub, BrokerSettings
+from labctl.agents.agent import Agent
+from labctl.agents.broker import BrokerSettings
+from labctl.agents.hub import AgentHub
 from labctl.clock import Timebase, now_ns
 from labctl.events import Event, EventLog, EventQueue
 from labctl.inventory import load_inventory
@@ -101,7 +103,9 @@ async def main(seconds: float) -> None:
         "max_queued_messages 100000\n"
     )
     broker = spawn(["mosquitto", "-c", str(conf)])
-    inv_text = (REPO / "inventory.yaml").read_text() + f"\nbroker:\n  url: mqtt://127.0.0.1:{port}\n"
+    inv_text = (
+        REPO / "inventory.yaml"
+    ).read_text() + f"\nkind: agents\nbroker:\n  url: mqtt://127.0.0.1:{port}\n"
     inv = work / "inventory.yaml"
     inv.write_text(inv_text)
     agents: list[subprocess.Popen[str]] = []

@@ -22,10 +22,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
-from labctl.drivers.polatis_tl1 import PolatisTl1Switch, Tl1Endpoint
+from labctl.config import Secret
+from labctl.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Endpoint
 from labctl.emulators.tl1 import Tl1Emulator
 from labctl.events import Event
-from labctl.inventory import Secret
 from labctl.mapping import PortSpace
 from labctl.models.switch import SwitchModel
 from labctl.ocs import TimeoutPolicy
@@ -52,6 +52,7 @@ def emulator_processes(count: int, switching_ms: float) -> Iterator[list[int]]:
         "labctl.cli",
         "emulate",
         "ocs",
+        "polatis-tl1",
         "--port",
         "0",
         "--switching-ms",

@@ -32,7 +32,7 @@ PREFIX = f"lb{os.getpid()}-t-"
 INVENTORY = textwrap.dedent(
     """
     lab: bench-traffic
-    fabric: emulated
+    kind: kernel
     switches: {ocs1: {driver: sim, size: 4x4}}
     hosts:
       h1: {nics: [{ifname: eth0, rail: 0, switch: ocs1, tx: 1, rx: 5, address: 10.9.0.1/24}]}

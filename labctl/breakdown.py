@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from labctl.errors import InputError
-from labctl.events import Event
+from labctl.events import Event, Kind
 
 COLUMNS = [
     "reconfig",
@@ -52,8 +52,8 @@ DURATIONS = [c for c in COLUMNS if c.endswith("_ns") and not re.match(r"t\d_", c
 """The phase durations (and the two down-side delays): every *_ns column that is not a mark t0..t5."""
 INT_COLUMNS = [c for c in COLUMNS if c.endswith("_ns")] + ["reconfig", "rail"]
 DEFAULT_THRESHOLD_DBM = -10.0
-CONTROL_KINDS = frozenset({"phase", "ocs.command", "ocs.complete", "run.timeout", "run.start"})
-SIGNAL_KINDS = ("rx_power", "link.firmware", "carrier", "traffic.ok", "traffic.lost")
+CONTROL_KINDS = frozenset({Kind.PHASE, Kind.OCS_COMMAND, Kind.OCS_COMPLETE, Kind.RUN_TIMEOUT, Kind.RUN_START})
+SIGNAL_KINDS = (Kind.RX_POWER, Kind.LINK_FIRMWARE, Kind.CARRIER, Kind.TRAFFIC_OK, Kind.TRAFFIC_LOST)
 
 
 class _LiteMeta(msgspec.Struct, frozen=True):
@@ -93,7 +93,7 @@ class EventIndex:
     def add(self, t_ns: int, source: str, kind: str, value: Any, peer: str | None = None) -> None:
         v = -math.inf if value is None else float(value) if not isinstance(value, str) else 0.0
         keys = [(source, kind)]
-        if kind == "traffic.ok" and peer:
+        if kind == Kind.TRAFFIC_OK and peer:
             keys.append((source, _ok_to(peer)))
         for key in keys:
             self._t[key].append(t_ns)
@@ -167,23 +167,23 @@ def compute_breakdown(
     index = events if isinstance(events, EventIndex) else EventIndex.from_events(events)
     control = sorted(index.control, key=lambda e: (e.t_ns, e.seq))
     if threshold_dbm is None:
-        start = next((e for e in control if e.kind == "run.start"), None)
+        start = next((e for e in control if e.kind == Kind.RUN_START), None)
         threshold_dbm = (
             float(start.meta.get("rx_power_threshold_dbm", DEFAULT_THRESHOLD_DBM))
             if start
             else DEFAULT_THRESHOLD_DBM
         )
-    phases = [e for e in control if e.kind == "phase"]
+    phases = [e for e in control if e.kind == Kind.PHASE]
     commands: dict[tuple[int | None, Any], int] = {}
     completes: dict[tuple[int | None, Any], int] = {}
     timed_out: dict[int | None, set[str]] = defaultdict(set)
     for e in control:
         key = (e.reconfig, e.meta.get("rail"))
-        if e.kind == "ocs.command":
+        if e.kind == Kind.OCS_COMMAND:
             commands.setdefault(key, e.t_ns)
-        elif e.kind == "ocs.complete":
+        elif e.kind == Kind.OCS_COMPLETE:
             completes[key] = e.t_ns  # the last acknowledgement (after any retry)
-        elif e.kind == "run.timeout":
+        elif e.kind == Kind.RUN_TIMEOUT:
             timed_out[e.reconfig].update(e.meta.get("pending", ()))
 
     rows = []
@@ -211,19 +211,19 @@ def compute_breakdown(
             if t0 is None:
                 rows.append(row)
                 continue
-            rx = index.series(source, "rx_power")
+            rx = index.series(source, Kind.RX_POWER)
             dark = rx.v < threshold_dbm
             t_dark = _first(rx, t0, end, dark)
             if t_dark is not None:
                 t2 = _first(rx, t_dark, end, ~dark)
             else:
                 t2 = _first(rx, t1, end, ~dark) if t1 is not None else None
-            fw = index.series(source, "link.firmware")
+            fw = index.series(source, Kind.LINK_FIRMWARE)
             t3 = _first(fw, t0, end, fw.v == 1)
-            carrier = index.series(source, "carrier")
+            carrier = index.series(source, Kind.CARRIER)
             t4 = _first(carrier, t0, end, carrier.v == 1)
             t_carrier_down = _first(carrier, t0, end, carrier.v == 0)
-            lost = index.series(source, "traffic.lost")
+            lost = index.series(source, Kind.TRAFFIC_LOST)
             t_lost = _first(lost, t0, end)
             peer = p.get("peer")
             to_peer = index.series(source, _ok_to(peer)) if peer else None
@@ -231,7 +231,7 @@ def compute_breakdown(
                 # Traffic that reached the new peer: the old circuit can never be mistaken for it.
                 t5 = _first(to_peer, t4 if t4 is not None else t0, end)
             else:
-                ok = index.series(source, "traffic.ok")
+                ok = index.series(source, Kind.TRAFFIC_OK)
                 if t4 is not None:
                     t5 = _first(ok, t4, end)
                 else:  # carrier not observed: traffic back after it was seen lost

@@ -21,13 +21,14 @@ from typing import Any, Protocol
 from labctl.breakdown import EventIndex, compute_breakdown, summarize, write_breakdown
 from labctl.clock import Timebase, now_ns
 from labctl.errors import LabctlError
-from labctl.events import Event, EventLog
+from labctl.events import Event, EventLog, Kind
 from labctl.experiment import Plan, RailPhase, build_plan, load_experiment
-from labctl.inventory import Inventory, load_inventory
-from labctl.labs.base import Lab, LabContext, build_lab
+from labctl.inventory import Inventory
+from labctl.labs import build_lab, load
+from labctl.labs.base import Lab, LabContext
 from labctl.looplag import LoopLagMonitor
 from labctl.mapping import Mapping
-from labctl.sampling import Probe
+from labctl.sampling import Probe, ProbeContext, probe_kinds
 from labctl.store import RunDir, new_run_id, versions, write_json_atomic
 from labctl.topology import peers_of, rail_scope
 
@@ -93,9 +94,9 @@ class RecoveryTracker:
     def __call__(self, e: Event) -> None:
         if e.source not in self.pending or e.t_ns < self.t0_ns:
             return
-        if (e.kind == "carrier" and e.value == 1) or e.kind == "traffic.lost":
+        if (e.kind == Kind.CARRIER and e.value == 1) or e.kind == Kind.TRAFFIC_LOST:
             self._armed.add(e.source)
-        elif e.kind == "traffic.ok":
+        elif e.kind == Kind.TRAFFIC_OK:
             if self.deadline_ns is not None and e.t_ns > self.deadline_ns:
                 return
             if "peer" in e.meta:
@@ -179,7 +180,7 @@ class Controller:
         t0 = now_ns()
         self.events.emit(
             t0,
-            "phase",
+            Kind.PHASE,
             "controller",
             phase,
             meta={
@@ -211,7 +212,7 @@ class Controller:
                     pending = sorted(tracker.pending)
                     self.events.emit(
                         now_ns(),
-                        "run.timeout",
+                        Kind.RUN_TIMEOUT,
                         "controller",
                         len(pending),
                         meta={
@@ -224,7 +225,7 @@ class Controller:
                 probe.close_window()
             unsubscribe()
             # How late the loop ran in this window: context for every mark observed in it.
-            self.events.emit(now_ns(), "loop.lag", "controller", self.loop_lag.window_max_ns)
+            self.events.emit(now_ns(), Kind.LOOP_LAG, "controller", self.loop_lag.window_max_ns)
             # An interrupted reconfiguration keeps its number too: the baseline restore that follows an
             # abort must not be filed under it (its acknowledgement would become this one's t1).
             self.reconfig += 1
@@ -242,7 +243,7 @@ class Controller:
             dropped = probe.dropped
             if dropped > self._drops_seen.get(probe.name, 0):
                 self._drops_seen[probe.name] = dropped
-                self.events.emit(now_ns(), "sampler.drop", f"probe:{probe.name}", dropped)
+                self.events.emit(now_ns(), Kind.SAMPLER_DROP, f"probe:{probe.name}", dropped)
 
     async def _flusher(self) -> None:
         while True:
@@ -279,15 +280,14 @@ class Controller:
 
     def _switch_power_probes(self) -> list[Probe]:
         """The switches' own power monitors on the rails' ports, when the experiment asks for them."""
-        hz = self.plan.spec.probes.switch_power_hz
-        if not hz:
+        if not self.plan.spec.probes.switch_power_hz:
             return []
-        from labctl.probes.rxpower import SwitchPowerProbe
-
         ports: dict[str, set[int]] = {}
         for rail in self.plan.rails:
             ports.setdefault(self.inventory.rail_switch(rail), set()).update(rail_scope(self.inventory, rail))
-        return [SwitchPowerProbe(self.lab.switches[sw], sorted(p), hz) for sw, p in ports.items()]
+        watched = [(self.lab.switches[sw], sorted(p)) for sw, p in ports.items()]
+        ctx = ProbeContext(self.plan.spec.probes, switches=watched)
+        return [probe_kinds.get("switch-power").build(ctx)]
 
     async def _read_final_state(self) -> None:
         """Record what every switch holds at the end (an `ocs.read` event per switch)."""
@@ -295,7 +295,7 @@ class Controller:
             try:
                 await sw.get_mapping()
             except (LabctlError, asyncio.CancelledError) as e:
-                self.events.emit(now_ns(), "ocs.error", f"ocs:{sw.name}", f"final read-back failed: {e!r}")
+                self.events.emit(now_ns(), Kind.OCS_ERROR, f"ocs:{sw.name}", f"final read-back failed: {e!r}")
 
     async def run(self) -> tuple[str, str | None]:
         """Returns (status, error), whatever happens to the caller.
@@ -346,7 +346,7 @@ class Controller:
             except asyncio.CancelledError:
                 _absorb_cancel()
                 status, error = "aborted", "interrupted by signal"
-                self.events.emit(now_ns(), "run.abort", "controller", error)
+                self.events.emit(now_ns(), Kind.RUN_ABORT, "controller", error)
             except LabctlError as e:
                 status, error = "failed", str(e)
                 log.error("run failed: %s", e)
@@ -411,7 +411,7 @@ async def run_experiment(
 ) -> RunOutcome:
     """Everything `labctl run` does: validate, run, analyse, plot. InputErrors surface before any I/O."""
     progress = progress or NullProgress()
-    inventory = load_inventory(inventory_path)
+    inventory = load(inventory_path)
     spec, src = load_experiment(experiment)
     plan = build_plan(spec, inventory, src)
     profile_obj = inventory.profile(profile)
@@ -441,7 +441,7 @@ async def run_experiment(
     events = EventLog(run.events_path, timebase)
     events.emit(
         now_ns(),
-        "run.start",
+        Kind.RUN_START,
         "controller",
         spec.name,
         meta={
@@ -459,7 +459,7 @@ async def run_experiment(
     try:
         status, error = await controller.run()
     finally:
-        events.emit(now_ns(), "run.end", "controller", status, meta={"error": error})
+        events.emit(now_ns(), Kind.RUN_END, "controller", status, meta={"error": error})
         events.close()
         run.update(
             status=status,

@@ -12,7 +12,7 @@ import os
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final
 
 import msgspec
 
@@ -36,36 +36,40 @@ class Event(msgspec.Struct, kw_only=True):
     meta: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-# The vocabulary in DESIGN.md; extend it, never rename an entry.
-KINDS = frozenset(
-    {
-        "ocs.command",
-        "ocs.complete",
-        "ocs.error",
-        "ocs.read",
-        "ocs.io",  # one wire command of a protocol driver (value = round trip ns)
-        "ocs.session",  # a driver session: connected, lost, reconnected, noise, ack
-        "ocs.report",  # an autonomous message from a switch (e.g. TL1 REPT)
-        "rx_power",
-        "link.firmware",
-        "carrier",
-        "operstate",
-        "traffic.ok",
-        "traffic.lost",
-        "rdma.qp_state",
-        "gpu.pingpong",
-        "gpu.pointer_chase",
-        "gpu.timer",
-        "gpu.skip",
-        "gpu.error",
-        "phase",
-        "sampler.drop",
-        "run.start",
-        "run.end",
-        "run.timeout",
-        "run.abort",
-    }
-)
+class Kind:
+    """The event vocabulary (DESIGN.md), as named constants: producers write `Kind.CARRIER`, consumers
+    compare against it. The values are plain strings (no enum lookup on the hot path, nothing new on disk).
+    Extend it; never rename a value."""
+
+    OCS_COMMAND: Final = "ocs.command"  # t0: a change sent to the switch
+    OCS_COMPLETE: Final = "ocs.complete"  # t1: the switch acknowledged it
+    OCS_ERROR: Final = "ocs.error"
+    OCS_READ: Final = "ocs.read"
+    OCS_IO: Final = "ocs.io"  # one wire command of a protocol driver (value = round trip ns)
+    OCS_SESSION: Final = "ocs.session"  # a driver session: connected, lost, reconnected, noise, ack
+    OCS_REPORT: Final = "ocs.report"  # an autonomous message from a switch (e.g. TL1 REPT)
+    RX_POWER: Final = "rx_power"  # dBm, None = no light
+    LINK_FIRMWARE: Final = "link.firmware"  # NIC firmware link state, where observable
+    CARRIER: Final = "carrier"
+    OPERSTATE: Final = "operstate"
+    TRAFFIC_OK: Final = "traffic.ok"  # value = RTT ns
+    TRAFFIC_LOST: Final = "traffic.lost"
+    RDMA_QP_STATE: Final = "rdma.qp_state"
+    GPU_PINGPONG: Final = "gpu.pingpong"
+    GPU_POINTER_CHASE: Final = "gpu.pointer_chase"
+    GPU_TIMER: Final = "gpu.timer"
+    GPU_SKIP: Final = "gpu.skip"
+    GPU_ERROR: Final = "gpu.error"
+    PHASE: Final = "phase"  # the controller starts a reconfiguration
+    SAMPLER_DROP: Final = "sampler.drop"
+    LOOP_LAG: Final = "loop.lag"
+    RUN_START: Final = "run.start"
+    RUN_END: Final = "run.end"
+    RUN_TIMEOUT: Final = "run.timeout"
+    RUN_ABORT: Final = "run.abort"
+
+
+KINDS = frozenset(v for k, v in vars(Kind).items() if k.isupper())
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Event)

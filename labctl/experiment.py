@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from labctl.errors import InputError
 from labctl.inventory import Inventory
 from labctl.mapping import Mapping
+from labctl.sampling import ProbeSettings
 from labctl.topology import Link, links_to_mapping, pairs_links, ring_links
 from labctl.yamlio import SourcedYaml, format_loc, load_yaml, pydantic_error_line
 
@@ -36,22 +37,6 @@ class PhaseSpec(_Model):
         if (self.pairs is None) == (self.ring is None):
             raise ValueError("a phase needs exactly one of 'pairs' or 'ring'")
         return self
-
-
-class ProbeSettings(_Model):
-    rx_power_hz: float = Field(default=1000.0, gt=0, le=100_000)
-    traffic_interval_us: int = Field(default=1000, ge=10)
-    traffic_timeout_us: int | None = Field(default=None, ge=10, description="default: 2x the interval")
-    report_interval_ms: float = Field(
-        default=100.0, gt=0, description="steady-state samples are written at most this often per port"
-    )
-    rx_power_deadband_db: float = Field(default=0.5, ge=0)
-    switch_power_hz: float = Field(
-        default=0.0,
-        ge=0,
-        le=1000,
-        description="poll the OCS's own power monitor on the rails' ports (0: off)",
-    )
 
 
 class AnalysisSettings(_Model):

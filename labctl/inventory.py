@@ -2,89 +2,36 @@
 
 Validated in full before anything touches hardware. A bad file gets one line naming the file, line and
 field. Secrets appear only as `${ENV_VAR}` references; they are resolved from the environment when a
-driver connects and are never written back out.
+driver connects and are never written back out. Each switch entry is validated by its driver's own
+config model (labctl.switches); `kind` names a registered lab kind, whose own checks run when a lab is
+chosen for the inventory (labctl.labs.load).
 """
 
 from __future__ import annotations
 
-import os
-import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, field_validator
-from pydantic_core import CoreSchema, core_schema
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from labctl.config import ConfigModel, SecretRef, SwitchConfig
 from labctl.errors import InputError
-from labctl.mapping import PortSpace
 from labctl.profiles import DEFAULT_PROFILE, Profile, resolve_profile
+from labctl.registry import LAB_KINDS
+from labctl.switches import config_union as switch_drivers_config_union
 from labctl.yamlio import Loc, SourcedYaml, format_loc, load_yaml, pydantic_error_line
 
 DEFAULT_INVENTORY = Path("inventory.yaml")
-_ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
 
-class Secret:
-    """A resolved secret. Its str/repr never show the value; call `reveal()` at the last moment."""
-
-    __slots__ = ("_value", "name")
-
-    def __init__(self, name: str, value: str) -> None:
-        self.name = name
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return f"Secret(${{{self.name}}})"
-
-    __str__ = __repr__
-
-
-class SecretRef(str):
-    """A `${ENV_VAR}` reference as written in the inventory; it is what gets snapshotted, never the value."""
-
-    @property
-    def env_name(self) -> str:
-        m = _ENV_REF.match(self)
-        assert m is not None
-        return m[1]
-
-    @classmethod
-    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        return core_schema.no_info_plain_validator_function(
-            _secret_ref,
-            json_schema_input_schema=core_schema.str_schema(),
-            serialization=core_schema.to_string_ser_schema(),
-        )
-
-    def resolve(self, where: str = "") -> Secret:
-        value = os.environ.get(self.env_name)
-        if value is None:
-            at = f" (needed by {where})" if where else ""
-            raise InputError(f"environment variable {self.env_name} is not set{at}")
-        return Secret(self.env_name, value)
-
-
-def _secret_ref(value: Any) -> SecretRef:
-    if not isinstance(value, str) or not _ENV_REF.match(value):
-        raise ValueError("secrets must be written as an environment reference like ${POLATIS_PASSWORD}")
-    return SecretRef(value)
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class GpuSpec(_Model):
+class GpuSpec(ConfigModel):
     index: int = Field(ge=0)
     model: str = ""
 
 
-class NicPortSpec(_Model):
+class NicPortSpec(ConfigModel):
     ifname: str = Field(min_length=1, max_length=15)
     rail: int = Field(ge=0)
     gpu: int | None = Field(default=None, ge=0, description="GPU index this NIC serves")
@@ -95,52 +42,21 @@ class NicPortSpec(_Model):
     address: str | None = Field(default=None, description="IPv4 address/prefix (emulated fabric)")
 
 
-class HostSpec(_Model):
+class HostSpec(ConfigModel):
     address: str | None = None
-    gpus: list[GpuSpec] = []
+    gpus: list[GpuSpec] = Field(default_factory=list)
     nics: list[NicPortSpec] = Field(min_length=1)
 
 
-SwitchDriver = Literal["sim", "polatis-tl1", "polatis-netconf", "scpi", "serial"]
+# One switch entry: the config model of the driver its `driver` field names (a discriminated union over
+# the switch-driver registry). A type checker sees the common base.
+if TYPE_CHECKING:
+    SwitchSpec = SwitchConfig
+else:
+    SwitchSpec = switch_drivers_config_union()
 
 
-class SwitchSpec(_Model):
-    driver: SwitchDriver
-    size: str = "32x32"
-    address: str | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)
-    user: str | None = None
-    password: SecretRef | None = None
-    timeout_s: float = Field(default=10.0, gt=0, description="deadline for one switch operation")
-    emulate: bool = Field(
-        default=False,
-        description="start an in-process protocol emulator of this switch on 127.0.0.1 (ephemeral port) "
-        "and drive it over real TCP (polatis-tl1)",
-    )
-
-    @field_validator("size", mode="before")
-    @classmethod
-    def _size_is_text(cls, value: object) -> object:
-        # YAML reads `0x10` as the hex number 16: say what was meant instead of "should be a valid string".
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            raise ValueError(f"{value!r} is a number here; write the port space as INxOUT, e.g. 16x16")
-        return value
-
-    @field_validator("size")
-    @classmethod
-    def _size_parses(cls, value: str) -> str:
-        try:
-            PortSpace.parse(value)
-        except InputError as e:
-            raise ValueError(str(e)) from None
-        return value
-
-    @property
-    def space(self) -> PortSpace:
-        return PortSpace.parse(self.size)
-
-
-class BrokerTlsSpec(_Model):
+class BrokerTlsSpec(ConfigModel):
     """TLS to the MQTT broker: file paths only (keys stay on disk, never in the inventory)."""
 
     ca_file: str | None = None
@@ -148,7 +64,7 @@ class BrokerTlsSpec(_Model):
     key_file: str | None = None
 
 
-class BrokerSpec(_Model):
+class BrokerSpec(ConfigModel):
     """The MQTT broker between the controller and `labctl agent`s; without it everything is one process."""
 
     url: str = Field(default="mqtt://127.0.0.1:1883", description="mqtt://HOST:PORT or mqtts://HOST:PORT")
@@ -176,19 +92,38 @@ class BrokerSpec(_Model):
         return value
 
 
-class InventoryModel(_Model):
+class InventoryModel(ConfigModel):
     lab: str = Field(min_length=1)
     switches: dict[str, SwitchSpec] = Field(min_length=1)
     hosts: dict[str, HostSpec] = Field(min_length=1)
     profile: str = DEFAULT_PROFILE
-    profiles: dict[str, dict[str, Any]] = {}
-    fabric: Literal["simulated", "emulated"] = Field(
+    profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    kind: str = Field(
         default="simulated",
-        description="simulated: in-process NIC models; emulated: kernel namespaces + veth + tc (root, Linux)",
+        description="the kind of lab (labctl.registry.LAB_KINDS): simulated (in-process models), kernel "
+        "(namespaces + veth + tc, root), agents (probes on `labctl agent`s over MQTT)",
     )
     broker: BrokerSpec | None = Field(
-        default=None, description="MQTT broker for multi-host agents (`labctl agent`); absent: one process"
+        default=None, description="MQTT broker between the controller and `labctl agent`s"
     )
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        if value not in LAB_KINDS:
+            raise ValueError(f"unknown lab kind {value!r} (known: {', '.join(sorted(LAB_KINDS))})")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_fields(cls, data: Any) -> Any:
+        # `fabric: emulated` chose the kernel fabric before lab kinds were registry entries.
+        if isinstance(data, dict) and "fabric" in data:
+            raise ValueError(
+                "`fabric:` is now `kind:` (fabric: emulated → kind: kernel; fabric: simulated → "
+                "kind: simulated)"
+            )
+        return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,9 +153,12 @@ class NicPort:
 class Inventory:
     """A validated inventory with lookups the controller needs."""
 
-    def __init__(self, model: InventoryModel, path: Path | None = None) -> None:
+    def __init__(
+        self, model: InventoryModel, path: Path | None = None, src: SourcedYaml | None = None
+    ) -> None:
         self.model = model
         self.path = path
+        self.src = src
         self.ports: list[NicPort] = [
             NicPort(host, n.ifname, n.rail, n.gpu, n.switch, n.tx, n.rx, n.gbps, n.address)
             for host, spec in model.hosts.items()
@@ -233,7 +171,11 @@ class Inventory:
         return self.model.lab
 
     @property
-    def switches(self) -> dict[str, SwitchSpec]:
+    def kind(self) -> str:
+        return self.model.kind
+
+    @property
+    def switches(self) -> dict[str, SwitchConfig]:
         return self.model.switches
 
     @property
@@ -261,6 +203,16 @@ class Inventory:
     def profile(self, name: str | None = None) -> Profile:
         return resolve_profile(name or self.model.profile, self.model.profiles)
 
+    def port_loc(self, port: NicPort) -> Loc:
+        """Where a NIC port is written in the inventory: `hosts.<host>.nics[<i>]`."""
+        nics = self.model.hosts[port.host].nics
+        return ("hosts", port.host, "nics", next(i for i, n in enumerate(nics) if n.ifname == port.ifname))
+
+    def fail(self, loc: Loc, message: str) -> InputError:
+        """The one-line error for a problem at field path `loc`: `file:line: field.path: message`."""
+        where = self.src.where(loc) if self.src is not None else str(self.path or "inventory")
+        return InputError(f"{where}: {format_loc(loc)}: {message}")
+
     def snapshot(self) -> dict[str, Any]:
         """The inventory as JSON-able data, secrets left as their `${ENV}` references."""
         return self.model.model_dump(mode="json")
@@ -275,7 +227,7 @@ def load_inventory(path: Path | str = DEFAULT_INVENTORY) -> Inventory:
     except ValidationError as e:
         raise InputError(pydantic_error_line(src, e)) from None
     _check_references(model, src)
-    inventory = Inventory(model, path)
+    inventory = Inventory(model, path, src)
     try:
         inventory.profile()
     except InputError as e:

@@ -15,7 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from labctl.clock import now_ns
 from labctl.errors import HardwareError, MappingError, SwitchStateMismatch
-from labctl.events import Event
+from labctl.events import Event, Kind
 from labctl.mapping import Mapping, MappingDiff, PortSpace, diff_mapping, ports_of, validate_mapping
 
 T = TypeVar("T")
@@ -152,7 +152,7 @@ async def converge(
         emit(
             Event(
                 t_ns=t_cmd,
-                kind="ocs.command",
+                kind=Kind.OCS_COMMAND,
                 source=source,
                 value=len(diff.remove) + len(diff.add),
                 meta=meta,
@@ -161,14 +161,18 @@ async def converge(
         try:
             await ops.send(diff)
         except HardwareError as e:
-            emit(Event(t_ns=now_ns(), kind="ocs.error", source=source, value=str(e), meta=meta))
+            emit(Event(t_ns=now_ns(), kind=Kind.OCS_ERROR, source=source, value=str(e), meta=meta))
             if attempts == ops.attempts:
                 raise
         else:
             complete_ns = now_ns()
             emit(
                 Event(
-                    t_ns=complete_ns, kind="ocs.complete", source=source, value=complete_ns - t_cmd, meta=meta
+                    t_ns=complete_ns,
+                    kind=Kind.OCS_COMPLETE,
+                    source=source,
+                    value=complete_ns - t_cmd,
+                    meta=meta,
                 )
             )
         current = await ops.read()
@@ -176,7 +180,7 @@ async def converge(
     if not diff.empty:
         in_scope = {p for p in current if p[0] in scope_ports or p[1] in scope_ports}
         err = SwitchStateMismatch(name, set(desired - current), set(in_scope - desired))
-        emit(Event(t_ns=now_ns(), kind="ocs.error", source=source, value=str(err), meta=meta_base))
+        emit(Event(t_ns=now_ns(), kind=Kind.OCS_ERROR, source=source, value=str(err), meta=meta_base))
         raise err
     return ApplyResult(
         switch=name,

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import matplotlib
 
+from labctl.events import Kind
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
@@ -19,8 +21,8 @@ from labctl.errors import InputError
 ZOOM_S = 0.7
 NO_LIGHT_DBM = -40.0
 LANES = (
-    ("link.firmware", "firmware link", "#9467bd"),
-    ("carrier", "carrier", "#2ca02c"),
+    (Kind.LINK_FIRMWARE, "firmware link", "#9467bd"),
+    (Kind.CARRIER, "carrier", "#2ca02c"),
     ("traffic", "traffic", "#1f77b4"),
 )
 
@@ -28,7 +30,7 @@ LANES = (
 def _up_intervals(index: EventIndex, source: str, kind: str, start: int, end: int) -> list[tuple[int, int]]:
     """Intervals in [start, end) where a 0/1 signal (or traffic ok/lost) is up."""
     if kind == "traffic":
-        ok, lost = index.series(source, "traffic.ok"), index.series(source, "traffic.lost")
+        ok, lost = index.series(source, Kind.TRAFFIC_OK), index.series(source, Kind.TRAFFIC_LOST)
         t = np.concatenate([ok.t, lost.t])
         v = np.concatenate([np.ones(ok.t.size), np.zeros(lost.t.size)])
         order = np.argsort(t, kind="stable")
@@ -106,7 +108,7 @@ def plot_timeline(index: EventIndex, frame: pd.DataFrame, reconfig: int, out: Pa
         ax_ocs.set_ylabel("OCS", rotation=0, ha="right", va="center")
         ax_ocs.tick_params(axis="y", labelsize=7)
         for source, label in zip(sources, labels, strict=True):
-            t, v = _held_trace(index.series(source, "rx_power"), t0 - span_ns // 50, end)
+            t, v = _held_trace(index.series(source, Kind.RX_POWER), t0 - span_ns // 50, end)
             ax_rx.step((t - t0) / 1e9, np.maximum(v, NO_LIGHT_DBM), where="post", lw=0.8, label=label)
         ax_rx.axhline(NO_LIGHT_DBM, color="0.5", lw=0.6, ls=":")
         ax_rx.text(

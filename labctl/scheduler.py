@@ -112,10 +112,10 @@ class Declaration:
 def declare(experiment: Path, inventory_path: Path) -> Declaration:
     """Validate the experiment against the inventory (InputError on bad input) and derive its resources."""
     from labctl.experiment import build_plan, load_experiment
-    from labctl.inventory import load_inventory
+    from labctl.labs import load
     from labctl.topology import rail_scope
 
-    inventory = load_inventory(inventory_path)
+    inventory = load(inventory_path)
     spec, src = load_experiment(experiment)
     plan = build_plan(spec, inventory, src)
     ports: set[tuple[str, int]] = set()
@@ -685,21 +685,22 @@ async def restore_baseline(row: RunRow, events_path: Path) -> dict[str, Any]:
     """Re-apply an interrupted run's baseline through the inventory's switch drivers (read back, verified),
     writing the driver events to `events_path`. Returns what the switches hold afterwards."""
     from labctl.clock import Timebase, now_ns
-    from labctl.events import EventLog
-    from labctl.experiment import ProbeSettings
-    from labctl.inventory import load_inventory
-    from labctl.labs.base import LabContext, build_lab
+    from labctl.events import EventLog, Kind
+    from labctl.labs import build_lab, load
+    from labctl.labs.base import LabContext
+    from labctl.sampling import ProbeSettings
 
-    inventory = load_inventory(row.inventory)
+    inventory = load(row.inventory)
     events = EventLog(events_path, Timebase.capture())
     events.emit(
-        now_ns(), "phase", "scheduler", "recovery", meta={"queue_id": row.id, "baseline": row.baseline}
+        now_ns(), Kind.PHASE, "scheduler", "recovery", meta={"queue_id": row.id, "baseline": row.baseline}
     )
     lab = build_lab(
         LabContext(inventory, inventory.profile(row.profile), random.Random(), events.record, ProbeSettings())
     )
     held: dict[str, Any] = {}
     try:
+        await lab.start()  # whatever the lab hosts for its switches (emulators) serves from here
         for switch, entry in row.baseline.items():
             sw = lab.switches[switch]
             await sw.connect()
@@ -712,6 +713,7 @@ async def restore_baseline(row: RunRow, events_path: Path) -> dict[str, Any]:
             finally:
                 await sw.close()
     finally:
+        await lab.aclose()
         lab.close()
         events.close()
     return held

@@ -109,14 +109,40 @@ def load_yaml(path: Path, what: str) -> SourcedYaml:
     return SourcedYaml(path, data, lines)
 
 
+def _without_union_tags(data: Any, loc: Loc) -> Loc:
+    """A discriminated union puts the chosen tag into an error's location (`switches.ocs1.sim.size`): drop
+    such elements, recognised as a key the data does not have whose name is a value of the mapping."""
+    out: list[str | int] = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and isinstance(part, str) and part not in node and part in node.values():
+            continue
+        out.append(part)
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            node = None
+    return tuple(out)
+
+
 def pydantic_error_line(src: SourcedYaml, exc: Any) -> str:
     """First error of a pydantic ValidationError as `file:line: field.path: message`."""
     err = exc.errors(include_url=False)[0]
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    loc = _without_union_tags(src.data, loc)
     msg = err["msg"]
+    ctx = err.get("ctx") or {}
     if err["type"] == "extra_forbidden":
         msg = "unknown field"
     elif err["type"] == "missing":
+        msg = "required field is missing"
+    elif err["type"] == "union_tag_invalid":  # e.g. a switch `driver` nobody registered
+        field = str(ctx.get("discriminator", "")).strip("'")
+        loc = (*loc, field)
+        known = str(ctx.get("expected_tags", "")).replace("'", "")
+        msg = f"unknown {field} {ctx.get('tag')!r} (known: {known})"
+    elif err["type"] == "union_tag_not_found":
+        loc = (*loc, str(ctx.get("discriminator", "")).strip("'"))
         msg = "required field is missing"
     msg = msg.removeprefix("Value error, ")
     more = len(exc.errors()) - 1

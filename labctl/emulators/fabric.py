@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from labctl.clock import now_ns
 from labctl.errors import HardwareError, InputError
-from labctl.events import Event
+from labctl.events import Event, Kind
 from labctl.inventory import Inventory, NicPort
 from labctl.linux import netns
 from labctl.linux.rtnl import Rtnl, open_route_socket
@@ -84,33 +84,28 @@ class FabricLayout:
 
     @classmethod
     def of(cls, inventory: Inventory, prefix: str) -> FabricLayout:
-        where = inventory.path or "inventory"
         hosts = {host: f"{prefix}{host}" for host in inventory.hosts}
-        for name in [*hosts.values(), f"{prefix}{OCS_NETNS}"]:
+        for host, name in hosts.items():
             try:
                 netns.netns_path(name)
-            except ValueError:
-                raise InputError(f"{where}: host name gives an unusable namespace name {name!r}") from None
+            except InputError:
+                raise inventory.fail(
+                    ("hosts", host), f"host name gives an unusable namespace name {name!r}"
+                ) from None
         ports = []
         seen: dict[ipaddress.IPv4Address, str] = {}
         for k, port in enumerate(inventory.ports):
+            loc = (*inventory.port_loc(port), "address")
             if port.address is None:
-                raise InputError(
-                    f"{where}: hosts.{port.host}.nics[{port.ifname}].address: the emulated fabric needs an "
-                    "IPv4 address/prefix on every NIC port"
-                )
+                raise inventory.fail(loc, "the kernel fabric needs an IPv4 address/prefix on every NIC port")
             try:
                 interface = ipaddress.IPv4Interface(port.address)
             except ValueError:
-                raise InputError(
-                    f"{where}: hosts.{port.host}.nics[{port.ifname}].address: {port.address!r} is not an "
-                    "IPv4 address/prefix like 10.0.0.1/24"
+                raise inventory.fail(
+                    loc, f"{port.address!r} is not an IPv4 address/prefix like 10.0.0.1/24"
                 ) from None
             if interface.ip in seen:
-                raise InputError(
-                    f"{where}: hosts.{port.host}.nics[{port.ifname}].address: {interface.ip} is also used by "
-                    f"{seen[interface.ip]}"
-                )
+                raise inventory.fail(loc, f"{interface.ip} is also used by {seen[interface.ip]}")
             seen[interface.ip] = port.label
             ports.append(
                 FabricPort(
@@ -296,7 +291,9 @@ class KernelFabric:
 
     def _error(self, what: str) -> None:
         """A kernel operation the fabric could not carry out: an event, never an exception in a timer."""
-        self.emit(Event(t_ns=now_ns(), kind="ocs.error", source=f"fabric:{self.layout.prefix}", value=what))
+        self.emit(
+            Event(t_ns=now_ns(), kind=Kind.OCS_ERROR, source=f"fabric:{self.layout.prefix}", value=what)
+        )
 
     def _on_light(self, switch: str, egress: int, ingress: int | None, t_ns: int) -> None:
         try:
@@ -387,7 +384,7 @@ class KernelFabric:
         self.emit(
             Event(
                 t_ns=t,
-                kind="link.firmware",
+                kind=Kind.LINK_FIRMWARE,
                 source=fp.port.source,
                 host=fp.port.host,
                 value=1 if up else 0,

@@ -1,10 +1,10 @@
-"""The emulated lab: switch models driven by their drivers, a kernel fabric that follows them, real probes.
+"""The kernel lab: switch models driven by their drivers, a kernel fabric that follows them, real probes.
 
-Selected by `fabric: emulated` in the inventory. Each switch is a `SwitchModel` behind either the
-in-process sim driver (`driver: sim`) or the real TL1 driver talking over TCP to an in-process TL1
-emulator (`driver: polatis-tl1`, `emulate: true`); the `KernelFabric` listens to the model's light, so it
-moves identically either way. Probes: the netlink carrier probe (with the reconfiguration-window poll) and
-the UDP ping-pong traffic probe, both on the NIC ends inside the host namespaces.
+Selected by `kind: kernel` in the inventory. Each switch is a `SwitchModel` behind its driver (the sim
+driver, or a driver with `emulate: true` against its protocol emulator over TCP); the `KernelFabric`
+listens to the models' light, so it moves identically either way. Probes: the netlink carrier probe (with
+the reconfiguration-window poll), the UDP ping-pong traffic probe, both on the NIC ends inside the host
+namespaces, and the Rx-power poller on model-driven transceivers.
 
 Fabric lifecycle: if `labctl emulate fabric up` already built this inventory's fabric (prefix
 `lc-<layout hash>-`) and no other run holds it, the run locks it, resets it to dark and reuses it;
@@ -15,17 +15,26 @@ runs (their pid is gone) are swept first.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import os
 from pathlib import Path
 
 from labctl.emulators.fabric import FabricLayout, KernelFabric, managed_prefix, run_prefix
-from labctl.errors import HardwareError, InputError
+from labctl.errors import HardwareError
 from labctl.inventory import Inventory
-from labctl.labs.base import Lab, LabContext, switch_timeouts, tl1_emulated_switch
+from labctl.labs.base import Lab, LabContext, LabKind
+from labctl.labs.world import (
+    build_probes,
+    check_switches_over_models,
+    drive_models,
+    no_broker,
+    switch_models,
+)
 from labctl.linux import netns
-from labctl.models.switch import SwitchModel
-from labctl.ocs import OpticalSwitch
+from labctl.models.fabric import SimFabric
+from labctl.models.probes import model_sites
+from labctl.sampling import ProbeContext
 
 LOCK_DIR = Path("/run/labctl")
 
@@ -104,61 +113,31 @@ def _locked(prefix: str) -> bool:
     return False
 
 
-def build_emulated_lab(ctx: LabContext) -> Lab:
-    from labctl.drivers.sim import SimSwitch
-    from labctl.models.fabric import SimFabric
-    from labctl.models.probes import SimRxPowerProbe
-    from labctl.probes.carrier import CarrierTarget, NetlinkCarrierProbe
-    from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
+PROBES = ("carrier", "traffic", "rx-power")
 
+
+def check(inventory: Inventory) -> None:
+    no_broker(inventory, "kernel")
+    check_switches_over_models(inventory, "kernel")
+    FabricLayout.of(inventory, managed_prefix(inventory))  # names and addresses the fabric needs
+
+
+def build(ctx: LabContext) -> Lab:
     inv = ctx.inventory
     lease = FabricLease.choose(inv)
     layout = lease.layout
     fabric = KernelFabric(layout, ctx.profile, ctx.rng, ctx.emit)
-    models = {
-        name: SwitchModel(name, spec.space, ctx.profile, ctx.rng) for name, spec in inv.switches.items()
-    }
-    switches: dict[str, OpticalSwitch] = {}
-    lab = Lab(switches=switches, probes=[], circuit_probes=[])
-    for name, spec in inv.switches.items():
-        if spec.driver == "sim":
-            switches[name] = SimSwitch(models[name], ctx.emit, switch_timeouts(spec))
-        elif spec.driver == "polatis-tl1" and spec.emulate:
-            switches[name] = tl1_emulated_switch(name, spec, models[name], ctx, lab)
-        else:
-            raise InputError(
-                f"{inv.path}: switch {name}: the emulated fabric needs a switch model it can follow: "
-                f"driver sim, or polatis-tl1 with `emulate: true` (got {spec.driver!r})"
-            )
-
-    carrier = NetlinkCarrierProbe(
-        [CarrierTarget(fp.host_netns, fp.port.ifname, fp.port.source, fp.port.host) for fp in layout.ports]
-    )
-    traffic = UdpTrafficProbe(
-        [
-            TrafficEndpoint(fp.port.source, fp.ip, fp.port.ifname, fp.host_netns, fp.port.host)
-            for fp in layout.ports
-        ],
-        interval_us=ctx.probes.traffic_interval_us,
-        timeout_us=ctx.probes.traffic_timeout_us,
-        report_interval_ns=round(ctx.probes.report_interval_ms * 1e6),
-    )
-    # Rx power: light at each NIC receiver follows the same switch models through the optical model of
-    # the simulated lab (SimFabric: light source, settling ramp, per-port level); each port's emulated
-    # QSFP28 EEPROM is read through the module read interface and decoded by the DOM decoder
-    # (SimRxPowerProbe). SimFabric's link-layer transitions have no listener here: the kernel is the truth
-    # for firmware, carrier and traffic.
+    models = switch_models(ctx)
+    lab = Lab()
+    drive_models(ctx, models, lab)
+    # Rx power: light at each NIC receiver follows the same switch models through the optical model of the
+    # simulated lab (SimFabric: light source, settling ramp, per-port level), read from an emulated module
+    # EEPROM per port by the real poller and DOM decoder. SimFabric's link-layer transitions have no
+    # listener here: the kernel is the truth for firmware, carrier and traffic.
     optics = SimFabric(inv, models, ctx.profile, ctx.rng)
-    rx_power = SimRxPowerProbe(
-        optics,
-        inv.ports,
-        hz=ctx.probes.rx_power_hz,
-        deadband_db=ctx.probes.rx_power_deadband_db,
-        report_interval_ns=round(ctx.probes.report_interval_ms * 1e6),
-    )
-    lab.probes.extend([carrier, traffic, rx_power])
-    lab.circuit_probes.append(traffic)
-    lab.window_probes.extend([carrier, rx_power])
+    optical = {site.port: site for site in model_sites(optics, inv.ports)}
+    sites = [dataclasses.replace(optical[fp.port], netns=fp.host_netns, ip=fp.ip) for fp in layout.ports]
+    lab.probes = build_probes(PROBES, ProbeContext(ctx.probes, ports=sites))
 
     async def start_fabric() -> None:
         await asyncio.to_thread(lease.acquire, fabric)
@@ -178,3 +157,12 @@ def build_emulated_lab(ctx: LabContext) -> Lab:
     lab.start_hooks.insert(0, start_fabric)
     lab.async_close_hooks.insert(0, stop_fabric)
     return lab
+
+
+KIND = LabKind(
+    "kernel",
+    "a kernel-real fabric (root, Linux): a network namespace per host, veth NIC ports, tc cross-connects; "
+    "carrier and traffic are real kernel events, only the delays are modeled",
+    check,
+    build,
+)

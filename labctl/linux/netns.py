@@ -14,7 +14,8 @@ import errno
 import os
 import re
 import socket
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -66,6 +67,35 @@ def entered(name: str | None) -> Iterator[None]:
 def socket_in(name: str | None, family: int, kind: int, proto: int = 0) -> socket.socket:
     with entered(name):
         return socket.socket(family, kind | socket.SOCK_CLOEXEC, proto)
+
+
+def sockets_in_netns(
+    netns: str | None, factories: Sequence[Callable[[], socket.socket]]
+) -> list[socket.socket]:
+    """Create sockets inside a named network namespace. A socket stays in the namespace it was created in,
+    so only a short-lived helper thread enters the namespace (setns is per thread); this process and
+    its event loop stay where they are."""
+    if netns is None:
+        return [f() for f in factories]
+    path = netns_path(netns)  # a bad name is one clear InputError, not a failed setns
+    if not path.exists():
+        raise InputError(f"network namespace {netns!r} does not exist ({path})")
+    result: list[socket.socket] = []
+    failure: list[BaseException] = []
+
+    def enter_and_create() -> None:
+        try:
+            with entered(netns):
+                result.extend(f() for f in factories)
+        except BaseException as e:  # handed to the caller's thread
+            failure.append(e)
+
+    worker = threading.Thread(target=enter_and_create, name=f"netns:{netns}")
+    worker.start()
+    worker.join()
+    if failure:
+        raise failure[0]
+    return result
 
 
 def open_fd(name: str) -> int:

@@ -11,25 +11,30 @@ fields a carrier probe reads.
 from __future__ import annotations
 
 import errno
-import os
 import socket
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-# netlink
+from labctl.linux.netlink import (
+    NLATTR,
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_EXCL,
+    NLM_F_REQUEST,
+    NLMSG_ERROR,
+    NLMSGERR,
+    U32,
+    NetlinkError,
+    attr,
+    cstr,
+    iter_messages,
+    message,
+    nested,
+    u32,
+)
+
 NETLINK_ROUTE = 0
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
-NLM_F_REQUEST = 0x1
-NLM_F_MULTI = 0x2
-NLM_F_ACK = 0x4
-NLM_F_ROOT = 0x100
-NLM_F_MATCH = 0x200
-NLM_F_DUMP = NLM_F_ROOT | NLM_F_MATCH
-NLM_F_EXCL = 0x200
-NLM_F_CREATE = 0x400
-NLA_F_NESTED = 0x8000
 RTMGRP_LINK = 0x1
 
 # rtnetlink message types
@@ -75,55 +80,11 @@ TC_H_INGRESS = 0xFFFFFFF1
 INGRESS_HANDLE = 0xFFFF0000
 ETH_P_ALL = 0x0003
 
-NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
 TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
-NLATTR = struct.Struct("=HH")
-NLMSGERR = struct.Struct("=i")
 U32_SEL = struct.Struct("=BBBxHHhhI")  # flags, offshift, nkeys, offmask, off, offoff, hoff, hmask
 U32_KEY = struct.Struct("=IIii")  # mask, val, off, offmask
 TC_MIRRED = struct.Struct("=IIiiiiI")  # index, capab, action, refcnt, bindcnt, eaction, ifindex
-_U32 = struct.Struct("=I")
-
-
-class NetlinkError(OSError):
-    """The kernel refused a request (errno and the request type say which)."""
-
-
-def _align(n: int) -> int:
-    return (n + 3) & ~3
-
-
-def attr(kind: int, payload: bytes) -> bytes:
-    length = NLATTR.size + len(payload)
-    return NLATTR.pack(length, kind) + payload + b"\0" * (_align(length) - length)
-
-
-def nested(kind: int, *children: bytes) -> bytes:
-    return attr(kind | NLA_F_NESTED, b"".join(children))
-
-
-def cstr(text: str) -> bytes:
-    return text.encode() + b"\0"
-
-
-def u32(value: int) -> bytes:
-    return _U32.pack(value)
-
-
-def message(msg_type: int, flags: int, seq: int, body: bytes) -> bytes:
-    return NLMSGHDR.pack(NLMSGHDR.size + len(body), msg_type, flags, seq, 0) + body
-
-
-def iter_messages(data: bytes) -> Iterator[tuple[int, int, int, int, int]]:
-    """(type, flags, seq, offset of the payload, end of the message) for every message in a datagram."""
-    offset, size = 0, len(data)
-    while offset + NLMSGHDR.size <= size:
-        length, msg_type, flags, seq, _pid = NLMSGHDR.unpack_from(data, offset)
-        if length < NLMSGHDR.size:
-            return
-        yield msg_type, flags, seq, offset + NLMSGHDR.size, offset + length
-        offset += _align(length)
 
 
 @dataclass(slots=True)
@@ -153,9 +114,9 @@ def parse_link(data: bytes, start: int, end: int) -> LinkState:
         elif kind == IFLA_OPERSTATE:
             operstate = data[offset + 4]
         elif kind == IFLA_CARRIER_UP_COUNT:
-            up_count = _U32.unpack_from(data, offset + 4)[0]
+            up_count = U32.unpack_from(data, offset + 4)[0]
         elif kind == IFLA_CARRIER_DOWN_COUNT:
-            down_count = _U32.unpack_from(data, offset + 4)[0]
+            down_count = U32.unpack_from(data, offset + 4)[0]
         offset += (length + 3) & ~3
     return LinkState(ifindex, flags, carrier, operstate, up_count, down_count)
 
@@ -216,7 +177,7 @@ class Rtnl:
                     (code,) = NLMSGERR.unpack_from(data, start)
                     if code == 0 or -code in ok_errnos:
                         return
-                    raise NetlinkError(-code, f"rtnetlink request {msg_type} refused: {os.strerror(-code)}")
+                    raise NetlinkError(-code, f"rtnetlink request {msg_type} refused")
 
     # -- links ---------------------------------------------------------------------------------------------
     def set_up(self, ifindex: int, up: bool) -> None:

@@ -17,11 +17,15 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from labctl.events import Kind
 from labctl.inventory import Inventory, NicPort
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
 from labctl.profiles import Profile
 
-# port, kind ("link.firmware" | "carrier" | "transport"), value 0/1, model time
+TRANSPORT = "transport"
+"""A transition of the model only (no event kind): the link carries traffic end to end."""
+
+# port, kind (Kind.LINK_FIRMWARE | Kind.CARRIER | TRANSPORT), value 0/1, model time
 TransitionListener = Callable[[NicPort, str, int, int], None]
 
 DARK_RAMP_DB = 30.0  # Rx power rises from ~30 dB below its level while the optics settle
@@ -107,14 +111,14 @@ class SimFabric:
             st = self.ports[port]
             st.generation += 1
             if st.transport:
-                self._transition(port, "transport", 0, t_ns)
+                self._transition(port, TRANSPORT, 0, t_ns)
             if st.firmware:
-                self._transition(port, "link.firmware", 0, t_ns)
+                self._transition(port, Kind.LINK_FIRMWARE, 0, t_ns)
             if st.carrier:
                 self._schedule(
                     port,
                     st.generation,
-                    "carrier",
+                    Kind.CARRIER,
                     0,
                     t_ns + self.profile.draw_ns(self.rng, "carrier_down_after_loss_ms"),
                 )
@@ -126,12 +130,12 @@ class SimFabric:
         for port in (a, b):
             st = self.ports[port]
             st.generation += 1
-            self._schedule(port, st.generation, "link.firmware", 1, t_fw)
+            self._schedule(port, st.generation, Kind.LINK_FIRMWARE, 1, t_fw)
             carrier_t[port] = t_fw + self.profile.draw_ns(self.rng, "carrier_after_firmware_us")
-            self._schedule(port, st.generation, "carrier", 1, carrier_t[port])
+            self._schedule(port, st.generation, Kind.CARRIER, 1, carrier_t[port])
         t_transport = max(carrier_t.values()) + self.profile.draw_ns(self.rng, "transport_after_carrier_ms")
         for port in (a, b):
-            self._schedule(port, self.ports[port].generation, "transport", 1, t_transport)
+            self._schedule(port, self.ports[port].generation, TRANSPORT, 1, t_transport)
 
     def _schedule(self, port: NicPort, generation: int, kind: str, value: int, t_ns: int) -> None:
         pending = _Pending(t_ns, generation, kind, value)
@@ -153,7 +157,7 @@ class SimFabric:
 
     def _transition(self, port: NicPort, kind: str, value: int, t_ns: int) -> None:
         st = self.ports[port]
-        attr = "firmware" if kind == "link.firmware" else kind
+        attr = "firmware" if kind == Kind.LINK_FIRMWARE else kind
         if getattr(st, attr) == value:
             return
         setattr(st, attr, value)

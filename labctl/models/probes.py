@@ -1,30 +1,32 @@
-"""Simulated probes: the same `Probe` interface as the real ones, reading the `SimFabric` model.
+"""Probes that read the behaviour model (`SimFabric`) directly, behind the same `Probe` interface as the
+real ones.
 
 - `SimLinkProbe`: `link.firmware` and `carrier` transitions, stamped with the model's transition time
   (like a netlink subscriber stamping on receipt, without the receive latency), plus an initial dump.
-- `SimRxPowerProbe`: samples every port's Rx power at `rx_power_hz` through an emulated QSFP28 module
-  EEPROM per port (labctl.models.module_eeprom) and the DOM decoder (labctl.transceiver), the same read and
-  decode path as a live module, and reports changes and heartbeats.
 - `SimTrafficProbe`: one ping-pong per port to its expected peer every `interval_us`; `traffic.ok` with the
   RTT, `traffic.lost` stamped at the send time of the first unanswered ping.
+
+Rx power has no model probe: the model drives an emulated module EEPROM per port
+(labctl.models.module_eeprom.ModelDrivenQsfp28) and the real poller (labctl.probes.rxpower) reads it
+through the same read and decode path as a live module.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Sequence
+import functools
+from collections.abc import Sequence
 
 from labctl.clock import now_ns
-from labctl.events import Event
+from labctl.events import Event, Kind
 from labctl.inventory import NicPort
 from labctl.models.fabric import SimFabric
-from labctl.models.module_eeprom import EmulatedQsfp28
-from labctl.sampling import LightWindow, QueueProbe, ReportGate, power_moved, ticks
-from labctl.transceiver import EepromRead, module_info, mw_to_dbm
+from labctl.models.module_eeprom import ModelDrivenQsfp28
+from labctl.sampling import PortSite, Probe, ProbeContext, ProbeKind, QueueProbe, ReportGate, ticks
 
 
 class SimLinkProbe(QueueProbe):
-    name = "sim-link"
+    name = "model-link"
 
     def __init__(self, fabric: SimFabric, ports: Sequence[NicPort]) -> None:
         super().__init__()
@@ -32,14 +34,14 @@ class SimLinkProbe(QueueProbe):
         self.ports = set(ports)
 
     def _on_transition(self, port: NicPort, kind: str, value: int, t_ns: int) -> None:
-        if port in self.ports and kind in ("carrier", "link.firmware"):
+        if port in self.ports and kind in (Kind.CARRIER, Kind.LINK_FIRMWARE):
             self.queue.put(Event(t_ns=t_ns, kind=kind, source=port.source, host=port.host, value=value))
 
     async def _run(self) -> None:
         t = now_ns()
         for port in sorted(self.ports, key=lambda p: p.source):
             st = self.fabric.state(port)
-            for kind, value in (("link.firmware", st.firmware), ("carrier", st.carrier)):
+            for kind, value in ((Kind.LINK_FIRMWARE, st.firmware), (Kind.CARRIER, st.carrier)):
                 self.queue.put(
                     Event(
                         t_ns=t,
@@ -57,76 +59,8 @@ class SimLinkProbe(QueueProbe):
             self.fabric.listeners.remove(self._on_transition)
 
 
-class SimRxPowerProbe(QueueProbe):
-    name = "sim-rx-power"
-    counters = ("samples",)  # port samples: per port, divide by the port count
-
-    def stats(self) -> dict[str, float | int]:
-        out = super().stats()
-        if "samples_per_s" in out:
-            out["samples_per_s_per_port"] = round(out["samples_per_s"] / len(self.ports), 1)
-        return out
-
-    def __init__(
-        self,
-        fabric: SimFabric,
-        ports: Sequence[NicPort],
-        *,
-        hz: float = 1000.0,
-        deadband_db: float = 0.5,
-        report_interval_ns: int = 100_000_000,
-    ) -> None:
-        super().__init__()
-        self.fabric = fabric
-        self.ports = sorted(ports, key=lambda p: p.source)
-        self.period_ns = round(1e9 / hz)
-        self.deadband_db = deadband_db
-        self.gate = ReportGate(report_interval_ns)
-        self.window = LightWindow(max(2 * self.period_ns, 1_000_000))
-        self.samples = 0
-        # Every port carries an emulated QSFP28; the model's power goes into its EEPROM words (all lanes)
-        # and comes back out through the module's read interface and the DOM decoder, so the simulated
-        # lab sees what a live module would report (0.1 µW resolution, 0 → no light).
-        self.modules = {port: EmulatedQsfp28() for port in self.ports}
-        self.module_info = module_info(EmulatedQsfp28())
-        self._reads: list[EepromRead] = list(self.module_info.rx_power_reads)
-
-    def open_window(self, sources: Collection[str] | None = None) -> None:
-        """A reconfiguration moves these ports' light: report them densely until it is seen back."""
-        self.window.open((p.source for p in self.ports if sources is None or p.source in sources), now_ns())
-
-    def close_window(self) -> None:
-        self.window.close()
-
-    async def _run(self) -> None:
-        last: dict[NicPort, float | None] = {}
-        decode = self.module_info.decode_rx_power_mw
-        reads = [(r.i2c_address, r.page, r.bank, r.offset, r.length) for r in self._reads]
-        async for t in ticks(self.period_ns):
-            for port in self.ports:
-                module = self.modules[port]
-                module.set_rx_power_dbm(self.fabric.rx_power_dbm(port, t))
-                mw = decode([module.read(*r) for r in reads])[0]  # lane 1
-                dbm = mw_to_dbm(mw)
-                self.samples += 1
-                changed = port not in last or power_moved(last[port], dbm, self.deadband_db)
-                interval = self.window.interval(port.source, dbm is not None, t)
-                if self.gate.due(port.source, changed, t, interval):
-                    last[port] = dbm
-                    self.queue.put(
-                        Event(
-                            t_ns=t,
-                            kind="rx_power",
-                            source=port.source,
-                            host=port.host,
-                            value=None if dbm is None else round(dbm, 3),
-                            meta={"lane": 1, "mw": round(mw, 6)},
-                        )
-                    )
-
-
 class SimTrafficProbe(QueueProbe):
-    name = "sim-traffic"
+    name = "model-traffic"
     counters = ("pings",)
 
     def __init__(
@@ -178,7 +112,7 @@ class SimTrafficProbe(QueueProbe):
                 self.queue.put(
                     Event(
                         t_ns=t,
-                        kind="traffic.ok" if ok else "traffic.lost",
+                        kind=Kind.TRAFFIC_OK if ok else Kind.TRAFFIC_LOST,
                         source=port.source,
                         host=port.host,
                         value=rtt,
@@ -189,3 +123,42 @@ class SimTrafficProbe(QueueProbe):
 
 async def _forever() -> None:
     await asyncio.Event().wait()
+
+
+def _module(fabric: SimFabric, port: NicPort) -> ModelDrivenQsfp28:
+    return ModelDrivenQsfp28(functools.partial(fabric.rx_power_dbm, port))
+
+
+def model_sites(fabric: SimFabric, ports: Sequence[NicPort]) -> list[PortSite]:
+    """Ports whose transceiver is an emulated QSFP28 lit by the model (every lane alike: report lane 1)."""
+    return [
+        PortSite(port, open_eeprom=functools.partial(_module, fabric, port), rx_lanes=(1,)) for port in ports
+    ]
+
+
+def _link(ctx: ProbeContext) -> Probe:
+    return SimLinkProbe(ctx.require_world("model-link"), [site.port for site in ctx.ports])
+
+
+def _traffic(ctx: ProbeContext) -> Probe:
+    return SimTrafficProbe(
+        ctx.require_world("model-traffic"),
+        [site.port for site in ctx.peers or ctx.ports],
+        interval_us=ctx.settings.traffic_interval_us,
+        timeout_us=ctx.settings.traffic_timeout_us,
+        report_interval_ns=ctx.report_interval_ns,
+    )
+
+
+LINK = ProbeKind(
+    "model-link",
+    (Kind.LINK_FIRMWARE, Kind.CARRIER),
+    "firmware link and carrier transitions of the NIC model, at their model times",
+    _link,
+)
+TRAFFIC = ProbeKind(
+    "model-traffic",
+    (Kind.TRAFFIC_OK, Kind.TRAFFIC_LOST),
+    "a ping-pong per port to its circuit's peer through the NIC model, every traffic_interval_us",
+    _traffic,
+)

@@ -44,7 +44,7 @@ STALL_NS = 250_000_000
 SMALL = textwrap.dedent(
     """
     lab: small-emulated
-    fabric: emulated
+    kind: kernel
     switches:
       ocs1: {driver: sim, size: 16x16}
     profile: quick

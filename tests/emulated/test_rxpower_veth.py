@@ -16,23 +16,24 @@ from collections.abc import Iterator
 
 import pytest
 
-from labctl.probes.rxpower import (
+from labctl.errors import InputError
+from labctl.linux.ethtool import (
     ETHTOOL_A_MODULE_EEPROM_I2C_ADDRESS,
     ETHTOOL_A_MODULE_EEPROM_LENGTH,
     ETHTOOL_A_MODULE_EEPROM_OFFSET,
     ETHTOOL_A_MODULE_EEPROM_PAGE,
     ETHTOOL_GENL_VERSION,
     ETHTOOL_MSG_MODULE_EEPROM_GET,
-    GenericNetlink,
-    NetlinkError,
     NetlinkModuleEeprom,
     NoModuleEepromError,
     NoSuchInterfaceError,
-    RxPowerProbe,
-    _attr,
     open_module_eeprom,
     read_module,
 )
+from labctl.linux.genl import GenericNetlink
+from labctl.linux.netlink import NetlinkError
+from labctl.linux.netlink import attr as _attr
+from labctl.probes.rxpower import ModulePort, RxPowerProbe
 from tests.conftest import require
 
 pytestmark = pytest.mark.emulated
@@ -109,7 +110,7 @@ def test_kernel_parses_our_request(veth_ns: str) -> None:
 def test_missing_interface_and_namespace(veth_ns: str) -> None:
     with pytest.raises(NoSuchInterfaceError, match=f"no interface nope0 \\(netns {veth_ns}\\)"):
         open_module_eeprom("nope0", veth_ns)
-    with pytest.raises(NoSuchInterfaceError, match="network namespace 'lt-absent-x' does not exist"):
+    with pytest.raises(InputError, match="network namespace 'lt-absent-x' does not exist"):
         open_module_eeprom("vb", "lt-absent-x")
 
 
@@ -126,9 +127,9 @@ def test_cli_read_on_veth_is_one_line(veth_ns: str) -> None:
 
 
 async def test_probe_on_veth_fails_at_enter_and_leaks_nothing(veth_ns: str) -> None:
-    probe = RxPowerProbe.for_interface("h1", "vb", netns=veth_ns, hz=1000)
-    assert probe.source == "nic:h1/vb"
+    probe = RxPowerProbe([ModulePort.of_interface("h1", "vb", netns=veth_ns)], hz=1000)
+    assert [p.source for p in probe.ports] == ["nic:h1/vb"]
     with pytest.raises(NoModuleEepromError, match=f"^no module EEPROM on vb \\(netns {veth_ns}\\)$"):
         async with probe:
             pass
-    assert probe.mem is None
+    assert probe.polled == []  # nothing left open

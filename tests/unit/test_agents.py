@@ -22,21 +22,16 @@ import msgspec
 import pandas as pd
 import pytest
 
-from labctl.agents import (
-    Agent,
-    AgentHub,
-    Batch,
-    BrokerSettings,
-    Command,
-    OffsetSample,
-    Signer,
-    estimate_offset,
-    topic,
-)
+from labctl.agents.agent import Agent
+from labctl.agents.broker import BrokerSettings
+from labctl.agents.clock import OffsetSample, estimate_offset
+from labctl.agents.hub import AgentHub
+from labctl.agents.wire import Batch, Command, Signer, topic
+from labctl.config import Secret
 from labctl.controller import run_experiment
 from labctl.errors import HardwareError
 from labctl.events import Event
-from labctl.inventory import Secret, load_inventory
+from labctl.inventory import load_inventory
 from tests.conftest import require
 
 HOSTS = ("h1", "h2", "h3", "h4")
@@ -169,7 +164,7 @@ def write_lab(tmp_path: Path, broker_yaml: str = "", repeat: int = 1) -> tuple[P
 
 
 def broker_section(url: str, extra: str = "") -> str:
-    return f"broker:\n  url: {url}\n  clock_sync_interval_s: 0.5\n{extra}"
+    return f"kind: agents\nbroker:\n  url: {url}\n  clock_sync_interval_s: 0.5\n{extra}"
 
 
 def breakdown(run_dir: Path) -> pd.DataFrame:

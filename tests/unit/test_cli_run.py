@@ -100,7 +100,7 @@ def test_sigint_restores_baseline_and_leaves_an_aborted_run(
         [*LABCTL, "report", str(run_dir)], capture_output=True, text=True, timeout=60, check=False
     )
     assert report.returncode == 0 and "status: aborted" in report.stdout
-    assert "probe sim-rx-power: samples" in report.stdout  # what the sampler achieved, from run.json
+    assert "probe rx-power: samples" in report.stdout  # what the sampler achieved, from run.json
 
 
 def test_a_burst_of_signals_still_finishes_the_run_directory(
@@ -213,14 +213,14 @@ def test_an_os_error_is_one_line_and_exit_1(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """E.g. `labctl emulate fabric up` without root: the kernel's refusal, said once, with the likely cause."""
-    import labctl.inventory
+    import labctl.labs
     from labctl import cli
 
     def refuse(*_: object, **__: object) -> None:
         raise PermissionError(1, "Operation not permitted", "/run/netns")
 
     monkeypatch.setattr(sys, "argv", ["labctl", "inventory", "check", "inventory.yaml"])
-    monkeypatch.setattr(labctl.inventory, "load_inventory", refuse)
+    monkeypatch.setattr(labctl.labs, "load_inventory", refuse)
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
     assert exit_info.value.code == 1

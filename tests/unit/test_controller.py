@@ -58,10 +58,10 @@ async def test_run_writes_every_file_and_phases_match_the_profile(
     assert run.status == "completed"
     assert run.meta["seed"] == 7 and run.meta["profile"]["name"] == "fast"
     # Each sampler says what it achieved, so a rate it could not keep on a busy machine is on record.
-    rx = run.meta["probes"]["sim-rx-power"]
+    rx = run.meta["probes"]["rx-power"]
     assert rx["dropped"] == 0 and rx["running_s"] > 0
     assert 0 < rx["samples_per_s_per_port"] <= 1000 * 1.05  # configured 1 kHz; never above it
-    assert run.meta["probes"]["sim-traffic"]["pings"] > 0
+    assert run.meta["probes"]["model-traffic"]["pings"] > 0
     bd = run.breakdown
     assert sorted(bd["reconfig"].unique()) == [0, 1, 2]
     measured = bd[bd["reconfig"] > 0]

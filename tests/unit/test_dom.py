@@ -13,8 +13,9 @@ import sys
 import pytest
 
 from labctl.errors import InputError
+from labctl.linux.ethtool import ModuleEepromError
 from labctl.models.module_eeprom import EmulatedQsfp28, ModuleEepromReadError
-from labctl.probes.rxpower import LosPlan, ModuleEepromError, RxPowerProbe
+from labctl.probes.rxpower import LosPlan, ModulePort, RxPowerProbe
 from labctl.transceiver import (
     DomDecodeError,
     EepromRead,
@@ -433,7 +434,7 @@ async def _collect(probe: RxPowerProbe, n: int) -> list:  # type: ignore[type-ar
 async def test_poller_emits_per_lane_and_never_consumes_latched_flags() -> None:
     m = EmulatedQsfp28(rx_power_mw=0.5)
     m.set_rx_power_mw(None, lane=3)  # lane 3 dark: latched LOS set
-    probe = RxPowerProbe("nic:h1/ens1f0np0", "h1", lambda: m, hz=2000, report_interval_ns=10**9)
+    probe = RxPowerProbe([ModulePort("nic:h1/ens1f0np0", "h1", lambda: m)], hz=2000, report_interval_ns=10**9)
     async with probe:
         first = await asyncio.wait_for(_collect(probe, 4), 5)
         assert {e.meta["lane"] for e in first} == {1, 2, 3, 4}
@@ -454,7 +455,7 @@ async def test_poller_emits_per_lane_and_never_consumes_latched_flags() -> None:
 async def test_poller_reports_steady_lanes_while_a_reconfiguration_window_is_open() -> None:
     """A dark gap that fell between samples leaves the power unchanged: the window still reports it soon."""
     m = EmulatedQsfp28(rx_power_mw=0.5)
-    probe = RxPowerProbe("nic:h1/p", "h1", lambda: m, hz=2000, report_interval_ns=60 * 10**9)
+    probe = RxPowerProbe([ModulePort("nic:h1/p", "h1", lambda: m)], hz=2000, report_interval_ns=60 * 10**9)
     probe.open_window(["nic:h2/p"])  # before start and for another port: nothing to do
     async with probe:
         await asyncio.wait_for(_collect(probe, 4), 5)  # the first report of each lane
@@ -468,7 +469,7 @@ async def test_poller_consumes_latched_flags_only_when_configured() -> None:
     m = EmulatedQsfp28(rx_power_mw=0.5)
     m.set_rx_power_mw(None, lane=2)
     m.set_rx_power_mw(0.5, lane=2)  # transient LOS, latched
-    probe = RxPowerProbe("nic:h1/p", "h1", lambda: m, hz=2000, consume_latched_flags=True)
+    probe = RxPowerProbe([ModulePort("nic:h1/p", "h1", lambda: m)], hz=2000, consume_latched_flags=True)
     async with probe:
         first = await asyncio.wait_for(_collect(probe, 4), 5)
     assert {e.meta["lane"]: e.meta["los"] for e in first} == {1: False, 2: True, 3: False, 4: False}
@@ -479,7 +480,7 @@ async def test_poller_consumes_latched_flags_only_when_configured() -> None:
 async def test_poller_fails_at_enter_without_rx_monitor() -> None:
     img = bytearray(256)
     put(img, 0, "03")  # SFP without DDM
-    probe = RxPowerProbe("nic:h1/p", "h1", lambda: FlatImage(bytes(img)))
+    probe = RxPowerProbe([ModulePort("nic:h1/p", "h1", lambda: FlatImage(bytes(img)))])
     with pytest.raises(DomDecodeError, match="no Rx power monitor"):
         async with probe:
             pass
@@ -499,7 +500,7 @@ class _Flaky:
 
 async def test_poller_counts_transient_read_errors() -> None:
     flaky = _Flaky(EmulatedQsfp28(rx_power_mw=0.5), failures=3)
-    probe = RxPowerProbe("nic:h1/p", "h1", lambda: flaky, hz=2000)
+    probe = RxPowerProbe([ModulePort("nic:h1/p", "h1", lambda: flaky)], hz=2000)
     async with probe:
         first = await asyncio.wait_for(_collect(probe, 4), 5)
     assert probe.read_errors == 3
@@ -507,7 +508,7 @@ async def test_poller_counts_transient_read_errors() -> None:
 
 
 def test_ioctl_fallback_maps_pages_onto_the_flat_layouts() -> None:
-    from labctl.probes.rxpower import ETH_MODULE_SFF_8472, ETH_MODULE_SFF_8636, IoctlModuleEeprom
+    from labctl.linux.ethtool import ETH_MODULE_SFF_8472, ETH_MODULE_SFF_8636, IoctlModuleEeprom
 
     sfp = IoctlModuleEeprom.__new__(IoctlModuleEeprom)  # mapping only: no socket, no device
     sfp.ifname, sfp.netns, sfp.type, sfp.eeprom_len = "eth0", None, ETH_MODULE_SFF_8472, 512
@@ -528,7 +529,7 @@ async def test_poller_over_a_model_driven_module() -> None:
 
     light: dict[str, float | None] = {"dbm": None}
     module = ModelDrivenQsfp28(lambda _t: light["dbm"])
-    probe = RxPowerProbe("nic:h2/p", "h2", lambda: module, hz=2000)
+    probe = RxPowerProbe([ModulePort("nic:h2/p", "h2", lambda: module)], hz=2000)
     async with probe:
         dark = await asyncio.wait_for(_collect(probe, 4), 5)
         assert all(e.value is None for e in dark)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from labctl.cli import main
+from labctl.config import NetworkSwitchConfig
 from labctl.errors import InputError
 from labctl.inventory import load_inventory
 
@@ -90,9 +91,22 @@ def test_default_inventory_is_the_opus_testbed(inventory_path: Path) -> None:
             id="size-read-as-hex",
         ),
         pytest.param(
-            GOOD.replace("{driver: sim, size: 4x4}", "{driver: sim, size: 4x4, password: hunter2}"),
+            GOOD.replace(
+                "{driver: sim, size: 4x4}",
+                "{driver: polatis-tl1, emulate: true, size: 4x4, password: hunter2}",
+            ),
             "switches.ocs1.password: secrets must be written as an environment reference",
             id="literal-secret",
+        ),
+        pytest.param(
+            GOOD.replace("{driver: sim, size: 4x4}", "{driver: sim, size: 4x4, address: 10.0.0.1}"),
+            "inventory.yaml:3: switches.ocs1.address: unknown field",  # each driver's own config model
+            id="field-of-another-driver",
+        ),
+        pytest.param(
+            GOOD.replace("{driver: sim, size: 4x4}", "{driver: polatis-netconf, size: 4x4}"),
+            "inventory.yaml:3: switches.ocs1.driver: unknown driver 'polatis-netconf' (known: polatis-tl1, sim)",
+            id="unregistered-driver",
         ),
         pytest.param(GOOD + "profile: nope\n", "profile: unknown profile 'nope'", id="unknown-profile"),
         pytest.param(
@@ -177,10 +191,13 @@ def test_secret_resolves_from_environment_and_never_prints(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     text = GOOD.replace(
-        "{driver: sim, size: 4x4}", '{driver: sim, size: 4x4, user: admin, password: "${OCS_PW}"}'
+        "{driver: sim, size: 4x4}",
+        '{driver: polatis-tl1, emulate: true, size: 4x4, user: admin, password: "${OCS_PW}"}',
     )
     inv = load_inventory(write(tmp_path, text))
-    ref = inv.switches["ocs1"].password
+    spec = inv.switches["ocs1"]
+    assert isinstance(spec, NetworkSwitchConfig)
+    ref = spec.password
     assert ref is not None
     with pytest.raises(InputError, match="environment variable OCS_PW is not set"):
         ref.resolve("ocs1")

@@ -9,14 +9,12 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from labctl.drivers.polatis_tl1 import (
-    PolatisTl1Switch,
+from labctl.config import Secret
+from labctl.drivers.polatis_tl1.codec import (
     Tl1Ack,
     Tl1Autonomous,
     Tl1Command,
     Tl1Decoder,
-    Tl1Deny,
-    Tl1Endpoint,
     Tl1Error,
     Tl1Noise,
     Tl1Response,
@@ -25,9 +23,9 @@ from labctl.drivers.polatis_tl1 import (
     parse_power,
     parse_size,
 )
+from labctl.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Deny, Tl1Endpoint
 from labctl.errors import InputError
 from labctl.events import Event
-from labctl.inventory import Secret
 from labctl.mapping import PortSpace
 
 PW = "Sw0rdf1sh-7"

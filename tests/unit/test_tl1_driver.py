@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from labctl.clock import Timebase
-from labctl.drivers.polatis_tl1 import PolatisTl1Switch, Tl1Deny, Tl1Endpoint
+from labctl.config import Secret
+from labctl.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Deny, Tl1Endpoint
 from labctl.emulators.tl1 import Tl1Emulator, Tl1Faults, load_faults
 from labctl.errors import HardwareError, InputError
 from labctl.events import Event, EventLog
-from labctl.inventory import Secret
 from labctl.mapping import PortSpace
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
 from labctl.ocs import OpticalSwitch, TimeoutPolicy
@@ -428,8 +428,7 @@ def test_cli_emulate_and_ocs_commands(tmp_path: Path) -> None:
             *labctl,
             "emulate",
             "ocs",
-            "--protocol",
-            "tl1",
+            "polatis-tl1",
             "--port",
             "0",
             "--size",

@@ -12,9 +12,10 @@ import labctl
 from labctl.controller import run_experiment
 from labctl.errors import InputError
 from labctl.events import read_events
-from labctl.experiment import ProbeSettings
 from labctl.inventory import load_inventory
-from labctl.labs.base import LabContext, build_lab
+from labctl.labs import build_lab, load
+from labctl.labs.base import LabContext
+from labctl.sampling import ProbeSettings
 
 TL1_INVENTORY = Path(__file__).resolve().parents[2] / "experiments" / "inventories" / "tl1-emulated.yaml"
 PW = "e2e-Secret-9f3a"
@@ -79,10 +80,15 @@ def test_real_tl1_switch_with_simulated_nics_is_refused(tmp_path: Path) -> None:
     inventory.write_text(
         TL1_INVENTORY.read_text().replace(
             "{driver: polatis-tl1, emulate: true, size: 32x32}",
-            "{driver: polatis-tl1, address: 192.0.2.10, size: 32x32}",
+            "{driver: polatis-tl1, address: 192.0.2.10, user: admin, size: 32x32}",
         )
     )
-    inv = load_inventory(inventory)
+    inv = load_inventory(inventory)  # a valid switch: only the simulated lab refuses it, with its reason
     ctx = LabContext(inv, inv.profile("fast"), random.Random(1), lambda e: None, ProbeSettings())
-    with pytest.raises(InputError, match="switch ocs1: a real polatis-tl1 switch cannot light simulated NIC"):
+    refusal = (
+        r"inv.yaml:\d+: switches.ocs1: a polatis-tl1 switch at an address cannot light a simulated lab's"
+    )
+    with pytest.raises(InputError, match=refusal):
         build_lab(ctx)
+    with pytest.raises(InputError, match=refusal):  # and `labctl inventory check` says the same
+        load(inventory)

@@ -21,10 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from labctl.clock import now_ns
-from labctl.events import Event
+from labctl.errors import InputError
+from labctl.events import Event, Kind
 from labctl.linux import netns
 from labctl.linux.timerfd import PeriodicTimer
-from labctl.sampling import QueueProbe, ReportGate
+from labctl.sampling import Probe, ProbeContext, ProbeKind, QueueProbe, ReportGate
 
 UDP_PORT = 47_000
 PING, PONG = 1, 2
@@ -197,10 +198,36 @@ class UdpTrafficProbe(QueueProbe):
         self.queue.put(
             Event(
                 t_ns=t,
-                kind="traffic.ok" if ok else "traffic.lost",
+                kind=Kind.TRAFFIC_OK if ok else Kind.TRAFFIC_LOST,
                 source=source,
                 host=ep.host,
                 value=rtt,
                 meta=meta,
             )
         )
+
+
+def _build(ctx: ProbeContext) -> Probe:
+    endpoints = []
+    for site in ctx.peers or ctx.ports:
+        if site.ip is None:
+            raise InputError(
+                f"{site.port.label}: the traffic probe needs the port's address in the inventory"
+            )
+        endpoints.append(
+            TrafficEndpoint(site.port.source, site.ip, site.port.ifname, site.netns, site.port.host)
+        )
+    return UdpTrafficProbe(
+        endpoints,
+        interval_us=ctx.settings.traffic_interval_us,
+        timeout_us=ctx.settings.traffic_timeout_us,
+        report_interval_ns=ctx.report_interval_ns,
+    )
+
+
+PROBE = ProbeKind(
+    "traffic",
+    (Kind.TRAFFIC_OK, Kind.TRAFFIC_LOST),
+    "UDP ping-pong between the two ends of each circuit, from each port's address",
+    _build,
+)

@@ -1,19 +1,16 @@
-"""`labctl ocs …` (drive a switch from the inventory) and `labctl emulate …` (serve protocol emulators)."""
+"""`labctl ocs …`: drive a switch of the inventory directly (show, connect, disconnect, apply a file)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import random
-import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 
+from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt, JsonOpt, out
 from labctl.errors import InputError
 from labctl.events import Event
 from labctl.mapping import Mapping, Patch
@@ -26,31 +23,16 @@ ocs_app = typer.Typer(
     "apply a mapping file. Every change is validated, diffed against the switch's read-back and verified.",
     no_args_is_help=True,
 )
-emulate_app = typer.Typer(
-    help="Serve protocol-faithful emulators of lab hardware (127.0.0.1 by default), e.g. a TL1 Polatis.",
-    no_args_is_help=True,
-)
 
-out = Console(soft_wrap=True, emoji=False)
-
-InventoryOpt = Annotated[
-    Path,
-    typer.Option("--inventory", "-i", help="Lab inventory naming the switch, its address and credentials."),
-]
 SwitchOpt = Annotated[
     str | None, typer.Option("--switch", "-s", help="Switch name in the inventory (default: the only one).")
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
-
-
-@emulate_app.callback()
-def _emulate_group() -> None:
-    """Serve protocol emulators."""
 
 
 def _open_switch(inventory: Path, name: str | None, emit: Callable[[Event], object]) -> OpticalSwitch:
-    from labctl.drivers.polatis_tl1 import PolatisTl1Switch
+    """The driver of an inventory switch at an address (any registered driver that has one)."""
     from labctl.inventory import load_inventory
+    from labctl.switches import open_switch
 
     inv = load_inventory(inventory)
     if name is None:
@@ -62,19 +44,10 @@ def _open_switch(inventory: Path, name: str | None, emit: Callable[[Event], obje
     spec = inv.switches.get(name)
     if spec is None:
         raise InputError(f"{inventory}: unknown switch {name!r} (known: {', '.join(inv.switches)})")
-    if spec.driver == "polatis-tl1":
-        if spec.emulate:
-            raise InputError(
-                f"{inventory}: switch {name} is emulated inside each `labctl run` (emulate: true); to "
-                "drive one from here, start `labctl emulate ocs --protocol tl1` and give the switch its "
-                "address"
-            )
-        driver: OpticalSwitch = PolatisTl1Switch.from_spec(name, spec, emit)
-        return driver
-    raise InputError(
-        f"{inventory}: switch {name} uses driver {spec.driver}; `labctl ocs` drives polatis-tl1 switches"
-        + (" (a sim switch exists only inside a run)" if spec.driver == "sim" else "")
-    )
+    try:
+        return open_switch(name, spec, emit)
+    except InputError as e:
+        raise InputError(f"{inventory}: {e}") from None
 
 
 def _with_switch(
@@ -131,7 +104,7 @@ def _print_result(switch: OpticalSwitch, verb: str, result: Timed[ApplyResult], 
 
 @ocs_app.command("show")
 def show(
-    switch: SwitchOpt = None, inventory: InventoryOpt = Path("inventory.yaml"), as_json: JsonOpt = False
+    switch: SwitchOpt = None, inventory: InventoryOpt = DEFAULT_INVENTORY, as_json: JsonOpt = False
 ) -> None:
     """Print the switch's patches (ingress → egress), as the switch reports them."""
     sw, result = _with_switch(inventory, switch, lambda s: s.get_mapping())
@@ -158,7 +131,7 @@ def connect(
     ingress: Annotated[int, typer.Argument(metavar="IN", help="Ingress port (1..N).")],
     egress: Annotated[int, typer.Argument(metavar="OUT", help="Egress port (N+1..N+M).")],
     switch: SwitchOpt = None,
-    inventory: InventoryOpt = Path("inventory.yaml"),
+    inventory: InventoryOpt = DEFAULT_INVENTORY,
     as_json: JsonOpt = False,
 ) -> None:
     """Patch IN → OUT (whatever either port was patched to before is disconnected)."""
@@ -170,7 +143,7 @@ def connect(
 def disconnect(
     ports: Annotated[list[int], typer.Argument(metavar="PORT…", help="Ports to leave unpatched.")],
     switch: SwitchOpt = None,
-    inventory: InventoryOpt = Path("inventory.yaml"),
+    inventory: InventoryOpt = DEFAULT_INVENTORY,
     as_json: JsonOpt = False,
 ) -> None:
     """Remove every patch that uses one of the ports."""
@@ -215,7 +188,7 @@ def apply(
         Path, typer.Argument(help="Mapping file: `patches: [[in, out], ...]`, optional `scope:`.")
     ],
     switch: SwitchOpt = None,
-    inventory: InventoryOpt = Path("inventory.yaml"),
+    inventory: InventoryOpt = DEFAULT_INVENTORY,
     as_json: JsonOpt = False,
 ) -> None:
     """Make the switch match a mapping file: only ports whose pairing changes are touched; verified."""
@@ -224,84 +197,5 @@ def apply(
     _print_result(sw, "apply", result, as_json)
 
 
-@emulate_app.command("ocs")
-def emulate_ocs(
-    protocol: Annotated[str, typer.Option(help="Control protocol to serve (tl1).")] = "tl1",
-    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port (0 = pick a free one and print it).")] = 3082,
-    size: Annotated[str, typer.Option(help="Switch size NxM: ingress 1..N, egress N+1..N+M.")] = "32x32",
-    switching_ms: Annotated[float, typer.Option(help="Modeled switching time per command.")] = 25.0,
-    faults: Annotated[
-        Path | None,
-        typer.Option(help="YAML fault plan (drops, delays, DENY probability, garbage, state loss)."),
-    ] = None,
-    user: Annotated[str, typer.Option(help="User the emulator accepts in ACT-USER.")] = "admin",
-    password_env: Annotated[
-        str, typer.Option(help="Environment variable holding the password it accepts.")
-    ] = "POLATIS_PASSWORD",
-    input_dbm: Annotated[
-        float | None,
-        typer.Option(help="Light on every ingress port (dBm), as if transceivers were attached."),
-    ] = -1.0,
-    session_timeout_s: Annotated[
-        float | None, typer.Option(help="Hang up a session idle this long (default: never).")
-    ] = None,
-) -> None:
-    """Serve a protocol-faithful OCS emulator until Ctrl-C; drive it with `labctl ocs` or any TL1 client."""
-    from labctl.emulators.tl1 import Tl1Emulator, load_faults
-    from labctl.mapping import PortSpace
-    from labctl.models.switch import SwitchModel
-    from labctl.profiles import Profile, resolve_profile
-
-    if protocol.lower() != "tl1":
-        raise InputError(f"--protocol {protocol}: only tl1 is emulated so far")
-    if not 0 <= port <= 65535:
-        raise InputError(f"--port {port}: must be 0..65535")
-    if switching_ms < 0:
-        raise InputError(f"--switching-ms {switching_ms}: must be >= 0")
-    password = os.environ.get(password_env)
-    if not password:
-        raise InputError(f"set {password_env} to the password the emulator should accept (--password-env)")
-    space = PortSpace.parse(size)
-    plan = load_faults(faults) if faults is not None else None
-    loss = min(switching_ms, 0.5)
-    profile = Profile(
-        **{
-            **resolve_profile("fast").model_dump(),
-            "switching_ms": (switching_ms, switching_ms),
-            "light_loss_ms": (loss / 5, loss),
-        }
-    )
-
-    async def serve() -> None:
-        model = SwitchModel("emulated", space, profile, random.Random(0))
-        if input_dbm is not None:
-            model.transmitting.update({p: input_dbm for p in space.ingress})
-        emulator = Tl1Emulator(
-            model,
-            users={user: password},
-            host=host,
-            port=port,
-            faults=plan,
-            session_timeout_s=session_timeout_s,
-        )
-        try:
-            await emulator.start()
-        except OSError as e:
-            raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        print(
-            f"TL1 emulator ({space}, switching {switching_ms:g} ms) listening on {host}:{emulator.port}; "
-            f"user {user}, password from ${password_env}; Ctrl-C stops",
-            flush=True,
-        )
-        try:
-            await stop.wait()
-        finally:
-            await emulator.close()
-            model.cancel_pending()
-
-    asyncio.run(serve())
+def register(app: typer.Typer) -> None:
+    app.add_typer(ocs_app, name="ocs")

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 
 from labctl.clock import now_ns
 from labctl.errors import InputError
-from labctl.events import Event
+from labctl.events import Event, Kind
 from labctl.linux import netns
+from labctl.linux.netlink import iter_messages
 from labctl.linux.rtnl import (
     IFF_LOWER_UP,
     OPERSTATES,
@@ -37,12 +38,11 @@ from labctl.linux.rtnl import (
     RTMGRP_LINK,
     dump_links_request,
     getlink_request,
-    iter_messages,
     open_route_socket,
     parse_link,
 )
 from labctl.linux.timerfd import PeriodicTimer
-from labctl.sampling import QueueProbe
+from labctl.sampling import Probe, ProbeContext, ProbeKind, QueueProbe
 
 DUMP_SEQ = 1
 POLL_SEQ = 2
@@ -215,7 +215,12 @@ class NetlinkCarrierProbe(QueueProbe):
                 meta["after_ns"] = w.last_poll_ns
             self.queue.put(
                 Event(
-                    t_ns=t, kind="carrier", source=target.source, host=target.host, value=carrier, meta=meta
+                    t_ns=t,
+                    kind=Kind.CARRIER,
+                    source=target.source,
+                    host=target.host,
+                    value=carrier,
+                    meta=meta,
                 )
             )
             w.carrier = carrier
@@ -224,7 +229,7 @@ class NetlinkCarrierProbe(QueueProbe):
             self.queue.put(
                 Event(
                     t_ns=t,
-                    kind="operstate",
+                    kind=Kind.OPERSTATE,
                     source=target.source,
                     host=target.host,
                     value=name,
@@ -253,3 +258,17 @@ class NetlinkCarrierProbe(QueueProbe):
             space.sock.send(batch)
         except (BlockingIOError, OSError):
             self.poll_skips += 1
+
+
+def _build(ctx: ProbeContext) -> Probe:
+    return NetlinkCarrierProbe(
+        [CarrierTarget(site.netns, site.port.ifname, site.port.source, site.port.host) for site in ctx.ports]
+    )
+
+
+PROBE = ProbeKind(
+    "carrier",
+    (Kind.CARRIER, Kind.OPERSTATE),
+    "Linux carrier and operstate of each port's interface (rtnetlink, with a poll in reconfigurations)",
+    _build,
+)

@@ -1,25 +1,20 @@
-"""The scheduler and agent commands: `serve`, `submit`, `queue`, `cancel`, `history`, `agent`.
+"""The campaign commands: `serve` (run the queue), `submit`, `queue`, `cancel`, `history`.
 
-Registered onto the main app by `register(app)` (labctl/cli.py). Bad input is an InputError: one line,
-exit code 2.
+Bad input is an InputError: one line, exit code 2.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt, err, out
 from labctl.errors import InputError
-
-out = Console(soft_wrap=True, emoji=False)
-err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 DbOpt = Annotated[
     Path, typer.Option("--db", help="The queue database (SQLite, WAL). `serve` and the clients share it.")
@@ -52,9 +47,7 @@ def serve(
 
 def submit(
     experiment: Annotated[Path, typer.Argument(help="Experiment file.")],
-    inventory: Annotated[Path, typer.Option("--inventory", "-i", help="Lab inventory.")] = Path(
-        "inventory.yaml"
-    ),
+    inventory: InventoryOpt = DEFAULT_INVENTORY,
     priority: Annotated[int, typer.Option(help="Higher runs first.", min=-1_000_000, max=1_000_000)] = 0,
     at: Annotated[
         str | None, typer.Option("--at", help="Not before: ISO 8601 (local time) or +30s, +10m, +2h, +1d.")
@@ -76,9 +69,9 @@ def submit(
         raise InputError("--at and --cron exclude each other (a schedule's first run is its next cron time)")
     decl = declare(experiment, inventory)
     if profile is not None:
-        from labctl.inventory import load_inventory
+        from labctl.labs import load
 
-        load_inventory(inventory).profile(profile)
+        load(inventory).profile(profile)
     now = SystemClock().wall_ns()
     store = QueueStore(db)
     try:
@@ -253,44 +246,6 @@ def history(
     out.print(table)
 
 
-def agent(
-    host: Annotated[str, typer.Option("--host", help="This host's name in the inventory.")],
-    broker: Annotated[
-        str | None,
-        typer.Option("--broker", help="mqtt://HOST:PORT or mqtts://HOST:PORT (default: the inventory's)."),
-    ] = None,
-    inventory: Annotated[Path, typer.Option("--inventory", "-i", help="Lab inventory.")] = Path(
-        "inventory.yaml"
-    ),
-) -> None:
-    """Run this host's probes for the controller, over MQTT, until Ctrl-C/SIGTERM.
-
-    Events go to labctl/<lab>/<host>/events (QoS 1, sequence-numbered). Only `start`/`stop` of named probes,
-    `set_circuits` and clock `ping` are accepted, with validated arguments; credentials, TLS and the message
-    signing key come from the inventory's `broker:` section (${ENV} references).
-    """
-    import signal
-
-    from labctl.agents import Agent, BrokerSettings
-    from labctl.inventory import load_inventory
-
-    inv = load_inventory(inventory)
-    settings = BrokerSettings.from_inventory(inv, broker)
-
-    async def main() -> None:
-        node = Agent(inv, host, settings)
-        loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(node.run())
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
-        err.print(f"agent {host}: {len(node.ports)} ports, broker {settings.hostname}:{settings.port}")
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    asyncio.run(main())
-
-
 def register(app: typer.Typer) -> None:
-    """Add the scheduler and agent commands to the main `labctl` app."""
-    for fn in (serve, submit, queue, cancel, history, agent):
-        app.command()(fn)
+    for command in (serve, submit, queue, cancel, history):
+        app.command()(command)

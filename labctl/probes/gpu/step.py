@@ -15,7 +15,7 @@ from typing import Any
 
 from labctl.clock import now_ns
 from labctl.errors import LabctlError
-from labctl.events import EventLog
+from labctl.events import EventLog, Kind
 
 from .backend import GpuBackend
 from .errors import NoGpuError
@@ -80,14 +80,16 @@ class GpuStep:
         try:
             report = await asyncio.to_thread(self._blocking)
         except NoGpuError as e:
-            self.events.emit(now_ns(), "gpu.skip", self.source, str(e), host=self.host, meta={"stage": stage})
+            self.events.emit(
+                now_ns(), Kind.GPU_SKIP, self.source, str(e), host=self.host, meta={"stage": stage}
+            )
             self.message(f"GPU step '{stage}' skipped: {e}")
             return None
         except (LabctlError, ValueError) as e:
             text = f"{type(e).__name__}: {e}"
             self.events.emit(
                 now_ns(),
-                "gpu.error",
+                Kind.GPU_ERROR,
                 self.source,
                 text,
                 host=self.host,

@@ -12,6 +12,8 @@ from typing import Any
 
 import pandas as pd
 
+from labctl.events import Kind
+
 from .pingpong import VARIANTS, PingPongResult
 from .pointer_chase import ChaseResult, compare
 from .stats import Distribution
@@ -52,7 +54,7 @@ def _source(host: str, device: int, peer: int | None = None) -> str:
 def emit_timer(emit: Emit, t: TimerResult, *, host: str, stage: str | None) -> None:
     emit(
         t.host_end_ns,
-        "gpu.timer",
+        Kind.GPU_TIMER,
         _source(host, t.device),
         t.granularity_ns,
         host=host,
@@ -73,7 +75,7 @@ def emit_pingpong(emit: Emit, r: PingPongResult, *, host: str, stage: str | None
     ops, placement = VARIANTS[r.variant]
     emit(
         r.host_end_ns,
-        "gpu.pingpong",
+        Kind.GPU_PINGPONG,
         _source(host, r.device, r.peer_device),
         r.round_trip_ns.median,
         host=host,
@@ -104,7 +106,7 @@ def emit_chase(emit: Emit, c: ChaseResult, *, host: str, stage: str | None) -> N
     cmp = compare(c.level, c.cycles_per_hop.median)
     emit(
         c.host_end_ns,
-        "gpu.pointer_chase",
+        Kind.GPU_POINTER_CHASE,
         _source(host, c.device),
         c.cycles_per_hop.median,
         host=host,

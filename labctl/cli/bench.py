@@ -6,15 +6,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from labctl.cli.common import err, out
 
 bench_app = typer.Typer(
     help="Microbenchmarks that write a run directory like `labctl run`.", no_args_is_help=True
 )
-
-_out = Console(soft_wrap=True, emoji=False)
-_err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 
 def _dist_cells(d: object, digits: int = 0) -> list[str]:
@@ -51,7 +49,7 @@ def bench_gpu(
     try:
         backend = open_backend()
     except NoGpuError as e:
-        _err.print(str(e), markup=False, highlight=False)
+        err.print(str(e), markup=False, highlight=False)
         raise typer.Exit(1) from None
     try:
         config = SuiteConfig(
@@ -61,15 +59,15 @@ def bench_gpu(
             warmup=warmup,
             pointer_chase=not no_chase,
         )
-        outcome = run_bench(backend, config, out_dir, progress=lambda text: _err.print(text, markup=False))
+        outcome = run_bench(backend, config, out_dir, progress=lambda text: err.print(text, markup=False))
     except NoGpuError as e:
-        _err.print(str(e), markup=False, highlight=False)
+        err.print(str(e), markup=False, highlight=False)
         raise typer.Exit(1) from None
     finally:
         backend.close()
     report = outcome.report
     for t in report.timers:
-        _out.print(
+        out.print(
             f"GPU{t.device} %globaltimer step {t.granularity_ns:.0f} ns (min {t.step_ns.min:.0f}, max "
             f"{t.step_ns.max:.0f}); SM clock {t.sm_clock_ghz:.3f} GHz"
         )
@@ -88,7 +86,7 @@ def bench_gpu(
             *_dist_cells(r.round_trip_ns),
             f"{r.round_trip_cycles.median:.0f}",
         )
-    _out.print(pp)
+    out.print(pp)
     if report.chase:
         ch = Table(title="pointer chase (per hop)", title_justify="left")
         for col in ("level", "footprint", "cycles min", "median", "p99", "max", "ns median", "published"):
@@ -107,7 +105,11 @@ def bench_gpu(
                 f"{c.ns_per_hop.median:.1f}",
                 pub,
             )
-        _out.print(ch)
+        out.print(ch)
     for note in report.notes:
-        _out.print(f"note: {note}")
-    _out.print(f"run directory: {outcome.run_dir}")
+        out.print(f"note: {note}")
+    out.print(f"run directory: {outcome.run_dir}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(bench_app, name="bench")

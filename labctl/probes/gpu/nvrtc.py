@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from labctl.extras import MissingExtra, require
+
 from .errors import CompileError, NoGpuError
 from .kernels import SOURCE
 
@@ -20,12 +22,9 @@ EM_CUDA = 190
 
 def _nvrtc() -> Any:
     try:
-        from cuda.bindings import nvrtc  # type: ignore[import-untyped, import-not-found, unused-ignore]
-    except ImportError as e:
-        raise NoGpuError(
-            f"cuda-bindings is not installed ({e.name or e}); install the extra: pip install -e '.[gpu]'"
-        ) from None
-    return nvrtc
+        return require("cuda.bindings.nvrtc", "gpu", "the GPU microbenchmarks")
+    except MissingExtra as e:
+        raise NoGpuError(str(e)) from None
 
 
 def _check(result: Any, what: str) -> None:

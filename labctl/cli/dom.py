@@ -1,4 +1,4 @@
-"""`labctl dom`: decode transceiver DOM from an EEPROM image file or read it from a live module."""
+"""`labctl dom …`: decode transceiver DOM from an EEPROM image file or read it from a live module."""
 
 from __future__ import annotations
 
@@ -68,6 +68,10 @@ def dom_read(
     ] = False,
 ) -> None:
     """Read a live module once through ethtool netlink (legacy ioctl fallback) and print JSON."""
-    from labctl.probes.rxpower import read_module
+    from labctl.linux.ethtool import read_module
 
     print(json.dumps(read_module(iface, netns, latched=latched).to_dict(), indent=2))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(dom_app, name="dom")

@@ -1,4 +1,4 @@
-"""The simulated switch driver: `OpticalSwitch` over an in-process `SwitchModel`.
+"""The simulated switch driver: `OpticalSwitch` over an in-process `SwitchModel`, and its registry entry.
 
 It has no transport and no codec, only the model; everything else (validation, diff, read-back,
 retries, events, deadlines) is the same code path as the real drivers (`labctl.ocs.converge`).
@@ -7,14 +7,16 @@ retries, events, deadlines) is the same code path as the real drivers (`labctl.o
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 from labctl.clock import now_ns
+from labctl.config import SwitchConfig
 from labctl.errors import HardwareError
-from labctl.events import Event
+from labctl.events import Event, Kind
 from labctl.mapping import Mapping, MappingDiff, PortSpace
 from labctl.models.switch import SwitchModel
 from labctl.ocs import ApplyResult, EventSink, SwitchOps, Timed, TimeoutPolicy, converge
+from labctl.switches import EmulatedSwitch, SwitchDriver
 
 
 class SimSwitch:
@@ -52,7 +54,7 @@ class SimSwitch:
         self._emit(
             Event(
                 t_ns=end,
-                kind="ocs.read",
+                kind=Kind.OCS_READ,
                 source=f"ocs:{self.name}",
                 value=len(mapping),
                 meta={"patches": sorted(mapping), "elapsed_ns": end - start},
@@ -89,10 +91,32 @@ class SimSwitch:
             self._emit(
                 Event(
                     t_ns=end,
-                    kind="rx_power",
+                    kind=Kind.RX_POWER,
                     source=f"ocs:{self.name}/{port}",
                     value=dbm,
                     meta={"monitor": "switch"},
                 )
             )
         return Timed(powers, start, end)
+
+
+class SimSwitchConfig(SwitchConfig):
+    """A switch that exists only as the lab's behaviour model (no address, no protocol)."""
+
+    driver: Literal["sim"]
+
+    @property
+    def over_model(self) -> bool:
+        return True
+
+
+def _over_model(name: str, config: SimSwitchConfig, model: SwitchModel, emit: EventSink) -> EmulatedSwitch:
+    return EmulatedSwitch(SimSwitch(model, emit, config.timeouts()))
+
+
+DRIVER = SwitchDriver(
+    name="sim",
+    config=SimSwitchConfig,
+    description="the lab's switch model, driven in-process (no transport, no codec)",
+    emulate=_over_model,
+)

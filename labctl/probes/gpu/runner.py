@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from labctl.extras import MissingExtra, require
+
 from .backend import (
     ChaseConfig,
     ChaseRaw,
@@ -32,12 +34,9 @@ FLAG_BYTES = 256  # each flag word gets its own 128-byte lines, away from any ot
 
 def _driver() -> Any:
     try:
-        from cuda.bindings import driver  # type: ignore[import-untyped, import-not-found, unused-ignore]
-    except ImportError as e:
-        raise NoGpuError(
-            f"cuda-bindings is not installed ({e.name or e}); install the extra: pip install -e '.[gpu]'"
-        ) from None
-    return driver
+        return require("cuda.bindings.driver", "gpu", "the GPU microbenchmarks")
+    except MissingExtra as e:
+        raise NoGpuError(str(e)) from None
 
 
 def _first_line(e: BaseException) -> str:

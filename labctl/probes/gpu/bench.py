@@ -10,7 +10,7 @@ from pathlib import Path
 
 from labctl.clock import Timebase, now_ns
 from labctl.errors import LabctlError
-from labctl.events import EventLog
+from labctl.events import EventLog, Kind
 from labctl.store import RunDir, new_run_id, versions
 
 from .backend import GpuBackend
@@ -57,7 +57,7 @@ def run_bench(
         },
     )
     events = EventLog(run.events_path, timebase)
-    events.emit(now_ns(), "run.start", "bench", "bench-gpu", meta={"run_id": run.meta["run_id"]})
+    events.emit(now_ns(), Kind.RUN_START, "bench", "bench-gpu", meta={"run_id": run.meta["run_id"]})
     status: str = "failed"
     error: str | None = "benchmark did not finish"
     try:
@@ -71,7 +71,7 @@ def run_bench(
         error = f"{type(e).__name__}: {e}"
         raise
     finally:
-        events.emit(now_ns(), "run.end", "bench", status, meta={"error": error})
+        events.emit(now_ns(), Kind.RUN_END, "bench", status, meta={"error": error})
         events.close()
         run.update(
             status=status, error=error, events=events.count, finished_wall_ns=Timebase.capture().wall0_ns

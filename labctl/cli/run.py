@@ -1,18 +1,14 @@
-"""The `labctl` command line."""
+"""`labctl run` (one experiment on a lab), `labctl report` and `labctl plot` (read a run back)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
-import os
 import signal
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -23,75 +19,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from labctl.cli_dom import dom_app
-from labctl.cli_fabric import fabric_app, probe_app
-from labctl.cli_gpu import bench_app
-from labctl.cli_ocs import emulate_app, ocs_app
-from labctl.cli_sched import register as register_sched
-from labctl.errors import InputError, LabctlError
-
-app = typer.Typer(
-    help="labctl: time optical circuit switch reconfigurations, from the switch command to traffic "
-    "resuming.\n\n"
-    "Start with `labctl run experiments/reconfig-timeline.yaml` (simulated Opus testbed, no root needed), "
-    "then `labctl report runs/` and open the run's timeline.png.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-inventory_app = typer.Typer(help="Inspect and validate inventory files.", no_args_is_help=True)
-app.add_typer(inventory_app, name="inventory")
-app.add_typer(probe_app, name="probe")
-app.add_typer(bench_app, name="bench")
-app.add_typer(ocs_app, name="ocs")
-app.add_typer(emulate_app, name="emulate")
-emulate_app.add_typer(fabric_app, name="fabric")
-app.add_typer(dom_app, name="dom")
-register_sched(app)
-
-
-def _print_version(value: bool) -> None:
-    if value:
-        from labctl import __version__
-
-        out.print(f"labctl {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool,
-        typer.Option(
-            "--version", callback=_print_version, is_eager=True, help="Print labctl's version and exit."
-        ),
-    ] = False,
-) -> None:
-    """labctl: time optical circuit switch reconfigurations, from the switch command to traffic resuming."""
-
-
-out = Console(soft_wrap=True, emoji=False)
-err = Console(stderr=True, soft_wrap=True, emoji=False)
-
-InventoryOpt = Annotated[
-    Path, typer.Option("--inventory", "-i", help="Lab inventory (switches, hosts, NIC ports, fibers).")
-]
-
-EXIT_ABORTED = 130
-
-
-def fmt_ns(value: float | int | None) -> str:
-    """Human duration for tables: 25.1 ms, 74 µs, 6.021 s."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    v = float(value)
-    if abs(v) >= 1e9:
-        return f"{v / 1e9:.3f} s"
-    if abs(v) >= 1e6:
-        return f"{v / 1e6:.1f} ms"
-    if abs(v) >= 1e3:
-        return f"{v / 1e3:.0f} µs"
-    return f"{v:.0f} ns"
+from labctl.cli.common import DEFAULT_INVENTORY, EXIT_ABORTED, InventoryOpt, err, fmt_ns, out
 
 
 class RichProgress:
@@ -192,12 +120,11 @@ async def _run_with_signals(coro: Any, progress: RichProgress) -> Any:
             loop.remove_signal_handler(sig)
 
 
-@app.command()
 def run(
     experiment: Annotated[
         Path, typer.Argument(help="Experiment file, e.g. experiments/reconfig-timeline.yaml.")
     ],
-    inventory: InventoryOpt = Path("inventory.yaml"),
+    inventory: InventoryOpt = DEFAULT_INVENTORY,
     profile: Annotated[
         str | None,
         typer.Option(
@@ -259,7 +186,6 @@ def run(
         raise typer.Exit(1)
 
 
-@app.command()
 def report(
     run_path: Annotated[
         Path, typer.Argument(metavar="RUN", help="A run directory, or runs/ for the newest run.")
@@ -309,7 +235,6 @@ def report(
     out.print(_summary_table(summary, "link-up breakdown"))
 
 
-@app.command()
 def plot(
     run_path: Annotated[
         Path, typer.Argument(metavar="RUN", help="A run directory, or runs/ for the newest run.")
@@ -328,64 +253,6 @@ def plot(
         out.print(str(p))
 
 
-@inventory_app.command("check")
-def inventory_check(
-    file: Annotated[Path, typer.Argument(help="Inventory file to validate.")] = Path("inventory.yaml"),
-) -> None:
-    """Validate an inventory: schema, switch names, port ranges and directions, ports used twice, rails."""
-    from labctl.inventory import load_inventory
-
-    inv = load_inventory(file)
-    ports = inv.ports
-    out.print(
-        f"{file}: ok — lab {inv.lab}: {len(inv.switches)} switch(es), {len(inv.hosts)} hosts, "
-        f"{len(ports)} NIC ports on rails {inv.rails}, profile {inv.model.profile}"
-    )
-
-
-def main() -> None:
-    """Console entry point: bad input is one line on stderr and exit code 2, never a traceback."""
-    try:
-        # With standalone_mode=False click returns the code of a typer.Exit instead of raising it.
-        code = app(standalone_mode=False)
-    except InputError as e:
-        err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except LabctlError as e:
-        err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(1)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except typer.Abort:
-        err.print("aborted")
-        sys.exit(EXIT_ABORTED)
-    except BrokenPipeError:
-        # `labctl history | head`: the reader left; say nothing more (and let Python's exit flush nowhere).
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
-    except OSError as e:
-        # The environment said no (permissions, a missing device, a busy port): one line, not a traceback.
-        if os.environ.get("LABCTL_DEBUG"):
-            raise
-        hint = " (this needs root: CAP_NET_ADMIN and CAP_SYS_ADMIN)" if isinstance(e, PermissionError) else ""
-        err.print(f"error: {e}{hint}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(1)
-    except Exception as e:
-        # Usage errors (unknown option, missing argument, bad value): one line and exit code 2. Matched by
-        # shape, not class: typer may bundle its own copy of click. A bare command group shows its help.
-        show, exit_code = getattr(e, "show", None), getattr(e, "exit_code", None)
-        if callable(show) and isinstance(exit_code, int):
-            message, ctx = getattr(e, "format_message", None), getattr(e, "ctx", None)
-            if type(e).__name__ == "NoArgsIsHelpError" or not callable(message):
-                show()
-            else:
-                where = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
-                err.print(f"error: {message()}{where}", markup=False, highlight=False, soft_wrap=True)
-            sys.exit(exit_code)
-        raise
-    if isinstance(code, int) and code:
-        sys.exit(code)
-
-
-if __name__ == "__main__":
-    main()
+def register(app: typer.Typer) -> None:
+    for command in (run, report, plot):
+        app.command()(command)

@@ -1,0 +1,25 @@
+"""Host agents over MQTT: `labctl agent` runs one host's probes and streams their events to the controller.
+
+Modules: wire.py (messages, topics, signing), broker.py (connection settings), clock.py (offsets),
+agent.py (the agent), hub.py (the controller's side); the lab kind is labctl/labs/agents.py.
+
+Topics (`<lab>` and `<host>` from the inventory):
+- `labctl/<lab>/<host>/events`  agent → controller: batches of events, QoS 1, one sequence number per
+  batch plus the count of events before it, so lost batches *and* lost events are counted;
+- `labctl/<lab>/<host>/cmd`     controller → agent: an allow-list of commands with validated arguments
+  (`start`/`stop` named probes, `set_circuits`, `ping` for the clock offset); never a shell;
+- `labctl/<lab>/<host>/reply`   agent → controller: one reply per command;
+- `labctl/<lab>/<host>/status`  retained `online`, and `offline` as the agent's last will;
+- `labctl/<lab>/_world`         controller → agents, simulated labs only: the switch's light and the NIC
+  link transitions of the one behavioural model of the lab (decision 0017).
+Every payload is `MAC BODY`: MAC is HMAC-SHA256 over topic and body with the inventory's
+`broker.auth_key` (`-` without a key). Messages that do not decode or validate are *malformed*; a bad
+MAC, an unknown host, or a batch carrying events of another host's ports are *unauthorised*; both are
+dropped and counted, never acted on.
+
+Clock: the controller measures each agent's offset (agent clock − controller clock) with timestamped
+ping/pong over the broker, keeps the lowest-RTT samples (their offsets' median; uncertainty = half the
+largest kept RTT, a strict bound), at run start, every `clock_sync_interval_s` and at run end (so every
+run brackets its drift, however short), shifts agent stamps onto the run timebase, and writes every
+estimate to run.json `clock_offsets`.
+"""

@@ -1,0 +1,355 @@
+"""`labctl agent`: one host's probes, streamed to the controller over MQTT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import secrets
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import aiomqtt
+import msgspec
+
+from labctl.agents.broker import (
+    BrokerSettings,
+)
+from labctl.agents.wire import (
+    WORLD_KINDS,
+    Batch,
+    CircuitArgs,
+    Command,
+    PingArgs,
+    Rejected,
+    Rejections,
+    Reply,
+    Signer,
+    StartArgs,
+    StopArgs,
+    World,
+    WorldItem,
+    _enc,
+    decode,
+    topic,
+    world_topic,
+)
+from labctl.clock import now_ns
+from labctl.errors import InputError
+from labctl.events import Event
+from labctl.inventory import Inventory
+from labctl.models.fabric import SimFabric
+from labctl.models.probes import model_sites
+from labctl.models.switch import SwitchModel
+from labctl.profiles import Profile
+from labctl.sampling import CircuitProbe, Probe, ProbeContext, ProbeSettings, probe_kinds
+
+log = logging.getLogger("labctl.agents")
+
+BATCH_INTERVAL_S = 0.005
+BATCH_MAX = 512
+OUTBOX_MAX = 200_000
+RECONNECT_MAX_S = 2.0  # agents retry a lost broker with backoff up to this
+
+
+# -- the agent's view of a simulated lab -----------------------------------------------------------------
+class FabricMirror(SimFabric):
+    """A `SimFabric` that does not compute link physics itself: the controller's model is the one truth
+    (both ends of a link must agree on when it trains), and this copy replays its light and transitions at
+    their model times, so the simulated probes on this host read the same lab as a one-process run."""
+
+    def __init__(self, inventory: Inventory, profile: Profile, rng: random.Random) -> None:
+        dark = {
+            name: SwitchModel(name, spec.space, profile, rng) for name, spec in inventory.switches.items()
+        }
+        super().__init__(inventory, dark, profile, rng)
+        self.by_source = {p.source: p for p in inventory.ports}
+
+    def apply(self, item: WorldItem, t_local_ns: int) -> None:
+        port = self.by_source.get(item.port)
+        if port is None or item.kind not in WORLD_KINDS:
+            raise Rejected("malformed", f"world item for unknown port or kind {item.kind!r}")
+        if item.kind == "light":
+            st = self.ports[port]
+            st.light_from = self.by_source.get(item.peer) if item.peer is not None else None
+            st.light_t_ns = t_local_ns
+            st.settle_ns = item.settle_ns
+            st.rx_level_dbm = item.level_dbm
+        else:
+            self._transition(port, item.kind, 1 if item.value else 0, t_local_ns)
+
+
+# -- the agent -------------------------------------------------------------------------------------------
+class Agent:
+    """One host's agent. `skew_ns` shifts this agent's clock (tests and bench: a host whose monotonic
+    clock disagrees with the controller's, on one machine)."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        host: str,
+        broker: BrokerSettings,
+        *,
+        skew_ns: int = 0,
+        reconnect_s: float = 0.2,
+    ) -> None:
+        if host not in inventory.model.hosts:
+            raise InputError(
+                f"--host {host!r}: not a host of {inventory.path} (known: {', '.join(inventory.hosts)})"
+            )
+        self.inventory = inventory
+        self.host = host
+        self.broker = broker
+        self.skew_ns = skew_ns
+        self.reconnect_s = reconnect_s
+        self.ports = [p for p in inventory.ports if p.host == host]
+        self.sources = {p.source for p in self.ports}
+        self.all_sources = {p.source for p in inventory.ports}
+        self.signer = Signer(broker.auth_key)
+        self.rejections = Rejections()
+        self.mirror = FabricMirror(inventory, inventory.profile(), random.Random())
+        self.world_offset_ns = 0
+        self.seq = 0  # batches sent (or lost trying)
+        self.sent_events = 0
+        self.lost_batches = 0  # publish failed (broker away): the controller sees the gap
+        self.reconnects = 0
+        self.connected = asyncio.Event()
+        self._client: aiomqtt.Client | None = None
+        self._outbox: deque[Event] = deque()
+        self._outbox_dropped = 0
+        self._probes: dict[str, Probe] = {}
+        self._pumps: dict[str, asyncio.Task[None]] = {}
+        self._handled: OrderedDict[int, Reply] = OrderedDict()
+        self._cmd_lock = asyncio.Lock()
+        self._replying: set[asyncio.Task[bool]] = set()
+        self._topics = {leaf: topic(broker.lab, host, leaf) for leaf in ("events", "cmd", "reply", "status")}
+        self._world = world_topic(broker.lab)
+
+    def now(self) -> int:
+        return now_ns() + self.skew_ns
+
+    @property
+    def dropped(self) -> int:
+        return self._outbox_dropped + sum(p.dropped for p in self._probes.values())
+
+    # -- main loop ----------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Connect, and reconnect whenever the broker goes away, until cancelled; probes keep sampling."""
+        flusher = asyncio.create_task(self._flusher(), name=f"agent:{self.host}:flush")
+        try:
+            delay = self.reconnect_s
+            while True:
+                started = now_ns()
+                try:
+                    await self._session()
+                except aiomqtt.MqttError as e:
+                    # Once per outage at warning level; the retries of a long outage only at debug.
+                    (log.warning if delay == self.reconnect_s else log.debug)(
+                        "agent %s: broker connection lost: %s", self.host, e
+                    )
+                self.reconnects += 1
+                if now_ns() - started > 5_000_000_000:  # that session was up for a while: a new outage
+                    delay = self.reconnect_s
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+        finally:
+            flusher.cancel()
+            for t in self._replying:
+                t.cancel()
+            await asyncio.gather(flusher, *self._replying, return_exceptions=True)
+            await self._stop_probes(list(self._probes))
+
+    async def _session(self) -> None:
+        status = self._topics["status"]
+        will = aiomqtt.Will(status, self.signer.seal(status, b"offline"), qos=1, retain=True)
+        ident = f"labctl-agent-{self.broker.lab}-{self.host}-{secrets.token_hex(3)}"
+        async with self.broker.client(ident, will) as client:
+            await client.subscribe(self._topics["cmd"], qos=1)
+            await client.subscribe(self._world, qos=1)
+            await client.publish(status, self.signer.seal(status, b"online"), qos=1, retain=True)
+            self._client = client
+            self.connected.set()
+            try:
+                async for message in client.messages:
+                    t_rx = self.now()
+                    await self._on_message(str(message.topic), message.payload, t_rx)
+            finally:
+                self._client = None
+                self.connected.clear()
+                # A clean exit sends no last will: say `offline` ourselves so no stale `online` is retained.
+                with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
+                    await asyncio.wait_for(
+                        client.publish(status, self.signer.seal(status, b"offline"), qos=1, retain=True), 1.0
+                    )
+
+    async def _publish(self, topic_name: str, body: bytes, *, retain: bool = False) -> bool:
+        client = self._client
+        if client is None:
+            return False
+        try:
+            await client.publish(
+                topic_name, self.signer.seal(topic_name, body), qos=1, retain=retain, timeout=5
+            )
+        except aiomqtt.MqttError:
+            return False
+        return True
+
+    # -- events out ---------------------------------------------------------------------------------------
+    async def _pump(self, probe: Probe) -> None:
+        async for event in probe.events():
+            if len(self._outbox) >= OUTBOX_MAX:
+                self._outbox.popleft()
+                self._outbox_dropped += 1
+            self._outbox.append(event)
+
+    async def flush(self) -> None:
+        while self._outbox:
+            events = [self._outbox.popleft() for _ in range(min(BATCH_MAX, len(self._outbox)))]
+            for e in events:
+                e.t_ns += self.skew_ns  # onto this host's clock (no-op without a test skew)
+                e.host = self.host
+            batch = Batch(
+                host=self.host, seq=self.seq, n0=self.sent_events, dropped=self.dropped, events=events
+            )
+            self.seq += 1
+            self.sent_events += len(events)
+            if not await self._publish(self._topics["events"], _enc.encode(batch)):
+                self.lost_batches += 1
+
+    async def _flusher(self) -> None:
+        while True:
+            await asyncio.sleep(BATCH_INTERVAL_S)
+            await self.flush()
+
+    # -- commands in --------------------------------------------------------------------------------------
+    async def _on_message(self, topic_name: str, payload: Any, t_rx: int) -> None:
+        try:
+            if not isinstance(payload, bytes):
+                raise Rejected("malformed", "payload is not bytes")
+            body = self.signer.open(topic_name, payload)
+            if topic_name == self._world:
+                try:
+                    world = decode(World, body)
+                except msgspec.DecodeError as e:
+                    raise Rejected("malformed", f"world: {e}") from None
+                for item in world.items:
+                    self.mirror.apply(item, item.t_ns + self.world_offset_ns - self.skew_ns)
+                return
+            if topic_name != self._topics["cmd"]:
+                raise Rejected("unauthorised", f"unexpected topic {topic_name}")
+            try:
+                cmd = decode(Command, body)
+            except msgspec.DecodeError as e:
+                raise Rejected("malformed", f"command: {e}") from None
+        except Rejected as r:
+            self.rejections.add(r.kind, r.reason, topic_name)
+            return
+        await self._command(cmd, t_rx)
+
+    async def _command(self, cmd: Command, t_rx: int) -> None:
+        handler = self.COMMANDS.get(cmd.op)
+        if handler is None:
+            self.rejections.add("unauthorised", f"command {cmd.op!r} is not allowed", self._topics["cmd"])
+            reply = Reply(host=self.host, id=cmd.id, op=cmd.op, ok=False, error="command not allowed")
+        elif cmd.id in self._handled:  # QoS 1 may deliver twice: answer again, act once
+            reply = self._handled[cmd.id]
+        else:
+            async with self._cmd_lock:
+                try:
+                    reply = await handler(self, cmd, t_rx)
+                except Rejected as r:
+                    self.rejections.add(r.kind, f"{cmd.op}: {r.reason}", self._topics["cmd"])
+                    reply = Reply(host=self.host, id=cmd.id, op=cmd.op, ok=False, error=r.reason)
+                except Exception as e:  # a failing command must not take the agent down
+                    log.exception("agent %s: %s failed", self.host, cmd.op)
+                    reply = Reply(
+                        host=self.host, id=cmd.id, op=cmd.op, ok=False, error=f"{cmd.op} failed: {e!r}"
+                    )
+            self._handled[cmd.id] = reply
+            while len(self._handled) > 256:
+                self._handled.popitem(last=False)
+        if cmd.op == "ping" and reply.ok:
+            reply.t3 = self.now()
+        # Not awaited here: the message loop must not wait for the broker's PUBACK of a reply.
+        task = asyncio.create_task(self._publish(self._topics["reply"], _enc.encode(reply)))
+        self._replying.add(task)
+        task.add_done_callback(self._replying.discard)
+
+    def _args(self, kind: type[Any], cmd: Command) -> Any:
+        try:
+            return msgspec.convert(cmd.args, kind)
+        except msgspec.ValidationError as e:
+            raise Rejected("malformed", f"bad arguments: {e}") from None
+
+    async def _cmd_ping(self, cmd: Command, t_rx: int) -> Reply:
+        self._args(PingArgs, cmd)
+        return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True, t2=t_rx)
+
+    async def _cmd_start(self, cmd: Command, t_rx: int) -> Reply:
+        args: StartArgs = self._args(StartArgs, cmd)
+        unknown = sorted(set(args.probes) - set(probe_kinds.names()))
+        if unknown or not args.probes:
+            raise Rejected("malformed", f"unknown probes {unknown} (known: {', '.join(probe_kinds.names())})")
+        try:
+            settings = ProbeSettings.model_validate(args.settings)
+            profile = Profile.model_validate(args.profile)
+        except ValueError as e:
+            raise Rejected("malformed", f"bad settings or profile: {str(e).splitlines()[0]}") from None
+        await self._stop_probes(list(self._probes))
+        await self.flush()  # whatever an earlier run left goes out first: this run's stream starts after it
+        seq0, n0 = self.seq, self.sent_events
+        self.mirror.cancel_pending()
+        self.mirror = FabricMirror(self.inventory, profile, random.Random(args.seed))
+        self.world_offset_ns = args.world_offset_ns
+        # This host's probes, built from the registry. They read the mirror of the controller's lab model:
+        # its NIC ports and a transceiver per port that the mirror's light drives. The traffic probe knows
+        # every port as a possible peer but pings only from the ports `set_circuits` gives it (this host's).
+        sites = model_sites(self.mirror, self.inventory.ports)
+        ctx = ProbeContext(
+            settings, ports=[s for s in sites if s.port.host == self.host], peers=sites, world=self.mirror
+        )
+        probes = {name: probe_kinds.get(name).build(ctx) for name in sorted(set(args.probes))}
+        for name, probe in probes.items():
+            await probe.__aenter__()
+            self._probes[name] = probe
+            self._pumps[name] = asyncio.create_task(self._pump(probe), name=f"agent:{self.host}:{name}")
+        return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True, seq=seq0, n=n0)
+
+    async def _stop_probes(self, names: list[str]) -> None:
+        for name in names:
+            probe = self._probes.pop(name, None)
+            if probe is None:
+                continue
+            await probe.__aexit__(None, None, None)
+            pump = self._pumps.pop(name)
+            await pump  # ends once the probe's queue is closed and drained
+
+    async def _cmd_stop(self, cmd: Command, t_rx: int) -> Reply:
+        args: StopArgs = self._args(StopArgs, cmd)
+        names = list(self._probes) if args.probes is None else args.probes
+        if set(names) - set(probe_kinds.names()):
+            raise Rejected("malformed", f"unknown probes {sorted(set(names) - set(probe_kinds.names()))}")
+        await self._stop_probes(names)
+        await self.flush()  # everything sampled so far goes out before the reply that counts it
+        return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True, seq=self.seq, n=self.sent_events)
+
+    async def _cmd_set_circuits(self, cmd: Command, t_rx: int) -> Reply:
+        args: CircuitArgs = self._args(CircuitArgs, cmd)
+        for source, peer in args.circuits.items():
+            if source not in self.sources:
+                raise Rejected("unauthorised", f"{source} is not a port of {self.host}")
+            if peer is not None and peer not in self.all_sources:
+                raise Rejected("malformed", f"unknown peer port {peer}")
+        for probe in self._probes.values():
+            if isinstance(probe, CircuitProbe):
+                probe.set_circuits(args.circuits)
+        return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True)
+
+    COMMANDS: ClassVar[dict[str, Callable[[Agent, Command, int], Any]]] = {
+        "ping": _cmd_ping,
+        "start": _cmd_start,
+        "stop": _cmd_stop,
+        "set_circuits": _cmd_set_circuits,
+    }

@@ -1,0 +1,500 @@
+"""The controller's side: one MQTT client for every agent (`AgentHub`) and a `RemoteProbe` per host."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self
+
+import aiomqtt
+import msgspec
+
+from labctl.agents.broker import (
+    BrokerSettings,
+)
+from labctl.agents.clock import (
+    OffsetEstimate,
+    OffsetSample,
+    estimate_offset,
+)
+from labctl.agents.wire import (
+    Batch,
+    Command,
+    Rejected,
+    Rejections,
+    Reply,
+    Signer,
+    World,
+    WorldItem,
+    _enc,
+    decode,
+    topic,
+    world_topic,
+)
+from labctl.clock import now_ns
+from labctl.errors import HardwareError
+from labctl.events import Event, EventQueue
+from labctl.inventory import Inventory
+from labctl.profiles import Profile
+from labctl.sampling import ProbeSettings
+
+log = logging.getLogger("labctl.agents")
+
+
+@dataclass
+class HostLink:
+    """What the controller knows about one agent's stream."""
+
+    host: str
+    sources: set[str]
+    queue: EventQueue = field(default_factory=EventQueue)
+    online: asyncio.Event = field(default_factory=asyncio.Event)
+    next_seq: int = 0
+    cursor: int = 0  # the agent's event count up to the last batch seen (the next batch's n0 if none is lost)
+    delivered: int = 0
+    batches: int = 0
+    missing_batches: int = 0
+    missing_events: int = 0
+    duplicates: int = 0
+    agent_dropped: int = 0
+    offset: OffsetEstimate | None = None
+    history: list[OffsetEstimate] = field(default_factory=list)
+    started: bool = False
+    latency_ns: list[int] = field(default_factory=list)
+    record_latency: bool = False
+    stream_base: tuple[int, int] | None = None  # (seq, events) where this run's stream starts on the agent
+    first_seen: tuple[int, int] | None = None  # (seq, n0) of the first batch, if it beat the start reply
+
+    def begin_stream(self, seq: int, n: int) -> None:
+        """The agent's counters when this run's probes started (from its start reply). An agent outlives
+        runs, so its sequence numbers do not start at 0: only gaps after this point are this run's loss."""
+        if self.first_seen is not None:  # batches of this run already came: count what preceded the first
+            self.missing_batches += max(0, self.first_seen[0] - seq)
+            self.missing_events += max(0, self.first_seen[1] - n)
+        else:
+            self.next_seq, self.cursor = seq, n
+        self.stream_base = (seq, n)
+
+    @property
+    def offset_ns(self) -> int:
+        return self.offset.offset_ns if self.offset is not None else 0
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "batches": self.batches,
+            "events": self.delivered,
+            "missing_batches": self.missing_batches,
+            "missing_events": self.missing_events,
+            "duplicate_batches": self.duplicates,
+            "agent_dropped": self.agent_dropped,
+            "queue_dropped": self.queue.dropped,
+        }
+
+
+@dataclass
+class _Outgoing:
+    topic: str
+    body: Callable[[], bytes]  # built at send time, so a ping's t1 is stamped as it leaves
+    # A request's caller gives up at its timeout: a command still unsent then (no broker) is dropped, so a
+    # `start` the controller already reported as failed cannot reach an agent after a reconnect.
+    expires_ns: int | None = None
+
+
+class AgentHub:
+    """The controller's single MQTT client: receives every agent's events and replies, sends commands and
+    the simulated world, measures clock offsets, counts what was lost or rejected."""
+
+    def __init__(self, inventory: Inventory, broker: BrokerSettings) -> None:
+        self.inventory = inventory
+        self.broker = broker
+        self.lab = broker.lab
+        self.signer = Signer(broker.auth_key)
+        self.links = {
+            host: HostLink(host, {p.source for p in inventory.ports if p.host == host})
+            for host in inventory.hosts
+        }
+        self.rejections = Rejections()
+        self.reconnects = 0
+        self.expired_commands = 0
+        self.connected = asyncio.Event()
+        self.world_snapshot: Callable[[], list[WorldItem]] | None = None
+        # Command ids are random per hub: an agent that outlives a run caches replies by id (to answer
+        # QoS-1 duplicates), and a new run counting from 1 again would get the old run's answers.
+        self._next_id = secrets.randbits(48)
+        self._replies: dict[int, asyncio.Future[Reply]] = {}
+        self._sent_ops: dict[int, str] = {}
+        self._pings: dict[int, int] = {}
+        self._outgoing: asyncio.Queue[_Outgoing] = asyncio.Queue()
+        self._world_pending: list[WorldItem] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._client: aiomqtt.Client | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    async def start(self, timeout_s: float = 10.0) -> None:
+        self._tasks = [
+            asyncio.create_task(self._connection(), name="hub:connection"),
+            asyncio.create_task(self._sender(), name="hub:sender"),
+            asyncio.create_task(self._sync_clocks(), name="hub:clock-sync"),
+        ]
+        try:
+            await asyncio.wait_for(self.connected.wait(), timeout_s)
+        except TimeoutError:
+            await self.stop()
+            raise HardwareError(
+                f"MQTT broker {self.broker.hostname}:{self.broker.port} not reachable within {timeout_s:g} s"
+            ) from None
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        for link in self.links.values():
+            link.queue.close()
+
+    def report(self) -> dict[str, Any]:
+        """For run.json: clock offsets per agent (with every re-measurement) and stream accounting."""
+        return {
+            "clock_offsets": {
+                host: {
+                    **(link.offset.as_dict() if link.offset else {}),
+                    "history": [e.as_dict() for e in link.history],
+                }
+                for host, link in self.links.items()
+                if link.history
+            },
+            "agents": {
+                "broker": f"{self.broker.hostname}:{self.broker.port}",
+                "reconnects": self.reconnects,
+                "expired_commands": self.expired_commands,
+                "rejected": self.rejections.as_dict(),
+                "streams": {host: link.stats() for host, link in self.links.items() if link.started},
+            },
+        }
+
+    async def _connection(self) -> None:
+        while True:
+            try:
+                ident = f"labctl-controller-{self.lab}-{os.getpid()}-{secrets.token_hex(3)}"
+                async with self.broker.client(ident) as client:
+                    for leaf in ("events", "reply", "status"):
+                        await client.subscribe(topic(self.lab, "+", leaf), qos=1)
+                    self._client = client
+                    self.connected.set()
+                    async for message in client.messages:
+                        t_rx = now_ns()
+                        self._on_message(str(message.topic), message.payload, t_rx)
+            except aiomqtt.MqttError as e:
+                log.warning("controller: broker connection lost: %s", e)
+            finally:
+                self._client = None
+                self.connected.clear()
+            self.reconnects += 1
+            await asyncio.sleep(0.2)
+
+    async def _sender(self) -> None:
+        """Commands and world updates go out in order and are retried across broker restarts. Everything
+        queued is handed to the client at once and acknowledged together: no waiting for one PUBACK before
+        the next message leaves (the world feed must not lag behind commands)."""
+        while True:
+            batch = [await self._outgoing.get()]
+            while not self._outgoing.empty():
+                batch.append(self._outgoing.get_nowait())
+            while True:
+                await self.connected.wait()
+                client = self._client
+                if client is None:
+                    continue
+                batch = self._unexpired(batch)
+                if not batch:
+                    break
+                try:
+                    # Tasks start in order, and each hands its packet to the client on its first step.
+                    await asyncio.gather(
+                        *(
+                            client.publish(
+                                item.topic, self.signer.seal(item.topic, item.body()), qos=1, timeout=5
+                            )
+                            for item in batch
+                        )
+                    )
+                    break
+                except aiomqtt.MqttError:
+                    # Resend all: the agent answers a repeated command id without acting twice, and world
+                    # updates are states, so a duplicate changes nothing.
+                    await asyncio.sleep(0.05)
+
+    def _unexpired(self, batch: list[_Outgoing]) -> list[_Outgoing]:
+        now = now_ns()
+        keep = [item for item in batch if item.expires_ns is None or item.expires_ns > now]
+        self.expired_commands += len(batch) - len(keep)
+        return keep
+
+    # -- receive ------------------------------------------------------------------------------------------
+    def _on_message(self, topic_name: str, payload: Any, t_rx: int) -> None:
+        try:
+            parts = topic_name.split("/")
+            if len(parts) != 4 or parts[0] != "labctl" or parts[1] != self.lab:
+                raise Rejected("unauthorised", f"unexpected topic {topic_name}")
+            link = self.links.get(parts[2])
+            if link is None:
+                raise Rejected("unauthorised", f"host {parts[2]!r} is not in the inventory")
+            if not isinstance(payload, bytes):
+                raise Rejected("malformed", "payload is not bytes")
+            body = self.signer.open(topic_name, payload)
+            leaf = parts[3]
+            if leaf == "events":
+                self._on_batch(link, body, t_rx)
+            elif leaf == "reply":
+                self._on_reply(link, body, t_rx)
+            elif leaf == "status":
+                if body == b"online":
+                    link.online.set()
+                elif body == b"offline":
+                    link.online.clear()
+                else:
+                    raise Rejected("malformed", "status must be online/offline")
+            else:
+                raise Rejected("unauthorised", f"unexpected topic {topic_name}")
+        except Rejected as r:
+            self.rejections.add(r.kind, r.reason, topic_name)
+
+    def _on_batch(self, link: HostLink, body: bytes, t_rx: int) -> None:
+        try:
+            batch: Batch = decode(Batch, body)
+        except msgspec.DecodeError as e:
+            raise Rejected("malformed", f"events: {e}") from None
+        if batch.host != link.host:
+            raise Rejected("unauthorised", f"batch from {batch.host!r} on {link.host}'s topic")
+        if link.stream_base is None and link.first_seen is None:
+            # This run's first batch beat the agent's start reply: start counting from it for now;
+            # begin_stream() settles whether anything before it was lost.
+            link.first_seen = (batch.seq, batch.n0)
+            link.next_seq, link.cursor = batch.seq, batch.n0
+        if batch.seq < link.next_seq:
+            link.duplicates += 1  # a QoS 1 redelivery
+            return
+        link.missing_batches += batch.seq - link.next_seq
+        link.missing_events += max(0, batch.n0 - link.cursor)
+        link.next_seq = batch.seq + 1
+        link.cursor = batch.n0 + len(batch.events)
+        link.batches += 1
+        link.agent_dropped = batch.dropped
+        offset = link.offset_ns
+        bad = 0
+        for ev in batch.events:
+            if ev.source not in link.sources or ev.host != link.host:
+                bad += 1
+                continue
+            ev.t_ns -= offset  # onto the run timebase
+            if link.record_latency:
+                link.latency_ns.append(t_rx - ev.t_ns)
+            ev.seq = -1
+            ev.wall_ns = None
+            ev.reconfig = None
+            link.delivered += 1
+            link.queue.put(ev)
+        if bad:
+            self.rejections.add("unauthorised", f"{bad} event(s) for ports not on {link.host}", link.host)
+
+    def _on_reply(self, link: HostLink, body: bytes, t_rx: int) -> None:
+        try:
+            reply: Reply = decode(Reply, body)
+        except msgspec.DecodeError as e:
+            raise Rejected("malformed", f"reply: {e}") from None
+        if reply.host != link.host:
+            raise Rejected("unauthorised", f"reply from {reply.host!r} on {link.host}'s topic")
+        if reply.op == "ping" and reply.id in self._pings:
+            self._pings[reply.id] = t_rx  # t4, stamped as the reply came off the socket
+        sent_op = self._sent_ops.pop(reply.id, reply.op)
+        if sent_op != reply.op:
+            log.warning(
+                "%s: dropped a reply to command %d: op %r, sent %r", link.host, reply.id, reply.op, sent_op
+            )
+            return
+        fut = self._replies.pop(reply.id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(reply)
+
+    # -- send ---------------------------------------------------------------------------------------------
+    def post(
+        self,
+        host: str,
+        op: str,
+        args: dict[str, Any],
+        stamp: Callable[[], dict[str, Any]] | None = None,
+        expires_ns: int | None = None,
+    ) -> int:
+        cmd_id = self._next_id
+        self._next_id += 1
+        self._sent_ops[cmd_id] = op
+        while len(self._sent_ops) > 4096:  # replies that never came
+            del self._sent_ops[next(iter(self._sent_ops))]
+
+        def body() -> bytes:
+            return _enc.encode(Command(id=cmd_id, op=op, args={**args, **(stamp() if stamp else {})}))
+
+        self._outgoing.put_nowait(_Outgoing(topic(self.lab, host, "cmd"), body, expires_ns))
+        return cmd_id
+
+    async def request(self, host: str, op: str, args: dict[str, Any], timeout_s: float = 10.0) -> Reply:
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        cmd_id = self.post(host, op, args, expires_ns=now_ns() + round(timeout_s * 1e9))
+        self._replies[cmd_id] = fut
+        try:
+            reply = await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            raise HardwareError(f"agent {host}: no reply to {op} within {timeout_s:g} s") from None
+        finally:
+            self._replies.pop(cmd_id, None)
+        if not reply.ok:
+            raise HardwareError(f"agent {host}: {op} refused: {reply.error}")
+        return reply
+
+    def world(self, item: WorldItem) -> None:
+        """Queue a world update; updates of one loop iteration go out as one message."""
+        if not self._world_pending:
+            asyncio.get_running_loop().call_soon(self._flush_world)
+        self._world_pending.append(item)
+
+    def _flush_world(self) -> None:
+        items, self._world_pending = self._world_pending, []
+        if items:
+            payload = _enc.encode(World(items=items))
+            self._outgoing.put_nowait(_Outgoing(world_topic(self.lab), lambda: payload))
+
+    # -- clocks -------------------------------------------------------------------------------------------
+    async def ping(self, host: str, timeout_s: float = 1.0) -> OffsetSample | None:
+        sent: dict[str, int] = {}
+
+        def stamp() -> dict[str, int]:
+            sent["t1"] = now_ns()
+            return {"t1": sent["t1"]}
+
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        cmd_id = self.post(host, "ping", {}, stamp, expires_ns=now_ns() + round(timeout_s * 1e9))
+        self._replies[cmd_id] = fut
+        self._pings[cmd_id] = 0
+        try:
+            reply = await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            return None
+        finally:
+            self._replies.pop(cmd_id, None)
+            t4 = self._pings.pop(cmd_id, 0)
+        if not reply.ok or reply.t2 is None or reply.t3 is None or not t4:
+            return None
+        return OffsetSample(sent["t1"], reply.t2, reply.t3, t4)
+
+    async def measure(self, host: str, samples: int | None = None) -> OffsetEstimate:
+        """One ping at a time (no self-inflicted queueing), then keep the fastest round trips."""
+        got = []
+        for _ in range(samples or self.broker.clock_samples):
+            sample = await self.ping(host)
+            if sample is not None:
+                got.append(sample)
+        est = estimate_offset(got)
+        link = self.links[host]
+        link.offset = est
+        link.history.append(est)
+        return est
+
+    async def _sync_clocks(self) -> None:
+        while True:
+            await asyncio.sleep(self.broker.clock_sync_interval_s)
+            for host, link in self.links.items():
+                if link.started and link.online.is_set():
+                    with contextlib.suppress(HardwareError):
+                        await self.measure(host)
+
+    async def wait_online(self, host: str, timeout_s: float = 10.0) -> None:
+        try:
+            await asyncio.wait_for(self.links[host].online.wait(), timeout_s)
+        except TimeoutError:
+            raise HardwareError(
+                f"agent {host} is not online at {self.broker.hostname}:{self.broker.port} "
+                f"(start it with `labctl agent --host {host}`)"
+            ) from None
+
+
+class RemoteProbe:
+    """A `CircuitProbe` whose samples come from a host's agent: the controller's view of that agent."""
+
+    def __init__(
+        self,
+        hub: AgentHub,
+        host: str,
+        probes: Sequence[str],
+        settings: ProbeSettings,
+        profile: Profile,
+        seed: int,
+    ) -> None:
+        self.hub = hub
+        self.probe_names = list(probes)
+        self.host = host
+        self.name = f"agent:{host}"
+        self.link = hub.links[host]
+        self.settings = settings
+        self.profile = profile
+        self.seed = seed
+
+    async def __aenter__(self) -> Self:
+        await self.hub.wait_online(self.host)
+        est = await self.hub.measure(self.host)
+        reply = await self.hub.request(
+            self.host,
+            "start",
+            {
+                "probes": self.probe_names,
+                "settings": self.settings.model_dump(mode="json"),
+                "profile": self.profile.model_dump(mode="json"),
+                "seed": self.seed,
+                "world_offset_ns": est.offset_ns,
+            },
+        )
+        if reply.seq is not None and reply.n is not None:
+            self.link.begin_stream(reply.seq, reply.n)
+        self.link.started = True
+        snapshot = self.hub.world_snapshot
+        if snapshot is not None:
+            for item in snapshot():
+                self.hub.world(item)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.link.online.is_set():  # the closing estimate: with the opening one it brackets the drift
+            with contextlib.suppress(HardwareError, TimeoutError):
+                await asyncio.wait_for(self.hub.measure(self.host), 5.0)
+        try:
+            reply = await self.hub.request(self.host, "stop", {}, timeout_s=10.0)
+        except HardwareError as e:
+            log.warning("%s", e)
+        else:
+            # Everything the agent sent precedes its reply on the broker; what never came is lost.
+            assert reply.seq is not None and reply.n is not None
+            self.link.missing_batches += max(0, reply.seq - self.link.next_seq)
+            self.link.missing_events += max(0, reply.n - self.link.cursor)
+            self.link.next_seq = max(self.link.next_seq, reply.seq)
+            self.link.cursor = max(self.link.cursor, reply.n)
+        self.link.queue.close()
+
+    def events(self) -> AsyncIterator[Event]:
+        return aiter(self.link.queue)
+
+    @property
+    def dropped(self) -> int:
+        """Events lost anywhere between the agent's sampler and the run log: agent queue, broker, here."""
+        return self.link.agent_dropped + self.link.missing_events + self.link.queue.dropped
+
+    def set_circuits(self, peers: dict[str, str | None]) -> None:
+        mine = {s: p for s, p in peers.items() if s in self.link.sources}
+        if mine:
+            self.hub.post(self.host, "set_circuits", {"circuits": mine})

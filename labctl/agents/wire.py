@@ -1,0 +1,151 @@
+"""The agents' wire format: message structs, topics, signing (HMAC over topic and body), rejections."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from labctl.config import Secret
+from labctl.events import Event, Kind
+from labctl.models.fabric import TRANSPORT
+
+log = logging.getLogger("labctl.agents")
+
+WORLD_KINDS = frozenset({"light", Kind.LINK_FIRMWARE, Kind.CARRIER, TRANSPORT})
+
+
+class Batch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    host: str
+    seq: int
+    n0: int  # events this agent had sent (or tried to) before this batch
+    dropped: int  # the agent's own sampler drops so far
+    events: list[Event]
+
+
+class Command(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    id: int
+    op: str
+    args: dict[str, Any] = {}
+
+
+class Reply(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    host: str
+    id: int
+    op: str
+    ok: bool
+    error: str | None = None
+    t2: int | None = None
+    t3: int | None = None
+    seq: int | None = None  # batches sent so far
+    n: int | None = None  # events sent so far
+
+
+class StartArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    probes: list[str]
+    settings: dict[str, Any]
+    profile: dict[str, Any]
+    seed: int
+    world_offset_ns: int = 0
+
+
+class StopArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    probes: list[str] | None = None
+
+
+class CircuitArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    circuits: dict[str, str | None]
+
+
+class PingArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    t1: int
+
+
+class WorldItem(msgspec.Struct, array_like=True):
+    kind: str
+    port: str
+    t_ns: int
+    value: int = 0
+    peer: str | None = None
+    settle_ns: int = 0
+    level_dbm: float = 0.0
+
+
+class World(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    items: list[WorldItem]
+
+
+_enc = msgspec.json.Encoder()
+_DECODERS: dict[type[Any], Any] = {
+    t: msgspec.json.Decoder(t)
+    for t in (Batch, Command, Reply, World, StartArgs, StopArgs, CircuitArgs, PingArgs)
+}
+
+
+def decode(kind: type[Any], body: bytes) -> Any:
+    return _DECODERS[kind].decode(body)
+
+
+def topic(lab: str, host: str, leaf: str) -> str:
+    return f"labctl/{lab}/{host}/{leaf}"
+
+
+def world_topic(lab: str) -> str:
+    return f"labctl/{lab}/_world"
+
+
+class Rejected(Exception):
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind  # "malformed" | "unauthorised"
+        self.reason = reason
+
+
+class Signer:
+    """HMAC-SHA256 over topic and body; binding the topic stops a message being replayed onto another
+    host's topic. Without a key nothing is signed and nothing can be checked (the inventory decides)."""
+
+    def __init__(self, key: Secret | None) -> None:
+        self._key = key.reveal().encode() if key is not None else None
+
+    def _mac(self, topic_name: str, body: bytes) -> bytes:
+        assert self._key is not None
+        return hmac.new(self._key, topic_name.encode() + b"\0" + body, hashlib.sha256).hexdigest().encode()
+
+    def seal(self, topic_name: str, body: bytes) -> bytes:
+        mac = self._mac(topic_name, body) if self._key is not None else b"-"
+        return mac + b" " + body
+
+    def open(self, topic_name: str, payload: bytes) -> bytes:
+        mac, sep, body = payload.partition(b" ")
+        if not sep:
+            raise Rejected("malformed", "no MAC field")
+        if self._key is not None and not hmac.compare_digest(mac, self._mac(topic_name, body)):
+            raise Rejected("unauthorised", "bad MAC")
+        return body
+
+
+@dataclass
+class Rejections:
+    """Messages dropped on receipt, by class and reason."""
+
+    malformed: int = 0
+    unauthorised: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+
+    def add(self, kind: str, reason: str, where: str) -> None:
+        if kind == "unauthorised":
+            self.unauthorised += 1
+        else:
+            self.malformed += 1
+        self.reasons[f"{kind}: {reason}"] += 1
+        if self.reasons[f"{kind}: {reason}"] == 1:  # the first of each kind is logged; all are counted
+            log.warning("rejected %s message on %s: %s", kind, where, reason)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"malformed": self.malformed, "unauthorised": self.unauthorised, "reasons": dict(self.reasons)}

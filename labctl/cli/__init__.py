@@ -1,0 +1,93 @@
+"""The `labctl` command line: one module per command group, each adding its commands to `app`.
+
+Bad input is one line on stderr and exit code 2 (`main` is the one place that maps errors to exit codes);
+a device or environment problem is one line and exit code 1; Ctrl-C is 130.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from labctl.cli import agent, bench, dom, emulate, inventory, ocs, probe, queue, run
+from labctl.cli.common import EXIT_ABORTED, err, out
+from labctl.errors import InputError, LabctlError
+
+app = typer.Typer(
+    help="labctl: time optical circuit switch reconfigurations, from the switch command to traffic "
+    "resuming.\n\n"
+    "Start with `labctl run experiments/reconfig-timeline.yaml` (simulated Opus testbed, no root needed), "
+    "then `labctl report runs/` and open the run's timeline.png.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+for group in (run, inventory, ocs, emulate, probe, dom, bench, queue, agent):
+    group.register(app)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from labctl import __version__
+
+        out.print(f"labctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print labctl's version and exit."
+        ),
+    ] = False,
+) -> None:
+    """labctl: time optical circuit switch reconfigurations, from the switch command to traffic resuming."""
+
+
+def main() -> None:
+    """Console entry point: bad input is one line on stderr and exit code 2, never a traceback."""
+    try:
+        # With standalone_mode=False click returns the code of a typer.Exit instead of raising it.
+        code = app(standalone_mode=False)
+    except InputError as e:
+        err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except LabctlError as e:
+        err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(1)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        err.print("aborted")
+        sys.exit(EXIT_ABORTED)
+    except BrokenPipeError:
+        # `labctl history | head`: the reader left; say nothing more (and let Python's exit flush nowhere).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except OSError as e:
+        # The environment said no (permissions, a missing device, a busy port): one line, not a traceback.
+        if os.environ.get("LABCTL_DEBUG"):
+            raise
+        hint = " (this needs root: CAP_NET_ADMIN and CAP_SYS_ADMIN)" if isinstance(e, PermissionError) else ""
+        err.print(f"error: {e}{hint}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(1)
+    except Exception as e:
+        # Usage errors (unknown option, missing argument, bad value): one line and exit code 2. Matched by
+        # shape, not class: typer may bundle its own copy of click. A bare command group shows its help.
+        show, exit_code = getattr(e, "show", None), getattr(e, "exit_code", None)
+        if callable(show) and isinstance(exit_code, int):
+            message, ctx = getattr(e, "format_message", None), getattr(e, "ctx", None)
+            if type(e).__name__ == "NoArgsIsHelpError" or not callable(message):
+                show()
+            else:
+                where = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+                err.print(f"error: {message()}{where}", markup=False, highlight=False, soft_wrap=True)
+            sys.exit(exit_code)
+        raise
+    if isinstance(code, int) and code:
+        sys.exit(code)

@@ -1,0 +1,54 @@
+"""What every `labctl` command shares: the consoles, the options defined once, number formatting."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+out = Console(soft_wrap=True, emoji=False)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
+
+EXIT_ABORTED = 130
+DEFAULT_INVENTORY = Path("inventory.yaml")
+
+InventoryOpt = Annotated[
+    Path,
+    typer.Option(
+        "--inventory",
+        "-i",
+        help="Lab inventory: its kind, switches (driver, address), hosts, NIC ports, fibers.",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+
+
+def fmt_ns(value: float | int | None) -> str:
+    """Human duration for tables: 25.1 ms, 74 µs, 6.021 s."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    v = float(value)
+    if abs(v) >= 1e9:
+        return f"{v / 1e9:.3f} s"
+    if abs(v) >= 1e6:
+        return f"{v / 1e6:.1f} ms"
+    if abs(v) >= 1e3:
+        return f"{v / 1e3:.0f} µs"
+    return f"{v:.0f} ns"
+
+
+def bounded(low: float, high: float) -> Callable[[float | None], float | None]:
+    """A range check that names nan and inf for what they are (click's range check calls nan too large)."""
+
+    def check(value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise typer.BadParameter(f"{value} is not a finite number")
+        if value is not None and not low <= value <= high:
+            raise typer.BadParameter(f"{value:g} is not in {low:g}..{high:g}")
+        return value
+
+    return check

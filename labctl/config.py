@@ -1,0 +1,144 @@
+"""Configuration building blocks shared by the inventory and every driver's config model.
+
+A strict base model (unknown fields are errors), secrets as `${ENV_VAR}` references resolved only at
+the last moment, and `SwitchConfig`: what every switch entry of an inventory has. Each switch driver
+extends `SwitchConfig` with its own fields and narrows `driver` to its registry name; the inventory picks
+the model by that field (a discriminated union built from the registry, labctl.switches).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, field_validator, model_validator
+from pydantic_core import CoreSchema, core_schema
+
+from labctl.errors import InputError
+from labctl.mapping import PortSpace
+from labctl.ocs import TimeoutPolicy
+
+_ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+class ConfigModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Secret:
+    """A resolved secret. Its str/repr never show the value; call `reveal()` at the last moment."""
+
+    __slots__ = ("_value", "name")
+
+    def __init__(self, name: str, value: str) -> None:
+        self.name = name
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Secret(${{{self.name}}})"
+
+    __str__ = __repr__
+
+
+class SecretRef(str):
+    """A `${ENV_VAR}` reference as written in the inventory; it is what gets snapshotted, never the value."""
+
+    @property
+    def env_name(self) -> str:
+        m = _ENV_REF.match(self)
+        assert m is not None
+        return m[1]
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_plain_validator_function(
+            _secret_ref,
+            json_schema_input_schema=core_schema.str_schema(),
+            serialization=core_schema.to_string_ser_schema(),
+        )
+
+    def resolve(self, where: str = "") -> Secret:
+        value = os.environ.get(self.env_name)
+        if value is None:
+            at = f" (needed by {where})" if where else ""
+            raise InputError(f"environment variable {self.env_name} is not set{at}")
+        return Secret(self.env_name, value)
+
+
+def _secret_ref(value: Any) -> SecretRef:
+    if not isinstance(value, str) or not _ENV_REF.match(value):
+        raise ValueError("secrets must be written as an environment reference like ${POLATIS_PASSWORD}")
+    return SecretRef(value)
+
+
+class SwitchConfig(ConfigModel):
+    """Every switch: which driver, its port space, and the one deadline for an operation on it."""
+
+    driver: str
+    size: str = "32x32"
+    timeout_s: float = Field(default=10.0, gt=0, description="deadline for one switch operation")
+
+    @field_validator("size", mode="before")
+    @classmethod
+    def _size_is_text(cls, value: object) -> object:
+        # YAML reads `0x10` as the hex number 16: say what was meant instead of "should be a valid string".
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            raise ValueError(f"{value!r} is a number here; write the port space as INxOUT, e.g. 16x16")
+        return value
+
+    @field_validator("size")
+    @classmethod
+    def _size_parses(cls, value: str) -> str:
+        try:
+            PortSpace.parse(value)
+        except InputError as e:
+            raise ValueError(str(e)) from None
+        return value
+
+    @property
+    def space(self) -> PortSpace:
+        return PortSpace.parse(self.size)
+
+    @property
+    def over_model(self) -> bool:
+        """True when the switch is the lab's behaviour model (driven in-process or through its emulator),
+        False when it is hardware at an address."""
+        return False
+
+    def timeouts(self) -> TimeoutPolicy:
+        return TimeoutPolicy(connect_s=self.timeout_s, operation_s=self.timeout_s)
+
+
+class NetworkSwitchConfig(SwitchConfig):
+    """A switch reached over the network. With `emulate: true` the lab runs this driver's protocol
+    emulator around its own switch model (127.0.0.1, ephemeral port, a one-time password unless one is
+    given) and the driver talks to that over real TCP; otherwise `address` and `user` are required."""
+
+    address: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    user: str | None = None
+    password: SecretRef | None = None
+    emulate: bool = Field(
+        default=False,
+        description="drive this driver's protocol emulator around the lab's switch model instead of an "
+        "address",
+    )
+
+    @model_validator(mode="after")
+    def _reachable(self) -> NetworkSwitchConfig:
+        if not self.emulate:
+            missing = [f for f in ("address", "user") if getattr(self, f) is None]
+            if missing:
+                raise ValueError(
+                    f"a {self.driver} switch needs {' and '.join(missing)} (or `emulate: true` to drive its "
+                    "emulator)"
+                )
+        return self
+
+    @property
+    def over_model(self) -> bool:
+        return self.emulate

@@ -1,0 +1,96 @@
+"""The agents lab: the simulated lab with its probes on `labctl agent`s over MQTT (labctl.agents).
+
+The switch and NIC behaviour model (the world) stays in the controller with the switch drivers; each
+host's agent samples its own ports from a mirror of it, fed over the broker (`labctl/<lab>/_world`), and
+streams its events back. The same run on `kind: simulated` gives the same breakdown up to sampling and
+transport effects (tests/unit/test_agents.py compares them).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from labctl.agents.broker import BrokerSettings
+from labctl.agents.hub import AgentHub, RemoteProbe
+from labctl.agents.wire import WorldItem
+from labctl.clock import now_ns
+from labctl.events import Kind
+from labctl.inventory import Inventory, NicPort
+from labctl.labs.base import Lab, LabContext, LabKind
+from labctl.labs.world import check_switches_over_models, drive_models, switch_models
+from labctl.models.fabric import TRANSPORT, SimFabric
+
+PROBES = ("model-link", "rx-power", "model-traffic")
+"""What each agent runs, on its mirror of the world."""
+
+
+def check(inventory: Inventory) -> None:
+    if inventory.model.broker is None:
+        raise inventory.fail(("broker",), "an agents lab needs a `broker:` section (url: mqtt://HOST:PORT)")
+    check_switches_over_models(inventory, "agents")
+    BrokerSettings.check_names(inventory)
+
+
+def build(ctx: LabContext) -> Lab:
+    inv = ctx.inventory
+    broker = BrokerSettings.from_inventory(inv)
+    models = switch_models(ctx)
+    fabric = SimFabric(inv, models, ctx.profile, ctx.rng)
+    hub = AgentHub(inv, broker)
+    by_rx = {(p.switch, p.rx): p for p in inv.ports}
+
+    def light_item(port: NicPort) -> WorldItem:
+        st = fabric.state(port)
+        peer = st.light_from.source if st.light_from is not None else None
+        return WorldItem("light", port.source, st.light_t_ns, 0, peer, st.settle_ns, st.rx_level_dbm)
+
+    def on_light(switch: str, egress: int, ingress: int | None, t_ns: int) -> None:
+        port = by_rx.get((switch, egress))
+        if port is not None:
+            hub.world(light_item(port))
+
+    def on_transition(port: NicPort, kind: str, value: int, t_ns: int) -> None:
+        hub.world(WorldItem(kind, port.source, t_ns, value))
+
+    def snapshot() -> list[WorldItem]:
+        t = now_ns()
+        items = []
+        for port in inv.ports:
+            st = fabric.state(port)
+            items.append(light_item(port))
+            for kind, value in (
+                (Kind.LINK_FIRMWARE, st.firmware),
+                (Kind.CARRIER, st.carrier),
+                (TRANSPORT, st.transport),
+            ):
+                items.append(WorldItem(kind, port.source, t, value))
+        return items
+
+    for name, model in models.items():  # after the fabric's own listener: its port state is already updated
+        model.add_listener(functools.partial(on_light, name))
+    fabric.add_listener(on_transition)
+    hub.world_snapshot = snapshot
+    lab = Lab(close_hooks=[fabric.cancel_pending])
+    drive_models(ctx, models, lab)
+    lab.probes = [
+        RemoteProbe(hub, host, PROBES, ctx.probes, ctx.profile, ctx.rng.getrandbits(32))
+        for host in inv.hosts
+        if hub.links[host].sources
+    ]
+
+    async def stop_hub() -> None:
+        await hub.stop()
+        lab.meta.update(hub.report())
+
+    lab.start_hooks.append(hub.start)
+    lab.async_close_hooks.append(stop_hub)
+    return lab
+
+
+KIND = LabKind(
+    "agents",
+    "the simulated lab's models in the controller, each host's probes on its `labctl agent` over MQTT",
+    check,
+    build,
+    agent_probes=PROBES,
+)

@@ -1,0 +1,47 @@
+"""The simulated lab (the default): in-process switch and NIC models on real asyncio time.
+
+Each switch is a `SwitchModel` behind its driver (the sim driver, or a driver with `emulate: true` against
+its protocol emulator over real TCP); a `SimFabric` of NIC port models follows the switches' light; the
+probes read the NIC model (link, traffic) and model-driven transceivers (Rx power, through the real
+poller and DOM decoder). No root, no hardware.
+"""
+
+from __future__ import annotations
+
+from labctl.inventory import Inventory
+from labctl.labs.base import Lab, LabContext, LabKind
+from labctl.labs.world import (
+    build_probes,
+    check_switches_over_models,
+    drive_models,
+    no_broker,
+    switch_models,
+)
+from labctl.models.fabric import SimFabric
+from labctl.models.probes import model_sites
+from labctl.sampling import ProbeContext
+
+PROBES = ("model-link", "rx-power", "model-traffic")
+
+
+def check(inventory: Inventory) -> None:
+    no_broker(inventory, "simulated")
+    check_switches_over_models(inventory, "simulated")
+
+
+def build(ctx: LabContext) -> Lab:
+    models = switch_models(ctx)
+    fabric = SimFabric(ctx.inventory, models, ctx.profile, ctx.rng)
+    lab = Lab(close_hooks=[fabric.cancel_pending])
+    drive_models(ctx, models, lab)
+    sites = model_sites(fabric, ctx.inventory.ports)
+    lab.probes = build_probes(PROBES, ProbeContext(ctx.probes, ports=sites, world=fabric))
+    return lab
+
+
+KIND = LabKind(
+    "simulated",
+    "in-process switch and NIC models on real asyncio time (no root, no hardware)",
+    check,
+    build,
+)

@@ -1,0 +1,113 @@
+"""What labctl knows about a kind of switch: its registry entry, `SwitchDriver`.
+
+An entry holds the driver's inventory config model (a `labctl.config.SwitchConfig` subclass whose
+`driver` field is a Literal of the entry's name: the inventory picks the model by it), and up to three
+ways to build it:
+- `open`: the driver for a switch at its address (real hardware, or an emulator someone started);
+- `emulate`: the driver for the lab's own behaviour model of the switch, either directly (`sim`) or over
+  real sockets to this driver's protocol emulator running around the model (`emulate: true`);
+- `emulator`: the protocol emulator as a standalone server (`labctl emulate ocs DRIVER`).
+Entries live in their driver's package and import the driver itself (and any optional dependency) only
+when one of these is called. labctl.registry says where each entry is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Generic, Protocol, TypeVar, Union
+
+from pydantic import Field
+
+from labctl.config import SwitchConfig
+from labctl.emulators.core import FaultPlan
+from labctl.errors import InputError
+from labctl.models.switch import SwitchModel
+from labctl.ocs import EventSink, OpticalSwitch
+from labctl.registry import SWITCH_DRIVERS, Registry
+
+C = TypeVar("C", bound=SwitchConfig)
+
+
+@dataclass(frozen=True)
+class EmulatedSwitch:
+    """A driver over the lab's switch model, with what must run around it (its emulator's server)."""
+
+    switch: OpticalSwitch
+    start: Callable[[], Awaitable[None]] | None = None
+    """Before the switch connects (serve the emulator)."""
+    close: Callable[[], Awaitable[None]] | None = None
+    """After the switch has closed."""
+
+
+class Emulator(Protocol):
+    """A protocol emulator serving one switch model (labctl.emulators.core.SwitchEmulator)."""
+
+    port: int
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class EmulatorOptions:
+    """How `labctl emulate ocs` serves an emulator: where, whom it lets in, which faults it injects."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    users: Mapping[str, str] = field(default_factory=dict)
+    faults: FaultPlan | None = None
+    session_timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class EmulatorFrontEnd:
+    protocol: str
+    """What it speaks, for `--help` and logs (e.g. "TL1 over TCP")."""
+    default_port: int
+    serve: Callable[[SwitchModel, EmulatorOptions], Emulator]
+
+
+@dataclass(frozen=True)
+class SwitchDriver(Generic[C]):
+    name: str
+    config: type[C]
+    description: str
+    open: Callable[[str, C, EventSink], OpticalSwitch] | None = None
+    emulate: Callable[[str, C, SwitchModel, EventSink], EmulatedSwitch] | None = None
+    emulator: EmulatorFrontEnd | None = None
+
+
+switch_drivers: Registry[SwitchDriver[Any]] = Registry("switch driver", SWITCH_DRIVERS, SwitchDriver)
+
+
+def config_union() -> Any:
+    """Every registered driver's config model, told apart by `driver` (a pydantic discriminated union)."""
+    models = tuple(entry.config for entry in switch_drivers.all().values())
+    return Annotated[Union[models], Field(discriminator="driver")]  # noqa: UP007 - a runtime tuple
+
+
+def open_switch(name: str, config: SwitchConfig, emit: EventSink) -> OpticalSwitch:
+    """The driver for an inventory switch that is hardware at an address."""
+    entry = switch_drivers.get(config.driver)
+    if config.over_model or entry.open is None:
+        raise InputError(
+            f"switch {name} ({config.driver}) is a behaviour model that exists only inside a run"
+            + (" (emulate: true)" if config.over_model and entry.open is not None else "")
+            + "; to drive one from outside a run, serve it with `labctl emulate ocs` and give the switch "
+            "its address"
+        )
+    return entry.open(name, config, emit)
+
+
+def emulate_switch(name: str, config: SwitchConfig, model: SwitchModel, emit: EventSink) -> EmulatedSwitch:
+    """The driver for the lab's model of an inventory switch (`sim`, or `emulate: true`)."""
+    entry = switch_drivers.get(config.driver)
+    if not config.over_model or entry.emulate is None:
+        raise InputError(
+            f"switch {name} ({config.driver}) is hardware at an address: it cannot light this lab's modeled "
+            "NIC ports"
+            + ("; set `emulate: true` to drive its emulator instead" if entry.emulate is not None else "")
+        )
+    return entry.emulate(name, config, model, emit)
