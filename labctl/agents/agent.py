@@ -61,9 +61,7 @@ class FabricMirror(SimFabric):
     their model times, so the simulated probes on this host read the same lab as a one-process run."""
 
     def __init__(self, inventory: Inventory, profile: Profile, rng: random.Random) -> None:
-        dark = {
-            name: SwitchModel(name, spec.space, profile, rng) for name, spec in inventory.switches.items()
-        }
+        dark = SwitchModel.many({name: s.space for name, s in inventory.switches.items()}, profile, rng)
         super().__init__(inventory, dark, profile, rng)
         self.by_source = {p.source: p for p in inventory.ports}
 

@@ -203,7 +203,8 @@ class SwitchEmulator:
 
     async def move(self, diff: MappingDiff) -> asyncio.Task[tuple[int, int]]:
         """Start the model's mirror move and return once it has taken the new patches, so the next command
-        (from any session) is checked against them; the move itself completes in the background."""
+        (from any session) is checked against them; the move itself completes in the background. Raises
+        the model's ChangeRefused if it refused the change (nothing moved)."""
         started = asyncio.Event()
 
         async def run() -> tuple[int, int]:
@@ -212,6 +213,8 @@ class SwitchEmulator:
 
         task = asyncio.create_task(run())
         await started.wait()
+        if task.done():  # the model refused the change before anything moved (ChangeRefused)
+            task.result()
         return task
 
     def expected_reply_s(self, moving: bool) -> float:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from labctl.emulators.core import FaultPlan, Session, SwitchEmulator, load_faults
 from labctl.mapping import MappingDiff
-from labctl.models.switch import SwitchModel
+from labctl.models.switch import ChangeRefused, SwitchModel
 
 __all__ = ["Tl1Emulator", "Tl1Faults", "load_faults", "parse_command"]
 
@@ -161,6 +161,8 @@ class Tl1Emulator(SwitchEmulator):
                 self._announce(session, diff)
         except _Deny as e:
             reply = _Reply("DENY", code=e.code, comment=e.comment)
+        except ChangeRefused as e:  # the switch itself said no: "requested operation failed"
+            reply = _Reply("DENY", code="SROF", comment=str(e))
         if self.expected_reply_s(moving is not None) >= self.ack_after_s:
             session.write(f"IP {ctag}\r\n<".encode())
         data = self._frame("M", ctag, reply.status, reply.lines, reply.code, reply.comment)

@@ -36,10 +36,8 @@ def no_broker(inventory: Inventory, kind: str) -> None:
 
 
 def switch_models(ctx: LabContext) -> dict[str, SwitchModel]:
-    return {
-        name: SwitchModel(name, spec.space, ctx.profile, ctx.rng)
-        for name, spec in ctx.inventory.switches.items()
-    }
+    spaces = {name: spec.space for name, spec in ctx.inventory.switches.items()}
+    return SwitchModel.many(spaces, ctx.profile, ctx.rng)
 
 
 def drive_models(ctx: LabContext, models: dict[str, SwitchModel], lab: Lab) -> None:

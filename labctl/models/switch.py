@@ -12,6 +12,7 @@ import random
 from collections.abc import Callable, Iterable
 
 from labctl.clock import now_ns
+from labctl.errors import HardwareError
 from labctl.mapping import Mapping, MappingDiff, PortSpace, apply_diff
 from labctl.profiles import Profile
 
@@ -19,6 +20,10 @@ from labctl.profiles import Profile
 LightListener = Callable[[int, int | None, int], None]
 
 INSERTION_LOSS_DB = 1.5  # typical for a beam-steering OCS path
+
+
+class ChangeRefused(HardwareError):
+    """The switch refused a change and left its patches as they were (a locked port, a busy controller)."""
 
 
 class SwitchModel:
@@ -35,6 +40,15 @@ class SwitchModel:
         self.listeners: list[LightListener] = []
         self._timers: set[asyncio.TimerHandle] = set()
         self.commands = 0
+        self.refusals = 0
+        """Fault injection: refuse this many of the next changes (each leaves the patches unchanged)."""
+
+    @classmethod
+    def many(
+        cls, spaces: dict[str, PortSpace], profile: Profile, rng: random.Random
+    ) -> dict[str, SwitchModel]:
+        """One model per switch (name → port space), sharing the profile and the random stream."""
+        return {name: cls(name, space, profile, rng) for name, space in spaces.items()}
 
     def add_listener(self, listener: LightListener) -> None:
         self.listeners.append(listener)
@@ -58,6 +72,9 @@ class SwitchModel:
     async def execute(self, diff: MappingDiff) -> tuple[int, int]:
         """Carry out a diff. Returns (command received, switching done) in model ns; sleeps until done."""
         self.commands += 1
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise ChangeRefused(f"{self.name}: change refused ({self.refusals} more refusals set)")
         t_cmd = now_ns()
         self.patches = apply_diff(self.patches, diff)
         for _, egress in diff.remove:
