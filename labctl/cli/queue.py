@@ -39,7 +39,7 @@ def serve(
     and leaves queued ones queued. After a crash, the next `serve` restores the baseline of every run that
     was going, marks it interrupted and queues one retry.
     """
-    from labctl.scheduler import serve_main
+    from labctl.scheduler.service import serve_main
 
     err.print(f"serving queue {db} (runs in {out_dir}); Ctrl-C to stop")
     asyncio.run(serve_main(db, out_dir, plots=not no_plots, exit_when_idle=exit_when_idle, poll_s=poll_s))
@@ -63,7 +63,9 @@ def submit(
     db: DbOpt = DEFAULT_DB,
 ) -> None:
     """Queue a run (or, with --cron, a recurring schedule). The experiment is validated now, in full."""
-    from labctl.scheduler import QueueStore, SystemClock, declare, parse_at, validate_cron
+    from labctl.scheduler.plan import declare
+    from labctl.scheduler.store import QueueStore
+    from labctl.scheduler.timing import SystemClock, parse_at, validate_cron
 
     if at is not None and cron is not None:
         raise InputError("--at and --cron exclude each other (a schedule's first run is its next cron time)")
@@ -104,7 +106,8 @@ def queue(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Show queued and running runs (in start order) and active cron schedules."""
-    from labctl.scheduler import QueueStore, fmt_wall
+    from labctl.scheduler.store import QueueStore
+    from labctl.scheduler.timing import fmt_wall
 
     if not db.exists():  # reading must not create a queue file where the user mistyped a path
         if as_json:
@@ -175,7 +178,7 @@ def cancel(
 
     By name, it cancels every queued or running run with that name and disables the schedules with it.
     """
-    from labctl.scheduler import QueueStore
+    from labctl.scheduler.store import QueueStore
 
     if not db.exists():
         raise InputError(f"{db}: no queue database here (labctl submit creates it)")
@@ -196,7 +199,8 @@ def history(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Finished runs, newest first: state, start and end, run directory, error."""
-    from labctl.scheduler import QueueStore, fmt_wall
+    from labctl.scheduler.store import QueueStore
+    from labctl.scheduler.timing import fmt_wall
 
     if not db.exists():
         if as_json:

@@ -18,16 +18,11 @@ import pytest
 
 from labctl.errors import InputError
 from labctl.events import read_events
-from labctl.scheduler import (
-    TRANSITIONS,
-    QueueStore,
-    RunRow,
-    Scheduler,
-    WorkerResult,
-    declare,
-    parse_at,
-    pick,
-)
+from labctl.scheduler.plan import declare, pick
+from labctl.scheduler.service import Scheduler
+from labctl.scheduler.store import TRANSITIONS, QueueStore, RunRow
+from labctl.scheduler.timing import parse_at
+from labctl.scheduler.worker import WorkerResult
 
 # Two rails on one switch, each on its own pair of hosts: rail 0 = h1,h2; rail 1 = h3,h4.
 SPLIT_INVENTORY = """
@@ -449,7 +444,7 @@ async def test_a_run_cancelled_between_read_and_launch_is_skipped(
 
 
 def test_a_second_serve_on_the_same_queue_is_refused(tmp_path: Path) -> None:
-    from labctl.scheduler import exclusive_serve
+    from labctl.scheduler.service import exclusive_serve
 
     db = tmp_path / "q.sqlite"
     with exclusive_serve(db):

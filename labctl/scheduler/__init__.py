@@ -1,0 +1,30 @@
+"""`labctl serve`: a queue of experiment runs in SQLite, started by priority, due date and cron schedule.
+
+- The queue is a SQLite file in WAL mode. Inside `serve`, one writer task makes every state change in a
+  short transaction; the CLI clients (`submit`, `cancel`) make single-statement inserts/updates, so no
+  transaction ever waits on a run (the QCoDeS lock complaints came from long-lived writers).
+- Each run declares what it touches: the OCS ports of its rails (every fiber of the rail, as
+  `topology.rail_scope`) and the hosts of its plan. Runs on disjoint resources run at the same time.
+- Order: priority (high first), then due time, then submission order. A run that waits for resources
+  reserves them against every lower-priority run (conservative backfill, decision 0015), so a lower
+  priority run never delays it; priority never preempts a running run.
+- Every run executes in its own worker process through `labctl.controller.run_experiment`, the same path
+  as `labctl run`. A crashed worker, or a `serve` killed while runs were going, leaves rows in `running`;
+  the next `serve` (or the monitor of a crashed worker) re-applies the run's baseline through the
+  inventory's switch drivers, records that in `recovery.jsonl`, marks the row `interrupted` and queues one
+  retry (decision 0016).
+
+The modules, each importing only those above it:
+
+- `timing`: the injectable wall clock, `--at` parsing, cron expressions (croniter, imported on first use).
+- `plan`: what a run touches (`Resources`), `declare` (validate an experiment, derive its resources and
+  baseline) and `pick`, the conservative-backfill choice of which due runs start now.
+- `store`: the queue on disk: the SQLite schema, the run state machine, `RunRow`/`ScheduleRow`,
+  `QueueStore`.
+- `worker`: executing one run: the `Executor` protocol and `SubprocessExecutor`, and the worker process
+  itself (`python -m labctl.scheduler worker ARGS`, through `__main__`).
+- `service`: the `serve` engine (`Scheduler`), recovery of runs left `running`, `serve_main`.
+
+Nothing is imported here: `labctl.scheduler.timing` and `.store` stay light for the CLI clients, and the
+worker process loads only what it runs.
+"""
