@@ -19,7 +19,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from labctl.config import ConfigModel, SecretRef, SwitchConfig
 from labctl.errors import InputError
 from labctl.profiles import DEFAULT_PROFILE, Profile, resolve_profile
-from labctl.registry import LAB_KINDS
+from labctl.registry import DEFAULT_LAB_KIND, LAB_KINDS
 from labctl.switches import config_union as switch_drivers_config_union
 from labctl.yamlio import Loc, SourcedYaml, format_loc, load_yaml, pydantic_error_line
 
@@ -99,7 +99,7 @@ class InventoryModel(ConfigModel):
     profile: str = DEFAULT_PROFILE
     profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
     kind: str = Field(
-        default="simulated",
+        default=DEFAULT_LAB_KIND,
         description="the kind of lab (labctl.registry.LAB_KINDS): simulated (in-process models), kernel "
         "(namespaces + veth + tc, root), agents (probes on `labctl agent`s over MQTT)",
     )

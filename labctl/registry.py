@@ -23,6 +23,7 @@ SWITCH_DRIVERS: Mapping[str, str] = {
     "sim": "labctl.drivers.sim:DRIVER",
     "polatis-tl1": "labctl.drivers.polatis_tl1:DRIVER",
 }
+DEFAULT_LAB_KIND = "simulated"
 LAB_KINDS: Mapping[str, str] = {
     "simulated": "labctl.labs.simulated:KIND",
     "kernel": "labctl.labs.kernel:KIND",

@@ -46,7 +46,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def versions() -> dict[str, str]:
-    from labctl import __version__
+    from labctl.version import __version__
 
     return {"labctl": __version__, "python": sys.version.split()[0], "platform": platform.platform()}
 

@@ -31,7 +31,7 @@ for group in (run, inventory, ocs, emulate, probe, dom, bench, queue, agent):
 
 def _print_version(value: bool) -> None:
     if value:
-        from labctl import __version__
+        from labctl.version import __version__
 
         out.print(f"labctl {__version__}")
         raise typer.Exit()

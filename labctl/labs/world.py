@@ -25,8 +25,8 @@ def check_switches_over_models(inventory: Inventory, kind: str) -> None:
         if not spec.over_model:
             raise inventory.fail(
                 ("switches", name),
-                f"a {spec.driver} switch at an address cannot light a {kind} lab's modeled NIC ports; set "
-                "`emulate: true` to drive its emulator instead",
+                f"a {spec.driver} switch at an address cannot light the modeled NIC ports of a {kind} lab; "
+                "set `emulate: true` to drive its emulator instead",
             )
 
 
