@@ -210,3 +210,15 @@ def test_event_kinds_are_named_constants_on_both_sides() -> None:
                 if isinstance(lit, ast.Constant) and lit.value in KINDS
             )
     assert not found, found
+
+
+def test_a_missing_optional_dependency_is_one_line_naming_the_extra() -> None:
+    from labctl.extras import MissingExtra, require
+
+    with pytest.raises(MissingExtra) as info:
+        require("labctl_test_no_such_module.sub", "netconf", "the NETCONF driver")
+    assert str(info.value) == (
+        "the NETCONF driver needs labctl_test_no_such_module.sub (labctl_test_no_such_module is not "
+        "installed): pip install 'labctl[netconf]'"
+    )
+    assert require("json", "none", "nothing").dumps([]) == "[]"
