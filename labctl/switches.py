@@ -91,12 +91,16 @@ def config_union() -> Any:
 def open_switch(name: str, config: SwitchConfig, emit: EventSink) -> OpticalSwitch:
     """The driver for an inventory switch that is hardware at an address."""
     entry = switch_drivers.get(config.driver)
-    if config.over_model or entry.open is None:
+    if entry.open is None:
         raise InputError(
-            f"switch {name} ({config.driver}) is a behaviour model that exists only inside a run"
-            + (" (emulate: true)" if config.over_model and entry.open is not None else "")
-            + "; to drive one from outside a run, serve it with `labctl emulate ocs` and give the switch "
-            "its address"
+            f"switch {name} ({config.driver}) exists only as a model inside a run; `labctl ocs` drives "
+            "switches at an address"
+        )
+    if config.over_model:
+        serve = f"`labctl emulate ocs {config.driver}`" if entry.emulator is not None else "its emulator"
+        raise InputError(
+            f"switch {name} ({config.driver}) is emulated inside each run (emulate: true); to drive one from "
+            f"here, serve it with {serve} and give the switch that address instead"
         )
     return entry.open(name, config, emit)
 

@@ -32,7 +32,13 @@ def check_switches_over_models(inventory: Inventory, kind: str) -> None:
 
 def no_broker(inventory: Inventory, kind: str) -> None:
     if inventory.model.broker is not None:
-        raise inventory.fail(("broker",), f"a {kind} lab runs in one process; `kind: agents` uses the broker")
+        from labctl.labs import lab_kinds
+
+        with_agents = ", ".join(name for name, k in lab_kinds.all().items() if k.agent_probes)
+        raise inventory.fail(
+            ("broker",),
+            f"a {kind} lab runs in one process; the broker is for lab kinds with agents ({with_agents})",
+        )
 
 
 def switch_models(ctx: LabContext) -> dict[str, SwitchModel]:
