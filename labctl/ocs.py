@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from labctl.clock import now_ns
-from labctl.errors import HardwareError, MappingError, SwitchStateMismatch
+from labctl.errors import HardwareError, InputError, MappingError, SwitchStateMismatch
 from labctl.events import Event, Kind
 from labctl.mapping import Mapping, MappingDiff, PortSpace, diff_mapping, ports_of, validate_mapping
 
@@ -102,6 +102,18 @@ class OpticalSwitch(Protocol):
     async def port_power(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
         """Optical power (dBm) the switch measures at each port; None where there is no light."""
         ...
+
+
+def check_ports(switch: str, space: PortSpace, ports: Iterable[int]) -> list[int]:
+    """The ports of a per-port query (power, shutters), sorted, or InputError: none given, or out of range.
+    Every driver applies the same rule, so a caller gets the same answer from any switch."""
+    wanted = sorted(set(ports))
+    if not wanted:
+        raise InputError(f"{switch}: no ports given")
+    bad = [p for p in wanted if p not in space.all_ports]
+    if bad:
+        raise InputError(f"{switch}: ports {bad} are outside 1..{space.all_ports.stop - 1}")
+    return wanted
 
 
 @dataclass

@@ -11,26 +11,41 @@ from typing import Any, Literal
 
 from labctl.clock import now_ns
 from labctl.config import SwitchConfig
-from labctl.errors import HardwareError
+from labctl.errors import HardwareError, InputError
 from labctl.events import Event, Kind
 from labctl.mapping import Mapping, MappingDiff, PortSpace
 from labctl.models.switch import SwitchModel
-from labctl.ocs import ApplyResult, EventSink, SwitchOps, Timed, TimeoutPolicy, converge
+from labctl.ocs import ApplyResult, EventSink, SwitchOps, Timed, TimeoutPolicy, check_ports, converge
 from labctl.switches import EmulatedSwitch, SwitchDriver
 
 
 class SimSwitch:
-    """Satisfies `OpticalSwitch`. Switching time comes from the model's delay profile."""
+    """Satisfies `OpticalSwitch`. Switching time comes from the model's delay profile.
 
-    def __init__(self, model: SwitchModel, emit: EventSink, timeouts: TimeoutPolicy | None = None) -> None:
+    `name` and `space` are what the inventory says (default: the model's); like a real driver, `connect`
+    refuses a switch whose size differs from the inventory's."""
+
+    def __init__(
+        self,
+        model: SwitchModel,
+        emit: EventSink,
+        timeouts: TimeoutPolicy | None = None,
+        *,
+        name: str | None = None,
+        space: PortSpace | None = None,
+    ) -> None:
         self.model = model
-        self.name = model.name
-        self.space: PortSpace = model.space
+        self.name = name or model.name
+        self.space: PortSpace = space or model.space
         self.timeouts = timeouts or TimeoutPolicy()
         self._emit = emit
         self._connected = False
 
     async def connect(self) -> None:
+        if self.model.space != self.space:
+            raise InputError(
+                f"switch {self.name}: the inventory says {self.space} but the model is {self.model.space}"
+            )
         self._connected = True
 
     async def close(self) -> None:
@@ -84,8 +99,9 @@ class SimSwitch:
 
     async def port_power(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
         self._require_connected()
+        wanted = check_ports(self.name, self.space, ports)
         start = now_ns()
-        powers = {p: self.model.power_dbm(p) for p in ports}
+        powers = {p: self.model.power_dbm(p) for p in wanted}
         end = now_ns()
         for port, dbm in powers.items():
             self._emit(
@@ -111,7 +127,7 @@ class SimSwitchConfig(SwitchConfig):
 
 
 def _over_model(name: str, config: SimSwitchConfig, model: SwitchModel, emit: EventSink) -> EmulatedSwitch:
-    return EmulatedSwitch(SimSwitch(model, emit, config.timeouts()))
+    return EmulatedSwitch(SimSwitch(model, emit, config.timeouts(), name=name, space=config.space))
 
 
 DRIVER = SwitchDriver(

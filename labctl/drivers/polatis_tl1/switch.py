@@ -20,7 +20,7 @@ from labctl.config import Secret, SecretRef
 from labctl.errors import HardwareError, InputError
 from labctl.events import Event, Kind
 from labctl.mapping import Mapping, MappingDiff, PortSpace
-from labctl.ocs import ApplyResult, EventSink, SwitchOps, Timed, TimeoutPolicy, converge
+from labctl.ocs import ApplyResult, EventSink, SwitchOps, Timed, TimeoutPolicy, check_ports, converge
 
 from .codec import (
     DEFAULT_PORT,
@@ -433,11 +433,7 @@ class PolatisTl1Switch:
 
     # -- the rest of the TL1 command set ---------------------------------------------------------------------
     def _check_ports(self, ports: Sequence[int]) -> None:
-        if not ports:
-            raise InputError(f"{self.name}: no ports given")
-        bad = [p for p in ports if p not in self.space.all_ports]
-        if bad:
-            raise InputError(f"{self.name}: ports {bad} are outside 1..{self.space.all_ports.stop - 1}")
+        check_ports(self.name, self.space, ports)
 
     async def retrieve_patches(self, ports: Iterable[int] | None = None) -> Timed[Mapping]:
         """RTRV-PATCH, optionally only the patches touching `ports`."""
