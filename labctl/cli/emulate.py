@@ -36,7 +36,10 @@ def _emulate_group() -> None:
 def emulate_ocs(
     driver: Annotated[
         str,
-        typer.Argument(help="The switch driver whose emulator to serve (see `labctl emulate ocs --list`)."),
+        typer.Argument(
+            metavar="DRIVER",
+            help="The switch driver whose emulator to serve (see `labctl emulate ocs --list`).",
+        ),
     ] = "",
     list_drivers: Annotated[
         bool, typer.Option("--list", help="List the drivers that have an emulator, and exit.")
