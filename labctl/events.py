@@ -195,6 +195,10 @@ class EventQueue:
         self._closed = False
         self.dropped = 0
 
+    @property
+    def maxsize(self) -> int:
+        return self._maxsize
+
     def put(self, event: Event) -> None:
         if self._closed:
             return

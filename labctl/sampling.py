@@ -9,7 +9,7 @@ stays small enough to keep for every run.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
@@ -162,35 +162,47 @@ class QueueProbe:
     async def _run(self) -> None:
         raise NotImplementedError
 
-    async def __aenter__(self) -> Self:
+    def _check_startable(self) -> None:
+        """A probe runs once: its stream ends when it stops, so a second run would sample into nothing."""
         if self._task is not None:
             raise RuntimeError(f"probe {self.name} is already running")
+        if self._stopped_ns is not None:
+            raise RuntimeError(f"probe {self.name} has run and stopped; build a new one")
+
+    async def __aenter__(self) -> Self:
+        self._check_startable()
         self._task = asyncio.create_task(self._run(), name=f"probe:{self.name}")
+        # A sampler that dies ends its stream at once: whoever reads events() stops waiting, and the error
+        # is raised when the probe is exited.
+        self._task.add_done_callback(lambda _task: self.queue.close())
         self._started_ns = now_ns()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                # Re-raise only if *we* are being cancelled, not because we cancelled the sampler.
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
-            self._task = None
-        self._stopped_ns = now_ns()
-        self.queue.close()
+        task, self._task = self._task, None
+        try:
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    # Re-raise only if *we* are being cancelled, not because we cancelled the sampler.
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise
+        finally:
+            self._stopped_ns = now_ns()
+            self.queue.close()
 
     def events(self) -> AsyncIterator[Event]:
         return aiter(self.queue)
 
 
-async def ticks(period_ns: int, max_lag_ns: int | None = None) -> AsyncIterator[int]:
-    """Yield tick times on an absolute schedule.
+async def ticks(period_ns: int, max_lag_ns: int | None = None) -> AsyncGenerator[int, None]:
+    """Yield tick times on an absolute schedule. Iterate it inside `contextlib.aclosing(...)`, so that a
+    sampler cancelled mid-tick closes the generator itself instead of leaving asyncio a clean-up task.
 
     asyncio's sleeps wake up to ~1 ms late (epoll's timeout is whole milliseconds, rounded up), so a 1 kHz
     schedule that realigned after every late wake-up would lose ~10% of its ticks. A tick late by at most

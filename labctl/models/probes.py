@@ -14,6 +14,7 @@ through the same read and decode path as a live module.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Sequence
 
@@ -80,6 +81,8 @@ class SimTrafficProbe(QueueProbe):
         self.gate = ReportGate(report_interval_ns)
         self.peers: dict[NicPort, NicPort] = {}
         self.pings = 0
+        self._was_ok: dict[NicPort, bool] = {}  # the last outcome per port, and pings since it was reported
+        self._count: dict[NicPort, int] = {}
 
     def set_circuits(self, peers: dict[str, str | None]) -> None:
         for source, peer in peers.items():
@@ -93,32 +96,34 @@ class SimTrafficProbe(QueueProbe):
                 self.peers[port] = self.by_source[peer]
 
     async def _run(self) -> None:
-        was_ok: dict[NicPort, bool] = {}
-        count: dict[NicPort, int] = {}
-        async for t in ticks(self.period_ns):
-            for port, peer in list(self.peers.items()):
-                rtt = self.fabric.traffic_rtt_ns(port, peer)
-                self.pings += 1
-                ok = rtt is not None
-                changed = was_ok.get(port) is not ok
-                count[port] = 1 if changed else count.get(port, 0) + 1
-                was_ok[port] = ok
-                if not self.gate.due(port.source, changed, t):
-                    continue
-                meta = {"peer": peer.source, "n": count[port]}
-                count[port] = 0
-                if not ok:
-                    meta["detected_ns"] = t + self.timeout_ns  # when a real probe would give up on it
-                self.queue.put(
-                    Event(
-                        t_ns=t,
-                        kind=Kind.TRAFFIC_OK if ok else Kind.TRAFFIC_LOST,
-                        source=port.source,
-                        host=port.host,
-                        value=rtt,
-                        meta=meta,
-                    )
+        async with contextlib.aclosing(ticks(self.period_ns)) as schedule:
+            async for t in schedule:
+                self._ping_all(t)
+
+    def _ping_all(self, t: int) -> None:
+        for port, peer in list(self.peers.items()):
+            rtt = self.fabric.traffic_rtt_ns(port, peer)
+            self.pings += 1
+            ok = rtt is not None
+            changed = self._was_ok.get(port) is not ok
+            self._count[port] = 1 if changed else self._count.get(port, 0) + 1
+            self._was_ok[port] = ok
+            if not self.gate.due(port.source, changed, t):
+                continue
+            meta = {"peer": peer.source, "n": self._count[port]}
+            self._count[port] = 0
+            if not ok:
+                meta["detected_ns"] = t + self.timeout_ns  # when a real probe would give up on it
+            self.queue.put(
+                Event(
+                    t_ns=t,
+                    kind=Kind.TRAFFIC_OK if ok else Kind.TRAFFIC_LOST,
+                    source=port.source,
+                    host=port.host,
+                    value=rtt,
+                    meta=meta,
                 )
+            )
 
 
 async def _forever() -> None:

@@ -22,6 +22,7 @@ bench/dom.py on the target NIC before raising `hz` there.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -181,6 +182,7 @@ class RxPowerProbe(QueueProbe):
 
     async def __aenter__(self) -> Self:
         # Open and identify every module before the sampler starts, so a missing one fails `async with`.
+        self._check_startable()
         try:
             for port in self.ports:
                 self.polled.append(self._open(port))
@@ -254,9 +256,10 @@ class RxPowerProbe(QueueProbe):
             )
 
     async def _run(self) -> None:
-        async for _tick in ticks(self.period_ns):
-            for p in self.polled:
-                self._sample(p)
+        async with contextlib.aclosing(ticks(self.period_ns)) as schedule:
+            async for _tick in schedule:
+                for p in self.polled:
+                    self._sample(p)
 
 
 def _build(ctx: ProbeContext) -> Probe:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 
 from labctl.clock import now_ns
@@ -48,8 +49,9 @@ class SwitchPowerProbe(QueueProbe):
             )
 
     async def _run(self) -> None:
-        async for _ in ticks(self.period_ns):
-            await asyncio.gather(*(self._read(switch, ports) for switch, ports in self.watched))
+        async with contextlib.aclosing(ticks(self.period_ns)) as schedule:
+            async for _ in schedule:
+                await asyncio.gather(*(self._read(switch, ports) for switch, ports in self.watched))
 
 
 def _build(ctx: ProbeContext) -> Probe:
@@ -59,6 +61,7 @@ def _build(ctx: ProbeContext) -> Probe:
 PROBE = ProbeKind(
     "switch-power",
     (Kind.RX_POWER, Kind.OCS_ERROR),
-    "the switches' own per-port power monitors (OpticalSwitch.port_power), at switch_power_hz",
+    "the switches' own per-port power monitors, at switch_power_hz (the readings are the drivers' own "
+    "rx_power events; this probe writes only the ocs.error of a failed read)",
     _build,
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 
@@ -93,3 +94,40 @@ def test_light_window_reports_densely_until_the_light_is_seen_back() -> None:
     window.open(["p"], 300 * ms)
     window.close()
     assert reported([(t * ms, -3.0) for t in range(300, 320)]) == [300 * ms]  # the 100 ms heartbeat only
+
+
+async def _drain(probe: sampling.QueueProbe) -> list[object]:
+    return [e async for e in probe.events()]
+
+
+class _Crashing(sampling.QueueProbe):
+    name = "crashing"
+
+    async def _run(self) -> None:
+        await asyncio.sleep(0.01)
+        raise OSError(19, "No such device")
+
+
+async def test_a_sampler_that_dies_ends_its_stream_and_raises_at_exit() -> None:
+    """Whoever reads events() must not wait forever for a sampler that is gone."""
+    probe = _Crashing()
+    await probe.__aenter__()
+    got = await asyncio.wait_for(_drain(probe), 5)  # ends when the sampler dies, not at exit
+    assert got == []
+    with pytest.raises(OSError, match="No such device"):
+        await probe.__aexit__(None, None, None)
+    assert probe._task is None
+    with pytest.raises(RuntimeError, match="probe crashing has run and stopped; build a new one"):
+        async with probe:
+            pass
+
+
+async def test_a_refused_second_enter_leaves_the_rx_power_probe_as_it_was() -> None:
+    from labctl.models.module_eeprom import ModelDrivenQsfp28
+    from labctl.probes.rxpower import ModulePort, RxPowerProbe
+
+    probe = RxPowerProbe([ModulePort("nic:h1/p", "h1", lambda: ModelDrivenQsfp28(lambda _t: -3.0), (1,))])
+    async with probe:
+        with pytest.raises(RuntimeError, match="already running"):
+            await probe.__aenter__()
+        assert len(probe.polled) == 1  # not opened a second time (it would then be read twice a tick)
