@@ -28,7 +28,8 @@ from labctl.labs import build_lab, load
 from labctl.labs.base import Lab, LabContext
 from labctl.looplag import LoopLagMonitor
 from labctl.mapping import Mapping
-from labctl.sampling import Probe, ProbeContext, probe_kinds
+from labctl.probes import ProbeContext, probe_kinds
+from labctl.sampling import Probe
 from labctl.store import RunDir, new_run_id, versions, write_json_atomic
 from labctl.topology import peers_of, rail_scope
 

@@ -3,12 +3,12 @@
 
 Adding one is a line here plus its own module(s): a switch driver brings its config model, how to open
 it and how to emulate it (labctl.switches.SwitchDriver); a lab kind its check and builder
-(labctl.labs.base.LabKind); a probe its signals and factory (labctl.sampling.ProbeKind). Nothing else in
+(labctl.labs.base.LabKind); a probe its signals and factory (labctl.probes.ProbeKind). Nothing else in
 labctl branches on these names (tests/unit/test_architecture.py holds that). Entries live in their own
 modules and are imported lazily, so an optional dependency is only needed by what uses it.
 
 This module imports nothing of labctl's above errors: the typed registries are built next to their entry
-types (labctl.switches, labctl.sampling, labctl.labs), which keeps every import pointing one way.
+types (labctl.switches, labctl.probes, labctl.labs), which keeps every import pointing one way.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Pieces every sampling probe shares: the probe Protocol and its registry entry (`ProbeKind`, built from a
-`ProbeContext`), the experiment's probe settings, a periodic ticker, and the report policy.
+"""Pieces every sampling probe shares: the probe Protocol, the experiment's probe settings, the queue
+plumbing, a periodic ticker, and the report policy. (A probe's registry entry is in labctl/probes.)
 
 A probe samples fast (1 kHz Rx power, a ping every 1 ms) but writes an event only when the signal
 changes, plus a heartbeat at `report_interval`. Transitions keep the sampling resolution; the stream
@@ -9,21 +9,14 @@ stays small enough to keep for every run.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from labctl.clock import now_ns
-from labctl.errors import InputError
 from labctl.events import Event, EventQueue
-from labctl.inventory import NicPort
-from labctl.models.fabric import SimFabric
-from labctl.ocs import OpticalSwitch
-from labctl.registry import PROBES, Registry
-from labctl.transceiver import ModuleEeprom
 
 
 @runtime_checkable
@@ -73,58 +66,6 @@ class ProbeSettings(BaseModel):
         le=1000,
         description="poll the OCS's own power monitor on the rails' ports (0: off)",
     )
-
-
-@dataclass(frozen=True)
-class PortSite:
-    """Where one NIC port can be observed from here: its network namespace (None: this one), its IPv4
-    address (for traffic), and how to open its transceiver's EEPROM (a live module, or one a behaviour
-    model drives)."""
-
-    port: NicPort
-    netns: str | None = None
-    ip: str | None = None
-    open_eeprom: Callable[[], ModuleEeprom] | None = None
-    """None: the live module behind the interface (ethtool)."""
-    rx_lanes: tuple[int, ...] | None = None
-    """Lanes to report Rx power for (None: all the module has)."""
-
-
-@dataclass(frozen=True)
-class ProbeContext:
-    """Everything a probe factory may draw on; each uses what its signal needs."""
-
-    settings: ProbeSettings
-    ports: Sequence[PortSite] = ()
-    """The ports this probe observes."""
-    peers: Sequence[PortSite] = ()
-    """Every port a circuit may reach (a traffic probe's possible peers); default: `ports`."""
-    world: SimFabric | None = None
-    """The lab's behaviour model, for probes that read it directly."""
-    switches: Sequence[tuple[OpticalSwitch, Sequence[int]]] = ()
-    """Switches and the ports on each to watch (the switches' own power monitors)."""
-
-    @property
-    def report_interval_ns(self) -> int:
-        return round(self.settings.report_interval_ms * 1e6)
-
-    def require_world(self, probe: str) -> SimFabric:
-        if self.world is None:
-            raise InputError(f"probe {probe} reads the lab's behaviour model, and this lab has none")
-        return self.world
-
-
-@dataclass(frozen=True)
-class ProbeKind:
-    """A probe's registry entry (labctl.registry.PROBES): the event kinds it writes and its factory."""
-
-    name: str
-    signals: tuple[str, ...]
-    description: str
-    build: Callable[[ProbeContext], Probe]
-
-
-probe_kinds: Registry[ProbeKind] = Registry("probe", PROBES, ProbeKind)
 
 
 class QueueProbe:

@@ -43,8 +43,9 @@ from labctl.inventory import Inventory
 from labctl.models.fabric import SimFabric
 from labctl.models.probes import model_sites
 from labctl.models.switch import SwitchModel
+from labctl.probes import ProbeContext, probe_kinds
 from labctl.profiles import Profile
-from labctl.sampling import CircuitProbe, Probe, ProbeContext, ProbeSettings, probe_kinds
+from labctl.sampling import CircuitProbe, Probe, ProbeSettings
 
 log = logging.getLogger("labctl.agents")
 

@@ -34,7 +34,7 @@ from labctl.labs.world import (
 from labctl.linux import netns
 from labctl.models.fabric import SimFabric
 from labctl.models.probes import model_sites
-from labctl.sampling import ProbeContext
+from labctl.probes import ProbeContext
 
 LOCK_DIR = Path("/run/labctl")
 

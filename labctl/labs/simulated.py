@@ -19,7 +19,7 @@ from labctl.labs.world import (
 )
 from labctl.models.fabric import SimFabric
 from labctl.models.probes import model_sites
-from labctl.sampling import ProbeContext
+from labctl.probes import ProbeContext
 
 PROBES = ("model-link", "rx-power", "model-traffic")
 

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from labctl.inventory import Inventory
 from labctl.labs.base import Lab, LabContext
 from labctl.models.switch import SwitchModel
-from labctl.sampling import Probe, ProbeContext, probe_kinds
+from labctl.probes import ProbeContext, probe_kinds
+from labctl.sampling import Probe
 from labctl.switches import emulate_switch, switch_drivers
 
 

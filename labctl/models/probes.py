@@ -23,7 +23,8 @@ from labctl.events import Event, Kind
 from labctl.inventory import NicPort
 from labctl.models.fabric import SimFabric
 from labctl.models.module_eeprom import ModelDrivenQsfp28
-from labctl.sampling import PortSite, Probe, ProbeContext, ProbeKind, QueueProbe, ReportGate, ticks
+from labctl.probes import PortSite, ProbeContext, ProbeKind
+from labctl.sampling import Probe, QueueProbe, ReportGate, ticks
 
 
 class SimLinkProbe(QueueProbe):

@@ -1,1 +1,71 @@
-"""Probes, one module per signal: async sources of `labctl.events.Event`s (labctl.sampling.Probe)."""
+"""Probes, one module per signal: async sources of `labctl.events.Event`s (labctl.sampling.Probe).
+
+Each has a registry entry (`ProbeKind`, labctl.registry.PROBES) whose factory builds it from a
+`ProbeContext`: the ports it observes as `PortSite`s, their possible peers, the experiment's settings,
+the lab's behaviour model or its switches. Labs and agents run probes by name through `probe_kinds`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from labctl.errors import InputError
+from labctl.inventory import NicPort
+from labctl.models.fabric import SimFabric
+from labctl.ocs import OpticalSwitch
+from labctl.registry import PROBES, Registry
+from labctl.sampling import Probe, ProbeSettings
+from labctl.transceiver import ModuleEeprom
+
+
+@dataclass(frozen=True)
+class PortSite:
+    """Where one NIC port can be observed from here: its network namespace (None: this one), its IPv4
+    address (for traffic), and how to open its transceiver's EEPROM (a live module, or one a behaviour
+    model drives)."""
+
+    port: NicPort
+    netns: str | None = None
+    ip: str | None = None
+    open_eeprom: Callable[[], ModuleEeprom] | None = None
+    """None: the live module behind the interface (ethtool)."""
+    rx_lanes: tuple[int, ...] | None = None
+    """Lanes to report Rx power for (None: all the module has)."""
+
+
+@dataclass(frozen=True)
+class ProbeContext:
+    """Everything a probe factory may draw on; each uses what its signal needs."""
+
+    settings: ProbeSettings
+    ports: Sequence[PortSite] = ()
+    """The ports this probe observes."""
+    peers: Sequence[PortSite] = ()
+    """Every port a circuit may reach (a traffic probe's possible peers); default: `ports`."""
+    world: SimFabric | None = None
+    """The lab's behaviour model, for probes that read it directly."""
+    switches: Sequence[tuple[OpticalSwitch, Sequence[int]]] = ()
+    """Switches and the ports on each to watch (the switches' own power monitors)."""
+
+    @property
+    def report_interval_ns(self) -> int:
+        return round(self.settings.report_interval_ms * 1e6)
+
+    def require_world(self, probe: str) -> SimFabric:
+        if self.world is None:
+            raise InputError(f"probe {probe} reads the lab's behaviour model, and this lab has none")
+        return self.world
+
+
+@dataclass(frozen=True)
+class ProbeKind:
+    """A probe's registry entry (labctl.registry.PROBES): the event kinds it writes and its factory."""
+
+    name: str
+    signals: tuple[str, ...]
+    description: str
+    build: Callable[[ProbeContext], Probe]
+
+
+probe_kinds: Registry[ProbeKind] = Registry("probe", PROBES, ProbeKind)

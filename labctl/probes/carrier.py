@@ -42,7 +42,8 @@ from labctl.linux.rtnl import (
     parse_link,
 )
 from labctl.linux.timerfd import PeriodicTimer
-from labctl.sampling import Probe, ProbeContext, ProbeKind, QueueProbe
+from labctl.probes import ProbeContext, ProbeKind
+from labctl.sampling import Probe, QueueProbe
 
 DUMP_SEQ = 1
 POLL_SEQ = 2

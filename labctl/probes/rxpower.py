@@ -32,16 +32,8 @@ from typing import Self
 from labctl.clock import now_ns
 from labctl.events import Event, Kind
 from labctl.linux.ethtool import ModuleEepromError, open_module_eeprom
-from labctl.sampling import (
-    LightWindow,
-    Probe,
-    ProbeContext,
-    ProbeKind,
-    QueueProbe,
-    ReportGate,
-    power_moved,
-    ticks,
-)
+from labctl.probes import ProbeContext, ProbeKind
+from labctl.sampling import LightWindow, Probe, QueueProbe, ReportGate, power_moved, ticks
 from labctl.transceiver import (
     A0H,
     A2H,

@@ -10,7 +10,8 @@ from labctl.clock import now_ns
 from labctl.errors import HardwareError
 from labctl.events import Event, Kind
 from labctl.ocs import OpticalSwitch
-from labctl.sampling import Probe, ProbeContext, ProbeKind, QueueProbe, ticks
+from labctl.probes import ProbeContext, ProbeKind
+from labctl.sampling import Probe, QueueProbe, ticks
 
 
 class SwitchPowerProbe(QueueProbe):

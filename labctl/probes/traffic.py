@@ -25,7 +25,8 @@ from labctl.errors import InputError
 from labctl.events import Event, Kind
 from labctl.linux import netns
 from labctl.linux.timerfd import PeriodicTimer
-from labctl.sampling import Probe, ProbeContext, ProbeKind, QueueProbe, ReportGate
+from labctl.probes import ProbeContext, ProbeKind
+from labctl.sampling import Probe, QueueProbe, ReportGate
 
 UDP_PORT = 47_000
 PING, PONG = 1, 2

@@ -48,15 +48,8 @@ from labctl.inventory import Inventory, load_inventory
 from labctl.models.fabric import SimFabric
 from labctl.models.probes import model_sites
 from labctl.models.switch import SwitchModel
-from labctl.sampling import (
-    CircuitProbe,
-    PortSite,
-    Probe,
-    ProbeContext,
-    ProbeSettings,
-    QueueProbe,
-    probe_kinds,
-)
+from labctl.probes import PortSite, ProbeContext, probe_kinds
+from labctl.sampling import CircuitProbe, Probe, ProbeSettings, QueueProbe
 from tests.conftest import require
 
 # Heartbeats every 20 ms (so steady probes write often), the switch monitor polled at 200 Hz; the sampling

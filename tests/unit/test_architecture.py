@@ -174,7 +174,7 @@ def test_only_the_registry_and_its_own_modules_name_a_driver_or_lab_kind(name: s
 
 def test_every_registry_entry_loads_and_names_itself() -> None:
     from labctl.labs import lab_kinds
-    from labctl.sampling import probe_kinds
+    from labctl.probes import probe_kinds
     from labctl.switches import switch_drivers
 
     for registry, table in ((switch_drivers, SWITCH_DRIVERS), (lab_kinds, LAB_KINDS), (probe_kinds, PROBES)):
