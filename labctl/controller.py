@@ -418,6 +418,11 @@ async def run_experiment(
     profile_obj = inventory.profile(profile)
     profile_name = profile or inventory.model.profile
     seed = seed if seed is not None else secrets.randbits(32)
+    # The lab is built before anything is written, so any input error leaves no run directory behind.
+    # Whatever it emits before the event log exists (nothing today) is kept and recorded first.
+    early: list[Event] = []
+    sink: Callable[[Event], object] = early.append
+    lab = build_lab(LabContext(inventory, profile_obj, random.Random(seed), lambda e: sink(e), spec.probes))
     timebase = Timebase.capture()
     run = RunDir.create(
         out_dir,
@@ -452,7 +457,9 @@ async def run_experiment(
             "rx_power_threshold_dbm": spec.analysis.rx_power_threshold_dbm,
         },
     )
-    lab = build_lab(LabContext(inventory, profile_obj, random.Random(seed), events.record, spec.probes))
+    for event in early:
+        events.record(event)
+    sink = events.record
     controller = Controller(plan, inventory, lab, events, progress)
     progress.started(run.path, len(plan.steps) + 1)
     status: str = "failed"

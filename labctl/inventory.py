@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from labctl.config import ConfigModel, SecretRef, SwitchConfig
 from labctl.errors import InputError
@@ -202,6 +202,26 @@ class Inventory:
 
     def profile(self, name: str | None = None) -> Profile:
         return resolve_profile(name or self.model.profile, self.model.profiles)
+
+    def secret_refs(self) -> list[tuple[Loc, SecretRef]]:
+        """Every `${ENV}` reference in the inventory, with where it is written."""
+        found: list[tuple[Loc, SecretRef]] = []
+
+        def walk(value: object, loc: Loc) -> None:
+            if isinstance(value, SecretRef):
+                found.append((loc, value))
+            elif isinstance(value, BaseModel):
+                for name in type(value).model_fields:
+                    walk(getattr(value, name), (*loc, name))
+            elif isinstance(value, dict):
+                for key, item in value.items():
+                    walk(item, (*loc, key))
+            elif isinstance(value, list):
+                for i, item in enumerate(value):
+                    walk(item, (*loc, i))
+
+        walk(self.model, ())
+        return found
 
     def port_loc(self, port: NicPort) -> Loc:
         """Where a NIC port is written in the inventory: `hosts.<host>.nics[<i>]`."""

@@ -40,6 +40,7 @@ from labctl.clock import now_ns
 from labctl.errors import InputError
 from labctl.events import Event
 from labctl.inventory import Inventory
+from labctl.labs import lab_kinds
 from labctl.models.fabric import SimFabric
 from labctl.models.probes import model_sites
 from labctl.models.switch import SwitchModel
@@ -99,6 +100,8 @@ class Agent:
                 f"--host {host!r}: not a host of {inventory.path} (known: {', '.join(inventory.hosts)})"
             )
         self.inventory = inventory
+        self.allowed_probes = lab_kinds.get(inventory.kind).agent_probes
+        """The allow-list for `start`/`stop`: the probes its lab kind runs on agents."""
         self.host = host
         self.broker = broker
         self.skew_ns = skew_ns
@@ -288,9 +291,11 @@ class Agent:
 
     async def _cmd_start(self, cmd: Command, t_rx: int) -> Reply:
         args: StartArgs = self._args(StartArgs, cmd)
-        unknown = sorted(set(args.probes) - set(probe_kinds.names()))
+        unknown = sorted(set(args.probes) - set(self.allowed_probes))
         if unknown or not args.probes:
-            raise Rejected("malformed", f"unknown probes {unknown} (known: {', '.join(probe_kinds.names())})")
+            raise Rejected(
+                "malformed", f"probes {unknown} are not run here (allowed: {', '.join(self.allowed_probes)})"
+            )
         try:
             settings = ProbeSettings.model_validate(args.settings)
             profile = Profile.model_validate(args.profile)
@@ -328,8 +333,10 @@ class Agent:
     async def _cmd_stop(self, cmd: Command, t_rx: int) -> Reply:
         args: StopArgs = self._args(StopArgs, cmd)
         names = list(self._probes) if args.probes is None else args.probes
-        if set(names) - set(probe_kinds.names()):
-            raise Rejected("malformed", f"unknown probes {sorted(set(names) - set(probe_kinds.names()))}")
+        if set(names) - set(self.allowed_probes):
+            raise Rejected(
+                "malformed", f"probes {sorted(set(names) - set(self.allowed_probes))} are not run here"
+            )
         await self._stop_probes(names)
         await self.flush()  # everything sampled so far goes out before the reply that counts it
         return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True, seq=self.seq, n=self.sent_events)

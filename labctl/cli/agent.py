@@ -31,14 +31,12 @@ def agent(
     from labctl.agents.agent import Agent
     from labctl.agents.broker import BrokerSettings
     from labctl.inventory import load_inventory
-    from labctl.labs import check, lab_kinds
+    from labctl.labs import check, kinds_with_agents
 
     inv = load_inventory(inventory)
     if not check(inv).agent_probes:
-        with_agents = [name for name, kind in lab_kinds.all().items() if kind.agent_probes]
-        raise InputError(
-            f"{inventory}: a {inv.kind} lab runs no agents (lab kinds that do: {', '.join(with_agents)})"
-        )
+        with_agents = ", ".join(kinds_with_agents())
+        raise InputError(f"{inventory}: a {inv.kind} lab runs no agents (lab kinds that do: {with_agents})")
     settings = BrokerSettings.from_inventory(inv, broker)
 
     async def main() -> None:

@@ -33,12 +33,12 @@ def check_switches_over_models(inventory: Inventory, kind: str) -> None:
 
 def no_broker(inventory: Inventory, kind: str) -> None:
     if inventory.model.broker is not None:
-        from labctl.labs import lab_kinds
+        from labctl.labs import kinds_with_agents
 
-        with_agents = ", ".join(name for name, k in lab_kinds.all().items() if k.agent_probes)
         raise inventory.fail(
             ("broker",),
-            f"a {kind} lab runs in one process; the broker is for lab kinds with agents ({with_agents})",
+            f"a {kind} lab runs in one process; a broker is for a lab whose hosts run agents: set `kind:` to "
+            f"one of {', '.join(kinds_with_agents())}",
         )
 
 

@@ -31,12 +31,21 @@ cycle: [a]
 """
 
 
-def inventory(kind: str, driver: str, emulate: bool | None, broker: bool, addresses: bool) -> str:
+SECRET = "LABCTL_TEST_AGREE_SECRET"
+
+
+def inventory(
+    kind: str, driver: str, emulate: bool | None, broker: bool, addresses: bool, secret: str = ""
+) -> str:
+    """`secret`: "" none, or "set"/"unset": a switch password `${LABCTL_TEST_AGREE_SECRET}` that the
+    environment has or lacks."""
     switch = f"{{driver: {driver}, size: 4x4" + (
         "" if emulate is None else f", emulate: {str(emulate).lower()}"
     )
     if emulate is False:
         switch += ", address: 192.0.2.1, user: admin"  # a switch at an address (never contacted here)
+    if secret:
+        switch += f", password: '${{{SECRET}}}'"
     address = ", address: 10.9.0.{}/24" if addresses else ""
     return (
         f"lab: agree\nkind: {kind}\nswitches:\n  ocs1: {switch}}}\n"
@@ -53,14 +62,30 @@ def _emulate_values(driver: str) -> list[bool | None]:
     return [None, True, False]
 
 
-CASES = [
-    (kind, driver, emulate, broker, addresses)
+Case = tuple[str, str, bool | None, bool, bool, str]
+CASES: list[Case] = [
+    (kind, driver, emulate, broker, addresses, "")
     for kind, driver in itertools.product(
         [*lab_kinds.names(), "no-such-kind"], [*switch_drivers, "no-such-driver"]
     )
     for emulate in _emulate_values(driver)
     for broker, addresses in itertools.product((False, True), repeat=2)
+] + [  # a secret the run will need, in the environment or not: check must find what run will find
+    (kind, driver, True, kind == "agents", True, secret)
+    for kind in lab_kinds.names()
+    for driver in switch_drivers
+    if "password" in switch_drivers.get(driver).config.model_fields
+    for secret in ("set", "unset")
 ]
+
+
+@pytest.fixture(autouse=True)
+def _secret_for_set_cases(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    case = getattr(request.node, "callspec", None)
+    if case is not None and case.params.get("case", ("",) * 6)[5] == "set":
+        monkeypatch.setenv(SECRET, "agree-s3cret")
+    else:
+        monkeypatch.delenv(SECRET, raising=False)
 
 
 def test_the_cases_cover_every_registered_name_and_both_outcomes(tmp_path: Path) -> None:
@@ -78,7 +103,7 @@ def test_the_cases_cover_every_registered_name_and_both_outcomes(tmp_path: Path)
 
 
 @pytest.mark.parametrize("case", CASES, ids=["-".join(map(str, c)) for c in CASES])
-async def test_check_and_run_agree(tmp_path: Path, case: tuple[str, str, bool | None, bool, bool]) -> None:
+async def test_check_and_run_agree(tmp_path: Path, case: Case) -> None:
     path = tmp_path / "inventory.yaml"
     path.write_text(inventory(*case))
     experiment = tmp_path / "experiment.yaml"
@@ -94,8 +119,14 @@ async def test_check_and_run_agree(tmp_path: Path, case: tuple[str, str, bool | 
         assert str(run_refused.value) == refused
         assert not (tmp_path / "runs").exists(), "input errors surface before anything is written"
         return
-    # Accepted: the run builds the lab without an input error. (Building touches nothing: emulators,
-    # fabrics and brokers start with the lab, not here.)
+    if inv.kind == "simulated":  # cheap to run for real: the whole run must go through
+        outcome = await run_experiment(
+            experiment, path, out_dir=tmp_path / "runs", plots=False, profile="fast"
+        )
+        assert outcome.status == "completed", outcome.error
+        return
+    # Other kinds need root (kernel) or a broker (agents): the run builds the lab without an input error
+    # (and building touches nothing: fabrics, emulators and hubs start with the lab, not here).
     ctx = LabContext(inv, inv.profile("fast"), random.Random(1), lambda e: None, ProbeSettings())
     lab = build_lab(ctx)
     try:
@@ -106,7 +137,7 @@ async def test_check_and_run_agree(tmp_path: Path, case: tuple[str, str, bool | 
 
 @pytest.mark.parametrize(
     "case",
-    [("simulated", "sim", None, False, False), ("simulated", "sim", None, True, False)],
+    [("simulated", "sim", None, False, False, ""), ("simulated", "sim", None, True, False, "")],
     ids=["accepted", "refused"],
 )
 def test_cli_check_and_run_exit_alike(
