@@ -1,8 +1,9 @@
 """The `OpticalSwitch` capability, timed results, the one timeout policy, and apply-with-verify.
 
-Every driver (drivers/sim.py, drivers/polatis_tl1.py, ...) satisfies `OpticalSwitch`. The algorithm that
-moves a switch to a mapping lives here once: validate → diff against the switch's own read-back → send
-only the changes → read back → retry a bounded number of times → raise with what still differs.
+Every driver (labctl/drivers/sim, labctl/drivers/polatis_tl1, ...) satisfies `OpticalSwitch`. The
+algorithm that moves a switch to a mapping lives here once: validate → diff against the switch's own
+read-back → send only the changes → read back → retry a bounded number of times → raise with what still
+differs.
 """
 
 from __future__ import annotations

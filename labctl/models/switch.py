@@ -1,6 +1,6 @@
 """A behavioural model of an optical circuit switch: patch state, switching time, light on each port.
 
-Shared by the in-process simulated driver (drivers/sim.py) and by the protocol emulators, so every
+Shared by the in-process simulated driver (labctl/drivers/sim) and by the protocol emulators, so every
 simulated or emulated switch moves light the same way. Light changes are delivered to listeners at
 their model time through the event loop, carrying the exact model timestamp (integer ns).
 """

@@ -42,7 +42,7 @@ from pathlib import Path
 import pytest
 
 from labctl.clock import now_ns
-from labctl.drivers.sim import SimSwitch
+from labctl.drivers.sim.switch import SimSwitch
 from labctl.events import KINDS, Event, EventQueue
 from labctl.inventory import Inventory, load_inventory
 from labctl.models.fabric import SimFabric

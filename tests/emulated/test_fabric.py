@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from labctl.clock import now_ns
-from labctl.drivers.sim import SimSwitch
+from labctl.drivers.sim.switch import SimSwitch
 from labctl.emulators.fabric import FabricLayout, KernelFabric
 from labctl.events import Event, read_events
 from labctl.inventory import Inventory, load_inventory

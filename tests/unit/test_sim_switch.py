@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from labctl.drivers.sim import SimSwitch
+from labctl.drivers.sim.switch import SimSwitch
 from labctl.errors import HardwareError, MappingError, SwitchStateMismatch
 from labctl.events import Event
 from labctl.inventory import load_inventory

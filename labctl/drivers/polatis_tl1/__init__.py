@@ -1,8 +1,9 @@
 """Polatis TL1 (the `polatis-tl1` driver): its inventory config and its registry entry.
 
-This is all labctl needs to know the driver exists; the driver (switch.py, over connection.py and
-codec.py) and its emulator (labctl.emulators.tl1) are imported only when a switch is opened, emulated or
-served. docs/extending.md walks through this package as the example of adding a driver.
+This is all labctl needs to know the driver exists (the inventory loads it to validate switch entries);
+the driver (switch.py, over connection.py and codec.py) and its emulator (labctl.emulators.tl1) are
+imported only when a switch is opened, emulated or served. docs/extending.md walks through this package
+as the example of adding a driver.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from labctl.models.switch import SwitchModel
 from labctl.ocs import EventSink, OpticalSwitch
 from labctl.switches import EmulatedSwitch, Emulator, EmulatorFrontEnd, EmulatorOptions, SwitchDriver
 
-from .codec import DEFAULT_PORT
+DEFAULT_PORT = 3082  # TL1-RAW on Polatis (reference §1.1)
 
 
 class PolatisTl1Config(NetworkSwitchConfig):

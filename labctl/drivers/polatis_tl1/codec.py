@@ -16,7 +16,6 @@ from labctl.config import Secret
 from labctl.errors import HardwareError, InputError
 from labctl.mapping import PortSpace
 
-DEFAULT_PORT = 3082  # TL1-RAW on Polatis (reference §1.1)
 NO_LIGHT_DBM = -90.0
 """A power reading at or below this is "no light" (None). The real floor value is unverified (§1.4)."""
 

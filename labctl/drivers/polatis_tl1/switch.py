@@ -22,8 +22,8 @@ from labctl.events import Event, Kind
 from labctl.mapping import Mapping, MappingDiff, PortSpace
 from labctl.ocs import ApplyResult, EventSink, SwitchOps, Timed, TimeoutPolicy, check_ports, converge
 
+from . import DEFAULT_PORT
 from .codec import (
-    DEFAULT_PORT,
     ERROR_CODES,
     Tl1Ack,
     Tl1Autonomous,

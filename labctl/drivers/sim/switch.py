@@ -1,4 +1,4 @@
-"""The simulated switch driver: `OpticalSwitch` over an in-process `SwitchModel`, and its registry entry.
+"""The simulated switch driver: `OpticalSwitch` over an in-process `SwitchModel`.
 
 It has no transport and no codec, only the model; everything else (validation, diff, read-back,
 retries, events, deadlines) is the same code path as the real drivers (`labctl.ocs.converge`).
@@ -7,16 +7,14 @@ retries, events, deadlines) is the same code path as the real drivers (`labctl.o
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
 from labctl.clock import now_ns
-from labctl.config import SwitchConfig
 from labctl.errors import HardwareError, InputError
 from labctl.events import Event, Kind
 from labctl.mapping import Mapping, MappingDiff, PortSpace
 from labctl.models.switch import SwitchModel
 from labctl.ocs import ApplyResult, EventSink, SwitchOps, Timed, TimeoutPolicy, check_ports, converge
-from labctl.switches import EmulatedSwitch, SwitchDriver
 
 
 class SimSwitch:
@@ -114,25 +112,3 @@ class SimSwitch:
                 )
             )
         return Timed(powers, start, end)
-
-
-class SimSwitchConfig(SwitchConfig):
-    """A switch that exists only as the lab's behaviour model (no address, no protocol)."""
-
-    driver: Literal["sim"]
-
-    @property
-    def over_model(self) -> bool:
-        return True
-
-
-def _over_model(name: str, config: SimSwitchConfig, model: SwitchModel, emit: EventSink) -> EmulatedSwitch:
-    return EmulatedSwitch(SimSwitch(model, emit, config.timeouts(), name=name, space=config.space))
-
-
-DRIVER = SwitchDriver(
-    name="sim",
-    config=SimSwitchConfig,
-    description="the lab's switch model, driven in-process (no transport, no codec)",
-    emulate=_over_model,
-)
