@@ -13,7 +13,7 @@ when one of these is called. labctl.registry says where each entry is.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, Protocol, TypeVar, Union
 
@@ -22,8 +22,9 @@ from pydantic import Field
 from labctl.config import SwitchConfig
 from labctl.emulators.core import FaultPlan
 from labctl.errors import InputError
+from labctl.mapping import Mapping as Patches
 from labctl.models.switch import SwitchModel
-from labctl.ocs import EventSink, OpticalSwitch
+from labctl.ocs import ApplyResult, EventSink, OpticalSwitch, Timed
 from labctl.registry import SWITCH_DRIVERS, Registry
 
 C = TypeVar("C", bound=SwitchConfig)
@@ -105,8 +106,65 @@ def open_switch(name: str, config: SwitchConfig, emit: EventSink) -> OpticalSwit
     return entry.open(name, config, emit)
 
 
-def emulate_switch(name: str, config: SwitchConfig, model: SwitchModel, emit: EventSink) -> EmulatedSwitch:
-    """The driver for the lab's model of an inventory switch (`sim`, or `emulate: true`)."""
+class ServedSwitch:
+    """A driver together with the emulator it talks to, as one `OpticalSwitch`: `connect` starts the
+    emulator and then connects the driver; `close` closes the driver and then the emulator. Whoever drives
+    it (a run, the scheduler's recovery, a test) starts and stops nothing else."""
+
+    def __init__(self, emulated: EmulatedSwitch) -> None:
+        self.switch = emulated.switch
+        self.name = emulated.switch.name
+        self.space = emulated.switch.space
+        self._start = emulated.start
+        self._stop = emulated.close
+        self._serving = False
+
+    async def connect(self) -> None:
+        if self._start is not None and not self._serving:
+            await self._start()
+            self._serving = True
+        try:
+            await self.switch.connect()
+        except BaseException:
+            await self._stop_serving()
+            raise
+
+    async def close(self) -> None:
+        try:
+            await self.switch.close()
+        finally:
+            await self._stop_serving()
+
+    async def _stop_serving(self) -> None:
+        if self._serving:
+            self._serving = False
+            if self._stop is not None:
+                await self._stop()
+
+    async def get_mapping(self) -> Timed[Patches]:
+        return await self.switch.get_mapping()
+
+    async def apply(
+        self,
+        mapping: Iterable[tuple[int, int]],
+        *,
+        scope: Iterable[int] | None = None,
+        context: dict[str, Any] | None = None,
+    ) -> Timed[ApplyResult]:
+        return await self.switch.apply(mapping, scope=scope, context=context)
+
+    async def disconnect(
+        self, ports: Iterable[int], *, context: dict[str, Any] | None = None
+    ) -> Timed[ApplyResult]:
+        return await self.switch.disconnect(ports, context=context)
+
+    async def port_power(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
+        return await self.switch.port_power(ports)
+
+
+def emulate_switch(name: str, config: SwitchConfig, model: SwitchModel, emit: EventSink) -> OpticalSwitch:
+    """The driver for the lab's model of an inventory switch (`sim`, or `emulate: true`): with its
+    emulator, if it has one, started on connect and stopped on close."""
     entry = switch_drivers.get(config.driver)
     if not config.over_model or entry.emulate is None:
         raise InputError(
@@ -114,4 +172,7 @@ def emulate_switch(name: str, config: SwitchConfig, model: SwitchModel, emit: Ev
             "NIC ports"
             + ("; set `emulate: true` to drive its emulator instead" if entry.emulate is not None else "")
         )
-    return entry.emulate(name, config, model, emit)
+    emulated = entry.emulate(name, config, model, emit)
+    if emulated.start is None and emulated.close is None:
+        return emulated.switch
+    return ServedSwitch(emulated)

@@ -152,10 +152,10 @@ def build(ctx: LabContext) -> Lab:
             model.cancel_pending()
         await asyncio.to_thread(lease.release, fabric)
 
-    # Start hooks run in order, close hooks in reverse: the fabric is up before any emulator serves and
-    # is removed after every emulator has closed.
-    lab.start_hooks.insert(0, start_fabric)
-    lab.async_close_hooks.insert(0, stop_fabric)
+    # The lab starts before any switch connects (and serves its emulator) and closes after every switch has
+    # closed: the fabric is up before an emulated switch moves light and gone only after it stopped.
+    lab.start_hooks.append(start_fabric)
+    lab.async_close_hooks.append(stop_fabric)
     return lab
 
 

@@ -48,14 +48,9 @@ def switch_models(ctx: LabContext) -> dict[str, SwitchModel]:
 
 
 def drive_models(ctx: LabContext, models: dict[str, SwitchModel], lab: Lab) -> None:
-    """Each switch's driver over its model; emulators serve from the lab's start to its close."""
+    """Each switch's driver over its model (its emulator, if any, serves while the switch is connected)."""
     for name, model in models.items():
-        emulated = emulate_switch(name, ctx.inventory.switches[name], model, ctx.emit)
-        lab.switches[name] = emulated.switch
-        if emulated.start is not None:
-            lab.start_hooks.append(emulated.start)
-        if emulated.close is not None:
-            lab.async_close_hooks.append(emulated.close)
+        lab.switches[name] = emulate_switch(name, ctx.inventory.switches[name], model, ctx.emit)
     lab.close_hooks.extend(model.cancel_pending for model in models.values())
 
 

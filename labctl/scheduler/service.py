@@ -50,7 +50,8 @@ async def restore_baseline(row: RunRow, events_path: Path) -> dict[str, Any]:
     )
     held: dict[str, Any] = {}
     try:
-        await lab.start()  # whatever the lab hosts for its switches (emulators) serves from here
+        # Only the switches: each connects on its own (an emulated one serves its emulator while connected);
+        # the lab's own services (a kernel fabric, an agents' hub) are not needed to restore patches.
         for switch, entry in row.baseline.items():
             sw = lab.switches[switch]
             await sw.connect()
@@ -63,7 +64,6 @@ async def restore_baseline(row: RunRow, events_path: Path) -> dict[str, Any]:
             finally:
                 await sw.close()
     finally:
-        await lab.aclose()
         lab.close()
         events.close()
     return held

@@ -85,24 +85,18 @@ class Rig:
 async def open_rig(
     driver: str, *, switching_ms: float | None = None, timeout_s: float = TIMEOUT_S
 ) -> AsyncIterator[Rig]:
-    """Start what runs around the switch (its emulator), connect; on the way out close the switch, then
-    the emulator, and cancel the model's pending light changes, whatever the test did."""
+    """Connect (which serves the switch's emulator, if it has one); on the way out close (which stops it)
+    and cancel the model's pending light changes, whatever the test did."""
     config = driver_config(driver, timeout_s)
     model = SwitchModel.many({NAME: config.space}, profile(switching_ms), random.Random(7))[NAME]
     events: list[Event] = []
     try:
-        emulated = emulate_switch(NAME, config, model, events.append)
-        if emulated.start is not None:
-            await emulated.start()
+        switch = emulate_switch(NAME, config, model, events.append)
+        await switch.connect()
         try:
-            await emulated.switch.connect()
-            try:
-                yield Rig(driver, config, model, emulated.switch, events)
-            finally:
-                await emulated.switch.close()
+            yield Rig(driver, config, model, switch, events)
         finally:
-            if emulated.close is not None:
-                await emulated.close()
+            await switch.close()
     finally:
         model.cancel_pending()
 
@@ -379,19 +373,17 @@ async def test_the_switch_has_its_inventory_name_and_refuses_a_size_it_does_not_
     the inventory's is refused at connect, before anything is sent."""
     config = driver_config(driver)
     model = SwitchModel("the-models-own-name", config.space, FAST, random.Random(0))
-    emulated = emulate_switch(NAME, config, model, lambda event: None)
-    assert emulated.switch.name == NAME and emulated.switch.space == config.space
+    switch = emulate_switch(NAME, config, model, lambda event: None)
+    assert switch.name == NAME and switch.space == config.space
     bigger = SwitchModel(NAME, type(config.space)(16, 16), FAST, random.Random(0))
-    emulated = emulate_switch(NAME, config, bigger, lambda event: None)
-    if emulated.start is not None:
-        await emulated.start()
+    switch = emulate_switch(NAME, config, bigger, lambda event: None)
+    servers_before = serving_servers()
     try:
         with pytest.raises(InputError, match=r"inventory says 8x8"):
-            await emulated.switch.connect()
+            await switch.connect()
+        assert serving_servers() <= servers_before, "a refused connect left its emulator serving"
     finally:
-        await emulated.switch.close()
-        if emulated.close is not None:
-            await emulated.close()
+        await switch.close()
         bigger.cancel_pending()
     assert bigger.commands == 0
 

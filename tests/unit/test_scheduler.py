@@ -508,3 +508,24 @@ def test_reading_a_queue_that_does_not_exist_creates_nothing(tmp_path: Path) -> 
     )
     assert cancel.returncode == 2 and cancel.stderr.count("\n") == 1 and "no queue database" in cancel.stderr
     assert not db.exists()
+
+
+async def test_recovery_restores_an_emulated_switch_through_its_own_emulator(
+    repo: Path, tmp_path: Path, store: QueueStore
+) -> None:
+    """An `emulate: true` switch serves its emulator while it is connected, so the recovery reaches it
+    over TCP without starting the rest of the lab (no fabric, no broker)."""
+    from labctl.scheduler.service import restore_baseline
+
+    inv = repo / "experiments" / "inventories" / "tl1-emulated.yaml"
+    exp = repo / "experiments" / "reconfig-timeline.yaml"
+    rid = store.submit(exp, inv, declare(exp, inv), now_ns=time.time_ns(), profile="fast")
+    row = store.run(rid)
+    held = await restore_baseline(row, tmp_path / "recovery.jsonl")
+    assert held == {sw: entry["mapping"] for sw, entry in row.baseline.items()}
+    commands = [
+        e.meta.get("command", "") for e in read_events(tmp_path / "recovery.jsonl") if e.kind == "ocs.io"
+    ]
+    assert any(c.startswith("ACT-USER") for c in commands) and any(
+        c.startswith("ENT-PATCH") for c in commands
+    )
