@@ -62,6 +62,7 @@ class Kind:
     GPU_ERROR: Final = "gpu.error"
     PHASE: Final = "phase"  # the controller starts a reconfiguration
     SAMPLER_DROP: Final = "sampler.drop"
+    SAMPLER_ERROR: Final = "sampler.error"  # a sampler gave up on one source (value: why); the rest go on
     LOOP_LAG: Final = "loop.lag"
     RUN_START: Final = "run.start"
     RUN_END: Final = "run.end"

@@ -109,6 +109,9 @@ class _Polled:
     reported: list[bool] = field(init=False)
     last: list[float | None] = field(init=False)
     streak: int = 0
+    read_errors: int = 0
+    failed: str | None = None
+    """Why this port is no longer sampled (too many consecutive failed reads)."""
 
     def __post_init__(self) -> None:
         self.keys = [f"{self.port.source}#{self.info.lanes[i]}" for i in self.lanes]
@@ -186,10 +189,14 @@ class RxPowerProbe(QueueProbe):
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        failures = self.failures
         try:
             await super().__aexit__(exc_type, exc, tb)
         finally:
             self._close_all()
+        if failures:
+            more = f" (and {len(failures) - 1} more port(s))" if len(failures) > 1 else ""
+            raise ModuleEepromError(failures[0] + more)
 
     def _close_all(self) -> None:
         for p in self.polled:
@@ -214,11 +221,22 @@ class RxPowerProbe(QueueProbe):
             mws = p.info.decode_rx_power_mw(chunks)
         except (ModuleEepromError, DomDecodeError) as e:
             self.read_errors += 1
+            p.read_errors += 1
             p.streak += 1
             if p.streak >= self.max_error_streak:
-                raise ModuleEepromError(
-                    f"{p.port.source}: {p.streak} consecutive failed reads, last: {e}"
-                ) from e
+                # This module is gone (pulled, dead, a firmware that stopped answering): stop reading it,
+                # say so in the stream, and keep sampling the other ports. Exiting the probe raises it.
+                p.failed = f"{p.port.source}: {p.streak} consecutive failed reads, last: {e}"
+                self.queue.put(
+                    Event(
+                        t_ns=now_ns(),
+                        kind=Kind.SAMPLER_ERROR,
+                        source=p.port.source,
+                        host=p.port.host,
+                        value=p.failed,
+                        meta={"probe": self.name, "read_errors": p.read_errors},
+                    )
+                )
             return
         p.streak = 0
         self.samples += 1
@@ -234,8 +252,8 @@ class RxPowerProbe(QueueProbe):
             meta: dict[str, object] = {"lane": p.info.lanes[i], "mw": round(mw, 6)}
             if los is not None:
                 meta["los"] = los[i]
-            if self.read_errors:
-                meta["read_errors"] = self.read_errors
+            if p.read_errors:
+                meta["read_errors"] = p.read_errors
             self.queue.put(
                 Event(
                     t_ns=t,
@@ -250,8 +268,15 @@ class RxPowerProbe(QueueProbe):
     async def _run(self) -> None:
         async with contextlib.aclosing(ticks(self.period_ns)) as schedule:
             async for _tick in schedule:
-                for p in self.polled:
+                live = [p for p in self.polled if p.failed is None]
+                if not live:
+                    return  # every module failed: nothing left to sample (each said why in the stream)
+                for p in live:
                     self._sample(p)
+
+    @property
+    def failures(self) -> list[str]:
+        return [p.failed for p in self.polled if p.failed is not None]
 
 
 def _build(ctx: ProbeContext) -> Probe:

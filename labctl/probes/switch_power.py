@@ -15,7 +15,7 @@ from labctl.sampling import Probe, QueueProbe, ticks
 
 
 class SwitchPowerProbe(QueueProbe):
-    """Polls `OpticalSwitch.port_power(ports)` of every watched switch at `hz`, the switches in parallel.
+    """Polls `OpticalSwitch.port_power(ports)` of every watched switch at `hz`, each switch on its own.
 
     The driver call itself writes one `rx_power` event per port with source `ocs:<switch>/<port>` (every
     driver call feeds the event stream), so this probe only paces the calls. A failed read is recorded as
@@ -49,10 +49,17 @@ class SwitchPowerProbe(QueueProbe):
                 )
             )
 
-    async def _run(self) -> None:
+    async def _poll(self, switch: OpticalSwitch, ports: list[int]) -> None:
         async with contextlib.aclosing(ticks(self.period_ns)) as schedule:
             async for _ in schedule:
-                await asyncio.gather(*(self._read(switch, ports) for switch, ports in self.watched))
+                await self._read(switch, ports)
+
+    async def _run(self) -> None:
+        # One schedule per switch: a slow or unreachable switch (up to its operation deadline) delays only
+        # its own readings.
+        async with asyncio.TaskGroup() as group:
+            for switch, ports in self.watched:
+                group.create_task(self._poll(switch, ports), name=f"switch-power:{switch.name}")
 
 
 def _build(ctx: ProbeContext) -> Probe:

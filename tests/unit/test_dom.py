@@ -507,6 +507,30 @@ async def test_poller_counts_transient_read_errors() -> None:
     assert all(e.meta["read_errors"] == 3 for e in first)
 
 
+async def test_a_module_that_stops_answering_is_dropped_and_the_other_ports_go_on() -> None:
+    """One dead module: its port is given up (a `sampler.error` event says why), the others keep being
+    sampled, and leaving the probe raises the failure so the run records it."""
+    dead = _Flaky(EmulatedQsfp28(rx_power_mw=0.5), failures=10**9)
+    good = EmulatedQsfp28(rx_power_mw=0.5)
+    probe = RxPowerProbe(
+        [
+            ModulePort("nic:h1/dead", "h1", lambda: dead, (1,)),
+            ModulePort("nic:h1/good", "h1", lambda: good, (1,)),
+        ],
+        hz=2000,
+        max_error_streak_s=0.01,  # 20 failed reads
+        report_interval_ns=5_000_000,
+    )
+    with pytest.raises(ModuleEepromError, match=r"^nic:h1/dead: 20 consecutive failed reads, last: I2C NAK$"):
+        async with probe:
+            events = await asyncio.wait_for(_collect(probe, 40), 5)
+    errors = [e for e in events if e.kind == "sampler.error"]
+    assert [(e.source, e.meta["read_errors"]) for e in errors] == [("nic:h1/dead", 20)]
+    after = [e for e in events if e.source == "nic:h1/good" and e.t_ns > errors[0].t_ns]
+    assert after, "the good port must go on after the dead one was given up"
+    assert probe.read_errors == 20  # not one more: the dead module is no longer read
+
+
 def test_ioctl_fallback_maps_pages_onto_the_flat_layouts() -> None:
     from labctl.linux.ethtool import ETH_MODULE_SFF_8472, ETH_MODULE_SFF_8636, IoctlModuleEeprom
 
