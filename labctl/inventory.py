@@ -23,8 +23,6 @@ from labctl.registry import DEFAULT_LAB_KIND, LAB_KINDS
 from labctl.switches import config_union as switch_drivers_config_union
 from labctl.yamlio import Loc, SourcedYaml, format_loc, load_yaml, pydantic_error_line
 
-DEFAULT_INVENTORY = Path("inventory.yaml")
-
 
 class GpuSpec(ConfigModel):
     index: int = Field(ge=0)
@@ -238,7 +236,7 @@ class Inventory:
         return self.model.model_dump(mode="json")
 
 
-def load_inventory(path: Path | str = DEFAULT_INVENTORY) -> Inventory:
+def load_inventory(path: Path | str) -> Inventory:
     """Load and fully validate an inventory file; raise InputError with `file:line: field: problem`."""
     path = Path(path)
     src = load_yaml(path, "inventory")

@@ -68,6 +68,8 @@ class EmulatorFrontEnd:
     """What it speaks, for `--help` and logs (e.g. "TL1 over TCP")."""
     default_port: int
     serve: Callable[[SwitchModel, EmulatorOptions], Emulator]
+    password_env: str = "LABCTL_EMULATOR_PASSWORD"
+    """Where `labctl emulate ocs` reads the password it accepts, unless told otherwise."""
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from labctl.cli.common import err, out
+from labctl.cli.common import RUNS, OutOpt, err, out
 
 bench_app = typer.Typer(
     help="Microbenchmarks that write a run directory like `labctl run`.", no_args_is_help=True
@@ -28,9 +27,7 @@ def bench_gpu(
             "--peer", help="Second GPU for the inter-GPU ping-pong (default: first with peer access)."
         ),
     ] = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Where the run directory is created.")] = Path(
-        "runs"
-    ),
+    out_dir: OutOpt = RUNS,
     iterations: Annotated[
         int, typer.Option(min=10, help="Timed round trips per ping-pong variant.")
     ] = 10_000,

@@ -14,7 +14,8 @@ out = Console(soft_wrap=True, emoji=False)
 err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 EXIT_ABORTED = 130
-DEFAULT_INVENTORY = Path("inventory.yaml")
+DEFAULT_INVENTORY = Path("inventory.yaml")  # the built-in simulated Opus testbed, at the repository's top
+RUNS = Path("runs")
 
 InventoryOpt = Annotated[
     Path,
@@ -24,7 +25,19 @@ InventoryOpt = Annotated[
         help="Lab inventory: its kind, switches (driver, address), hosts, NIC ports, fibers.",
     ),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (for scripts).")]
+OutOpt = Annotated[Path, typer.Option("--out", help="Where run directories are created.")]
+NoPlotsOpt = Annotated[
+    bool,
+    typer.Option("--no-plots", help="Skip timeline.png/.svg and distributions.png (analysis still runs)."),
+]
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Delay profile of the lab's behaviour models: opus-testbed (the default, ~1 min a run), "
+        "opus-testbed-autoneg-off, fast (seconds), or one from the inventory's `profiles:`."
+    ),
+]
 
 
 def fmt_ns(value: float | int | None) -> str:

@@ -56,8 +56,9 @@ def emulate_ocs(
     ] = None,
     user: Annotated[str, typer.Option(help="User the emulator accepts.")] = "admin",
     password_env: Annotated[
-        str, typer.Option(help="Environment variable holding the password it accepts.")
-    ] = "POLATIS_PASSWORD",
+        str | None,
+        typer.Option(help="Environment variable holding the password it accepts (default: the driver's)."),
+    ] = None,
     input_dbm: Annotated[
         float | None,
         typer.Option(help="Light on every ingress port (dBm), as if transceivers were attached."),
@@ -87,6 +88,7 @@ def emulate_ocs(
     if front is None:
         raise InputError(f"driver {driver} has no protocol emulator (drivers with one: {', '.join(serving)})")
     port = front.default_port if port is None else port
+    password_env = password_env or front.password_env
     if not 0 <= port <= 65535:
         raise InputError(f"--port {port}: must be 0..65535")
     if switching_ms < 0:

@@ -13,7 +13,17 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt, err, out
+from labctl.cli.common import (
+    DEFAULT_INVENTORY,
+    RUNS,
+    InventoryOpt,
+    JsonOpt,
+    NoPlotsOpt,
+    OutOpt,
+    ProfileOpt,
+    err,
+    out,
+)
 from labctl.errors import InputError
 
 DbOpt = Annotated[
@@ -24,8 +34,8 @@ DEFAULT_DB = Path("labctl-queue.sqlite")
 
 def serve(
     db: DbOpt = DEFAULT_DB,
-    out_dir: Annotated[Path, typer.Option("--out", help="Where run directories are created.")] = Path("runs"),
-    no_plots: Annotated[bool, typer.Option("--no-plots", help="Skip plots for scheduled runs.")] = False,
+    out_dir: OutOpt = RUNS,
+    no_plots: NoPlotsOpt = False,
     exit_when_idle: Annotated[
         bool,
         typer.Option("--exit-when-idle", help="Exit once no run is queued or running and no schedule is on."),
@@ -59,7 +69,7 @@ def submit(
     name: Annotated[
         str | None, typer.Option(help="Name shown in the queue (default: the experiment's).")
     ] = None,
-    profile: Annotated[str | None, typer.Option(help="Delay profile of a simulated/emulated lab.")] = None,
+    profile: ProfileOpt = None,
     db: DbOpt = DEFAULT_DB,
 ) -> None:
     """Queue a run (or, with --cron, a recurring schedule). The experiment is validated now, in full."""
@@ -103,7 +113,7 @@ def submit(
 
 def queue(
     db: DbOpt = DEFAULT_DB,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Show queued and running runs (in start order) and active cron schedules."""
     from labctl.scheduler.store import QueueStore
@@ -196,7 +206,7 @@ def cancel(
 def history(
     db: DbOpt = DEFAULT_DB,
     limit: Annotated[int, typer.Option(help="How many of the newest runs.", min=1)] = 20,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Finished runs, newest first: state, start and end, run directory, error."""
     from labctl.scheduler.store import QueueStore

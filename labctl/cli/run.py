@@ -19,7 +19,19 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from labctl.cli.common import DEFAULT_INVENTORY, EXIT_ABORTED, InventoryOpt, err, fmt_ns, out
+from labctl.cli.common import (
+    DEFAULT_INVENTORY,
+    EXIT_ABORTED,
+    RUNS,
+    InventoryOpt,
+    JsonOpt,
+    NoPlotsOpt,
+    OutOpt,
+    ProfileOpt,
+    err,
+    fmt_ns,
+    out,
+)
 
 
 class RichProgress:
@@ -125,20 +137,12 @@ def run(
         Path, typer.Argument(help="Experiment file, e.g. experiments/reconfig-timeline.yaml.")
     ],
     inventory: InventoryOpt = DEFAULT_INVENTORY,
-    profile: Annotated[
-        str | None,
-        typer.Option(
-            help="Delay profile of the simulated/emulated lab: opus-testbed (default, ~1 min), "
-            "opus-testbed-autoneg-off, fast (seconds), or one from the inventory's `profiles:`."
-        ),
-    ] = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Where run directories are created.")] = Path("runs"),
+    profile: ProfileOpt = None,
+    out_dir: OutOpt = RUNS,
     seed: Annotated[
         int | None, typer.Option(help="Seed for the profile's jitter (recorded in run.json).")
     ] = None,
-    no_plots: Annotated[
-        bool, typer.Option("--no-plots", help="Skip timeline.png/.svg and distributions.png.")
-    ] = False,
+    no_plots: NoPlotsOpt = False,
 ) -> None:
     """Run an experiment: sequence the OCS phases, time every affected port's recovery, write runs/<id>/.
 
@@ -190,7 +194,7 @@ def report(
     run_path: Annotated[
         Path, typer.Argument(metavar="RUN", help="A run directory, or runs/ for the newest run.")
     ],
-    as_json: Annotated[bool, typer.Option("--json", help="Print run status and summary as JSON.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Summarize a run: status, and min/p5/median/p95/max of each link-up phase."""
     from labctl.breakdown import summarize

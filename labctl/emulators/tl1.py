@@ -28,9 +28,7 @@ from labctl.emulators.core import FaultPlan, Session, SwitchEmulator, load_fault
 from labctl.mapping import MappingDiff
 from labctl.models.switch import ChangeRefused, SwitchModel
 
-__all__ = ["Tl1Emulator", "Tl1Faults", "load_faults", "parse_command"]
-
-Tl1Faults = FaultPlan  # the shared fault plan (labctl.emulators.core); the TL1 name predates it
+__all__ = ["Tl1Emulator", "load_faults", "parse_command"]
 
 NIL_SID = "( nil )"  # what a Polatis without a configured name prints as its SID (reference §1.2)
 NO_LIGHT_DBM = -99.99  # printed for a dark port (tcdona3's fallback value; the real one is unverified)
@@ -100,7 +98,7 @@ def parse_command(text: str) -> _Command:
 
 class Tl1Emulator(SwitchEmulator):
     """The TL1 front end. `start()` binds (127.0.0.1, ephemeral port by default); `close()` ends every
-    session. Test API (from the core): `set_faults(Tl1Faults(...))`, `lose_state()`, `commands`,
+    session. Test API (from the core): `set_faults(FaultPlan(...))`, `lose_state()`, `commands`,
     `sessions`."""
 
     change_verbs = frozenset({"ENT-PATCH", "DLT-PATCH"})

@@ -62,10 +62,17 @@ class ModulePort:
 
     @classmethod
     def of_interface(
-        cls, host: str, ifname: str, *, netns: str | None = None, timeout_s: float = 1.0
+        cls,
+        host: str,
+        ifname: str,
+        *,
+        netns: str | None = None,
+        timeout_s: float = 1.0,
+        lanes: tuple[int, ...] | None = None,
     ) -> ModulePort:
         """A live port `nic:<host>/<ifname>`, read through ethtool netlink (or the legacy ioctl)."""
-        return cls(f"nic:{host}/{ifname}", host, lambda: open_module_eeprom(ifname, netns, timeout_s))
+        opener = functools.partial(open_module_eeprom, ifname, netns, timeout_s)
+        return cls(f"nic:{host}/{ifname}", host, opener, lanes)
 
 
 @dataclass(frozen=True)
@@ -281,12 +288,9 @@ class RxPowerProbe(QueueProbe):
 
 def _build(ctx: ProbeContext) -> Probe:
     ports = [
-        ModulePort(
-            site.port.source,
-            site.port.host,
-            site.open_eeprom or functools.partial(open_module_eeprom, site.port.ifname, site.netns),
-            site.rx_lanes,
-        )
+        ModulePort(site.port.source, site.port.host, site.open_eeprom, site.rx_lanes)
+        if site.open_eeprom is not None
+        else ModulePort.of_interface(site.port.host, site.port.ifname, netns=site.netns, lanes=site.rx_lanes)
         for site in ctx.ports
     ]
     return RxPowerProbe(

@@ -1,4 +1,4 @@
-"""UDP ping-pong between the two ends of each circuit: the emulated lab's traffic probe.
+"""UDP ping-pong between the two ends of each circuit, from each port's own address and interface.
 
 Every NIC port gets one UDP socket, opened inside its host's namespace, bound to its address and to its
 interface (SO_BINDTODEVICE, so a frame that the OCS delivers to the wrong port is never answered by this

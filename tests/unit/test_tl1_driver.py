@@ -15,7 +15,8 @@ import pytest
 from labctl.clock import Timebase
 from labctl.config import Secret
 from labctl.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Deny, Tl1Endpoint
-from labctl.emulators.tl1 import Tl1Emulator, Tl1Faults, load_faults
+from labctl.emulators.core import FaultPlan, load_faults
+from labctl.emulators.tl1 import Tl1Emulator
 from labctl.errors import HardwareError, InputError
 from labctl.events import Event, EventLog
 from labctl.mapping import PortSpace
@@ -217,20 +218,20 @@ def session_values(events: list[Event]) -> list[object]:
 @pytest.mark.parametrize(
     "faults",
     [
-        pytest.param(Tl1Faults(drop_after_commands=4), id="drop-after-n"),
-        pytest.param(Tl1Faults(drop_mid_reply_after_commands=5), id="drop-mid-reply"),
-        pytest.param(Tl1Faults(garbage_every=6, garbage_position="inside"), id="garbage-inside-reply"),
-        pytest.param(Tl1Faults(lose_state_after_commands=8), id="state-lost-mid-apply"),
-        pytest.param(Tl1Faults(deny_probability=0.1, seed=5), id="random-deny"),
+        pytest.param(FaultPlan(drop_after_commands=4), id="drop-after-n"),
+        pytest.param(FaultPlan(drop_mid_reply_after_commands=5), id="drop-mid-reply"),
+        pytest.param(FaultPlan(garbage_every=6, garbage_position="inside"), id="garbage-inside-reply"),
+        pytest.param(FaultPlan(lose_state_after_commands=8), id="state-lost-mid-apply"),
+        pytest.param(FaultPlan(deny_probability=0.1, seed=5), id="random-deny"),
     ],
 )
-async def test_fault_ends_in_verified_state(switch: Switch, emulator: Tl1Emulator, faults: Tl1Faults) -> None:
+async def test_fault_ends_in_verified_state(switch: Switch, emulator: Tl1Emulator, faults: FaultPlan) -> None:
     sw, events = switch
     await sw.apply(STRAIGHT)
     emulator.set_faults(faults)
     result = await sw.apply(ROTATED)
     assert result.value.mapping == ROTATED
-    emulator.set_faults(Tl1Faults())
+    emulator.set_faults(FaultPlan())
     assert (await sw.get_mapping()).value == ROTATED == emulator.model.patches
     if faults.drop_after_commands or faults.drop_mid_reply_after_commands or faults.garbage_every:
         assert sw.reconnects >= 1
@@ -246,7 +247,7 @@ async def test_garbage_between_messages_is_skipped_without_reconnecting(
     switch: Switch, emulator: Tl1Emulator
 ) -> None:
     sw, events = switch
-    emulator.set_faults(Tl1Faults(garbage_every=2, garbage_position="between", seed=1))
+    emulator.set_faults(FaultPlan(garbage_every=2, garbage_position="between", seed=1))
     result = await sw.apply(ROTATED)
     assert result.value.mapping == ROTATED and result.value.attempts == 1
     assert sw.reconnects == 0 and "noise" in session_values(events)
@@ -256,7 +257,7 @@ async def test_deny_always_is_a_typed_error_after_bounded_retries(
     switch: Switch, emulator: Tl1Emulator
 ) -> None:
     sw, events = switch
-    emulator.set_faults(Tl1Faults(deny_probability=1.0))
+    emulator.set_faults(FaultPlan(deny_probability=1.0))
     with pytest.raises(Tl1Deny) as info:
         await sw.apply(STRAIGHT)
     assert info.value.code == "SROF" and info.value.command.startswith("ENT-PATCH::")
@@ -268,7 +269,7 @@ async def test_delayed_replies_within_the_deadline_are_fine_and_ack_in_progress(
     emulator: Tl1Emulator,
 ) -> None:
     emulator.ack_after_s = 0.02
-    emulator.set_faults(Tl1Faults(delay_ms=40))
+    emulator.set_faults(FaultPlan(delay_ms=40))
     events: list[Event] = []
     sw = driver(emulator, events)
     await sw.connect()
@@ -288,10 +289,10 @@ async def test_reply_slower_than_the_policy_is_a_typed_timeout_and_the_late_repl
     sw = driver(emulator, events, operation_s=0.3)
     await sw.connect()
     try:
-        emulator.set_faults(Tl1Faults(delay_ms=600))
+        emulator.set_faults(FaultPlan(delay_ms=600))
         with pytest.raises(HardwareError, match=r"apply did not finish within 0\.3 s"):
             await sw.apply([(1, 33)])
-        emulator.set_faults(Tl1Faults())
+        emulator.set_faults(FaultPlan())
         await asyncio.sleep(0.6)  # the late replies arrive and match nothing in flight
         assert (await sw.get_mapping()).value == emulator.model.patches
     finally:
@@ -356,7 +357,7 @@ async def test_unreachable_switch_is_a_typed_error_within_the_connect_deadline()
 def test_fault_file_loads_and_bad_fields_are_one_line(tmp_path: Path) -> None:
     good = tmp_path / "faults.yaml"
     good.write_text("drop_after_commands: 3\ndeny_probability: 0.25\ngarbage_position: between\n")
-    assert load_faults(good) == Tl1Faults(
+    assert load_faults(good) == FaultPlan(
         drop_after_commands=3, deny_probability=0.25, garbage_position="between"
     )
     bad = tmp_path / "bad.yaml"
@@ -388,15 +389,15 @@ async def test_no_password_in_logs_exceptions_or_run_dir(
     )
     await sw.connect()
     try:
-        emulator.set_faults(Tl1Faults(drop_after_commands=2, garbage_every=7))
+        emulator.set_faults(FaultPlan(drop_after_commands=2, garbage_every=7))
         await sw.apply(STRAIGHT)  # reconnects, i.e. logs in again
         emulator.set_faults(
-            Tl1Faults(deny_probability=1.0, deny_verbs=["ENT-PATCH", "DLT-PATCH", "RTRV-PATCH"])
+            FaultPlan(deny_probability=1.0, deny_verbs=["ENT-PATCH", "DLT-PATCH", "RTRV-PATCH"])
         )
         with pytest.raises(Tl1Deny) as info2:
             await sw.get_mapping()
         texts.append(str(info2.value))
-        emulator.set_faults(Tl1Faults())
+        emulator.set_faults(FaultPlan())
         await asyncio.sleep(0.2)  # keep-alives
     finally:
         await sw.close()

@@ -98,5 +98,5 @@ DRIVER = SwitchDriver(
     description="Polatis optical switch over TL1 (TCP, port 3082)",
     open=_open,
     emulate=_emulate,
-    emulator=EmulatorFrontEnd("TL1 over TCP", DEFAULT_PORT, _serve),
+    emulator=EmulatorFrontEnd("TL1 over TCP", DEFAULT_PORT, _serve, password_env="POLATIS_PASSWORD"),
 )
