@@ -9,6 +9,7 @@ chosen for the inventory (labctl.labs.load).
 
 from __future__ import annotations
 
+import ipaddress
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,6 +226,27 @@ class Inventory:
         """Where a NIC port is written in the inventory: `hosts.<host>.nics[<i>]`."""
         nics = self.model.hosts[port.host].nics
         return ("hosts", port.host, "nics", next(i for i, n in enumerate(nics) if n.ifname == port.ifname))
+
+    def port_addresses(self, needed_by: str) -> dict[NicPort, ipaddress.IPv4Interface]:
+        """Every NIC port's IPv4 address/prefix, or InputError at the first port without a valid, unique one
+        (`needed_by` says what needs them, e.g. "the kernel fabric")."""
+        out: dict[NicPort, ipaddress.IPv4Interface] = {}
+        seen: dict[ipaddress.IPv4Address, str] = {}
+        for port in self.ports:
+            loc = (*self.port_loc(port), "address")
+            if port.address is None:
+                raise self.fail(loc, f"{needed_by} needs an IPv4 address/prefix on every NIC port")
+            try:
+                interface = ipaddress.IPv4Interface(port.address)
+            except ValueError:
+                raise self.fail(
+                    loc, f"{port.address!r} is not an IPv4 address/prefix like 10.0.0.1/24"
+                ) from None
+            if interface.ip in seen:
+                raise self.fail(loc, f"{interface.ip} is also used by {seen[interface.ip]}")
+            seen[interface.ip] = port.label
+            out[port] = interface
+        return out
 
     def fail(self, loc: Loc, message: str) -> InputError:
         """The one-line error for a problem at field path `loc`: `file:line: field.path: message`."""

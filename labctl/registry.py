@@ -28,6 +28,7 @@ LAB_KINDS: Mapping[str, str] = {
     "simulated": "labctl.labs.simulated:KIND",
     "kernel": "labctl.labs.kernel:KIND",
     "agents": "labctl.labs.agents:KIND",
+    "real": "labctl.labs.real:KIND",
 }
 PROBES: Mapping[str, str] = {
     "model-link": "labctl.models.probes:LINK",

@@ -29,6 +29,7 @@ from labctl.agents.wire import (
     Signer,
     StartArgs,
     StopArgs,
+    WindowArgs,
     World,
     WorldItem,
     _enc,
@@ -41,10 +42,10 @@ from labctl.errors import InputError
 from labctl.events import Event
 from labctl.inventory import Inventory
 from labctl.labs import lab_kinds
+from labctl.labs.base import ReconfigWindow
 from labctl.models.fabric import SimFabric
-from labctl.models.probes import model_sites
 from labctl.models.switch import SwitchModel
-from labctl.probes import ProbeContext, probe_kinds
+from labctl.probes import probe_kinds
 from labctl.profiles import Profile
 from labctl.sampling import CircuitProbe, Probe, ProbeSettings
 
@@ -100,7 +101,11 @@ class Agent:
                 f"--host {host!r}: not a host of {inventory.path} (known: {', '.join(inventory.hosts)})"
             )
         self.inventory = inventory
-        self.allowed_probes = lab_kinds.get(inventory.kind).agent_probes
+        self.kind = lab_kinds.get(inventory.kind)
+        if self.kind.agent_context is None:
+            raise InputError(f"{inventory.path}: a {inventory.kind} lab runs no agents")
+        self.agent_context = self.kind.agent_context
+        self.allowed_probes = self.kind.agent_probes
         """The allow-list for `start`/`stop`: the probes its lab kind runs on agents."""
         self.host = host
         self.broker = broker
@@ -307,13 +312,9 @@ class Agent:
         self.mirror.cancel_pending()
         self.mirror = FabricMirror(self.inventory, profile, random.Random(args.seed))
         self.world_offset_ns = args.world_offset_ns
-        # This host's probes, built from the registry. They read the mirror of the controller's lab model:
-        # its NIC ports and a transceiver per port that the mirror's light drives. The traffic probe knows
-        # every port as a possible peer but pings only from the ports `set_circuits` gives it (this host's).
-        sites = model_sites(self.mirror, self.inventory.ports)
-        ctx = ProbeContext(
-            settings, ports=[s for s in sites if s.port.host == self.host], peers=sites, world=self.mirror
-        )
+        # This host's probes, built from the registry where its lab kind says they look (the mirror of the
+        # controller's model, or the host's own interfaces).
+        ctx = self.agent_context(self.inventory, self.host, settings, self.mirror)
         probes = {name: probe_kinds.get(name).build(ctx) for name in sorted(set(args.probes))}
         for name, probe in probes.items():
             await probe.__aenter__()
@@ -353,9 +354,23 @@ class Agent:
                 probe.set_circuits(args.circuits)
         return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True)
 
+    async def _cmd_window(self, cmd: Command, t_rx: int) -> Reply:
+        """The controller's reconfiguration window, for the probes that sample harder inside one."""
+        args: WindowArgs = self._args(WindowArgs, cmd)
+        if args.open is not None and set(args.open) - self.sources:
+            raise Rejected("unauthorised", f"window names ports not on {self.host}")
+        for probe in self._probes.values():
+            if isinstance(probe, ReconfigWindow):
+                if args.open is None:
+                    probe.close_window()
+                else:
+                    probe.open_window(args.open)
+        return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True)
+
     COMMANDS: ClassVar[dict[str, Callable[[Agent, Command, int], Any]]] = {
         "ping": _cmd_ping,
         "start": _cmd_start,
         "stop": _cmd_stop,
         "set_circuits": _cmd_set_circuits,
+        "window": _cmd_window,
     }

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
@@ -437,6 +437,7 @@ class RemoteProbe:
     ) -> None:
         self.hub = hub
         self.probe_names = list(probes)
+        self._window_open = False
         self.host = host
         self.name = f"agent:{host}"
         self.link = hub.links[host]
@@ -498,3 +499,16 @@ class RemoteProbe:
         mine = {s: p for s, p in peers.items() if s in self.link.sources}
         if mine:
             self.hub.post(self.host, "set_circuits", {"circuits": mine})
+
+    def open_window(self, sources: Collection[str] | None = None) -> None:
+        """Forward the controller's reconfiguration window to the agent's probes (dense Rx-power reports,
+        the carrier poll), for this host's affected ports."""
+        mine = sorted(self.link.sources if sources is None else set(sources) & self.link.sources)
+        self._window_open = bool(mine)
+        if mine:
+            self.hub.post(self.host, "window", {"open": mine})
+
+    def close_window(self) -> None:
+        if self._window_open:
+            self._window_open = False
+            self.hub.post(self.host, "window", {})

@@ -66,6 +66,12 @@ class PingArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     t1: int
 
 
+class WindowArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A reconfiguration starts (`open`: the affected port sources of this host) or ends (`open` None)."""
+
+    open: list[str] | None = None
+
+
 class WorldItem(msgspec.Struct, array_like=True):
     kind: str
     port: str

@@ -92,21 +92,10 @@ class FabricLayout:
                 raise inventory.fail(
                     ("hosts", host), f"host name gives an unusable namespace name {name!r}"
                 ) from None
+        addresses = inventory.port_addresses("the kernel fabric")
         ports = []
-        seen: dict[ipaddress.IPv4Address, str] = {}
         for k, port in enumerate(inventory.ports):
-            loc = (*inventory.port_loc(port), "address")
-            if port.address is None:
-                raise inventory.fail(loc, "the kernel fabric needs an IPv4 address/prefix on every NIC port")
-            try:
-                interface = ipaddress.IPv4Interface(port.address)
-            except ValueError:
-                raise inventory.fail(
-                    loc, f"{port.address!r} is not an IPv4 address/prefix like 10.0.0.1/24"
-                ) from None
-            if interface.ip in seen:
-                raise inventory.fail(loc, f"{interface.ip} is also used by {seen[interface.ip]}")
-            seen[interface.ip] = port.label
+            interface = addresses[port]
             ports.append(
                 FabricPort(
                     port=port,

@@ -19,9 +19,22 @@ from labctl.inventory import Inventory, NicPort
 from labctl.labs.base import Lab, LabContext, LabKind
 from labctl.labs.world import check_switches_over_models, drive_models, switch_models
 from labctl.models.fabric import TRANSPORT, SimFabric
+from labctl.models.probes import model_sites
+from labctl.probes import ProbeContext
+from labctl.sampling import ProbeSettings
 
 PROBES = ("model-link", "rx-power", "model-traffic")
 """What each agent runs, on its mirror of the world."""
+
+
+def agent_context(
+    inventory: Inventory, host: str, settings: ProbeSettings, mirror: SimFabric
+) -> ProbeContext:
+    """An agent's probes read its mirror of the controller's model: this host's NIC ports, a transceiver
+    per port that the mirror's light drives; the traffic probe knows every port as a possible peer."""
+    sites = model_sites(mirror, inventory.ports)
+    mine = [site for site in sites if site.port.host == host]
+    return ProbeContext(settings, ports=mine, peers=sites, world=mirror)
 
 
 def check(inventory: Inventory) -> None:
@@ -93,4 +106,5 @@ KIND = LabKind(
     check,
     build,
     agent_probes=PROBES,
+    agent_context=agent_context,
 )

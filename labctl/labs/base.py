@@ -11,12 +11,16 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from labctl.inventory import Inventory
 from labctl.ocs import EventSink, OpticalSwitch
 from labctl.profiles import Profile
 from labctl.sampling import CircuitProbe, Probe, ProbeSettings
+
+if TYPE_CHECKING:  # the probe contract and the behaviour model, named in the agent hook's type only
+    from labctl.models.fabric import SimFabric
+    from labctl.probes import ProbeContext
 
 
 @runtime_checkable
@@ -85,3 +89,6 @@ class LabKind:
     build: Callable[[LabContext], Lab]
     agent_probes: tuple[str, ...] = ()
     """Probes a `labctl agent` runs for this kind of lab (empty: the kind runs no agents)."""
+    agent_context: Callable[[Inventory, str, ProbeSettings, SimFabric], ProbeContext] | None = None
+    """Where an agent's probes look, on its host: (inventory, host, settings, the agent's mirror of the
+    controller's behaviour model) → their ProbeContext."""

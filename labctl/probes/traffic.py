@@ -25,7 +25,7 @@ from labctl.errors import InputError
 from labctl.events import Event, Kind
 from labctl.linux import netns
 from labctl.linux.timerfd import PeriodicTimer
-from labctl.probes import ProbeContext, ProbeKind
+from labctl.probes import PortSite, ProbeContext, ProbeKind
 from labctl.sampling import Probe, QueueProbe, ReportGate
 
 UDP_PORT = 47_000
@@ -60,6 +60,7 @@ class UdpTrafficProbe(QueueProbe):
         self,
         endpoints: Sequence[TrafficEndpoint],
         *,
+        peers: Sequence[TrafficEndpoint] = (),
         interval_us: int = 1000,
         timeout_us: int | None = None,
         report_interval_ns: int = 100_000_000,
@@ -67,6 +68,9 @@ class UdpTrafficProbe(QueueProbe):
     ) -> None:
         super().__init__()
         self.by_source = {e.source: e for e in endpoints}
+        """The ports this probe pings from and answers on (a socket each, here)."""
+        self.peer_book = {**{e.source: e for e in peers}, **self.by_source}
+        """Every port a circuit may reach, local or on another host."""
         self.period_ns = interval_us * 1000
         self.timeout_ns = (timeout_us if timeout_us is not None else 2 * interval_us) * 1000
         self.gate = ReportGate(report_interval_ns)
@@ -92,7 +96,7 @@ class UdpTrafficProbe(QueueProbe):
             self.circuits.pop(source, None)
             if peer is not None:
                 self._generation = (self._generation + 1) & 0xFFFF
-                self.circuits[source] = _Circuit(self.by_source[peer], self._generation)
+                self.circuits[source] = _Circuit(self.peer_book[peer], self._generation)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def _open(self) -> None:
@@ -208,18 +212,17 @@ class UdpTrafficProbe(QueueProbe):
         )
 
 
+def _endpoint(site: PortSite) -> TrafficEndpoint:
+    if site.ip is None:
+        raise InputError(f"{site.port.label}: the traffic probe needs the port's address in the inventory")
+    return TrafficEndpoint(site.port.source, site.ip, site.port.ifname, site.netns, site.port.host)
+
+
 def _build(ctx: ProbeContext) -> Probe:
-    endpoints = []
-    for site in ctx.peers or ctx.ports:
-        if site.ip is None:
-            raise InputError(
-                f"{site.port.label}: the traffic probe needs the port's address in the inventory"
-            )
-        endpoints.append(
-            TrafficEndpoint(site.port.source, site.ip, site.port.ifname, site.netns, site.port.host)
-        )
+    """Sockets on the context's ports; its peers (default: the same ports) are the address book."""
     return UdpTrafficProbe(
-        endpoints,
+        [_endpoint(site) for site in ctx.ports],
+        peers=[_endpoint(site) for site in ctx.peers],
         interval_us=ctx.settings.traffic_interval_us,
         timeout_us=ctx.settings.traffic_timeout_us,
         report_interval_ns=ctx.report_interval_ns,

@@ -71,10 +71,11 @@ CASES: list[Case] = [
     for emulate in _emulate_values(driver)
     for broker, addresses in itertools.product((False, True), repeat=2)
 ] + [  # a secret the run will need, in the environment or not: check must find what run will find
-    (kind, driver, True, kind == "agents", True, secret)
+    (kind, driver, emulate, bool(lab_kinds.get(kind).agent_probes), True, secret)
     for kind in lab_kinds.names()
     for driver in switch_drivers
     if "password" in switch_drivers.get(driver).config.model_fields
+    for emulate in (True, False)
     for secret in ("set", "unset")
 ]
 

@@ -1,0 +1,82 @@
+"""The real lab: switches at their network addresses, and a `labctl agent` on every host running real probes
+on its own interfaces.
+
+Each switch is its driver opened at the inventory's address (Polatis TL1 today; every registered driver
+with an `open`). Each host runs `labctl agent` (labctl.agents), which samples its ports with the probes
+in `PROBES`: the netlink carrier probe, the module-EEPROM Rx-power poller (ethtool netlink, every lane)
+and the UDP ping-pong between the two ends of each circuit, from the ports' inventory addresses. The
+controller forwards each reconfiguration's window to the agents, measures their clock offsets and
+counts every event lost on the way. Nothing here models anything: `profile` is not used.
+"""
+
+from __future__ import annotations
+
+from labctl.agents.broker import BrokerSettings
+from labctl.agents.hub import AgentHub, RemoteProbe
+from labctl.inventory import Inventory
+from labctl.labs.base import Lab, LabContext, LabKind
+from labctl.models.fabric import SimFabric
+from labctl.probes import PortSite, ProbeContext
+from labctl.sampling import ProbeSettings
+from labctl.switches import open_switch, switch_drivers
+
+PROBES = ("carrier", "rx-power", "traffic")
+"""What each host's agent runs on its interfaces."""
+
+
+def check(inventory: Inventory) -> None:
+    if inventory.model.broker is None:
+        raise inventory.fail(("broker",), "a real lab needs a `broker:` section (url: mqtt://HOST:PORT)")
+    for name, spec in inventory.switches.items():
+        if switch_drivers.get(spec.driver).open is None:
+            raise inventory.fail(
+                ("switches", name, "driver"),
+                f"a real lab drives switches at their addresses; a {spec.driver} switch is only a model",
+            )
+        if spec.over_model:
+            raise inventory.fail(
+                ("switches", name),
+                f"a real lab drives switches at their addresses; this {spec.driver} switch is emulated (drop "
+                "`emulate: true` and give its address)",
+            )
+    inventory.port_addresses("the traffic probe")  # both ends of every circuit ping from their address
+    BrokerSettings.check_names(inventory)
+
+
+def build(ctx: LabContext) -> Lab:
+    inv = ctx.inventory
+    hub = AgentHub(inv, BrokerSettings.from_inventory(inv))
+    lab = Lab(switches={name: open_switch(name, spec, ctx.emit) for name, spec in inv.switches.items()})
+    lab.probes = [
+        RemoteProbe(hub, host, PROBES, ctx.probes, ctx.profile, ctx.rng.getrandbits(32))
+        for host in inv.hosts
+        if hub.links[host].sources
+    ]
+
+    async def stop_hub() -> None:
+        await hub.stop()
+        lab.meta.update(hub.report())
+
+    lab.start_hooks.append(hub.start)
+    lab.async_close_hooks.append(stop_hub)
+    return lab
+
+
+def agent_context(
+    inventory: Inventory, host: str, settings: ProbeSettings, mirror: SimFabric
+) -> ProbeContext:
+    """An agent runs in its host's own network namespace: the ports are its interfaces, each reached at
+    its inventory address; every port of the lab is a possible traffic peer. (The mirror goes unused.)"""
+    addresses = inventory.port_addresses("the traffic probe")
+    sites = [PortSite(port, ip=str(addresses[port].ip)) for port in inventory.ports]
+    return ProbeContext(settings, ports=[site for site in sites if site.port.host == host], peers=sites)
+
+
+KIND = LabKind(
+    "real",
+    "switches at their network addresses; a `labctl agent` on every host, running real probes on its NICs",
+    check,
+    build,
+    agent_probes=PROBES,
+    agent_context=agent_context,
+)
