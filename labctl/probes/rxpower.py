@@ -158,13 +158,18 @@ class RxPowerProbe(QueueProbe):
         self.consume_latched_flags = consume_latched_flags
         self.max_error_streak = max(1, round(max_error_streak_s * hz))
         self.polled: list[_Polled] = []
+        self.unsampled: dict[str, str] = {}
+        """Ports whose module could not be opened at start, and why."""
         self.samples = 0  # port samples: one read of one port's power words
         self.read_errors = 0
 
     def stats(self) -> dict[str, float | int]:
         out = super().stats()
-        if "samples_per_s" in out and self.ports:
-            out["samples_per_s_per_port"] = round(out["samples_per_s"] / len(self.ports), 1)
+        sampled = len(self.ports) - len(self.unsampled)
+        out["ports_sampled"] = sampled
+        out["ports_without_module"] = len(self.unsampled)
+        if "samples_per_s" in out and sampled:
+            out["samples_per_s_per_port"] = round(out["samples_per_s"] / sampled, 1)
         return out
 
     def _open(self, port: ModulePort) -> _Polled:
@@ -183,11 +188,27 @@ class RxPowerProbe(QueueProbe):
         )
 
     async def __aenter__(self) -> Self:
-        # Open and identify every module before the sampler starts, so a missing one fails `async with`.
+        # Open and identify every module before the sampler starts. A port whose module cannot be read (no
+        # module, a module without an Rx power monitor, a read that fails) is not sampled: a sampler.error
+        # event says why and the other ports go on (its t2 stays empty; `labctl lab check` reports it too).
+        # A port that does not exist is bad input and fails `async with`.
         self._check_startable()
         try:
             for port in self.ports:
-                self.polled.append(self._open(port))
+                try:
+                    self.polled.append(self._open(port))
+                except (ModuleEepromError, DomDecodeError) as e:
+                    self.unsampled[port.source] = str(e)
+                    self.queue.put(
+                        Event(
+                            t_ns=now_ns(),
+                            kind=Kind.SAMPLER_ERROR,
+                            source=port.source,
+                            host=port.host,
+                            value=str(e),
+                            meta={"probe": self.name, "at": "start"},
+                        )
+                    )
         except BaseException:
             self._close_all()
             raise

@@ -126,10 +126,14 @@ def test_cli_read_on_veth_is_one_line(veth_ns: str) -> None:
     assert out.stdout == ""
 
 
-async def test_probe_on_veth_fails_at_enter_and_leaks_nothing(veth_ns: str) -> None:
+async def test_probe_on_veth_reports_the_missing_module_and_leaks_nothing(veth_ns: str) -> None:
+    """A port without a module is not sampled: one sampler.error with the exact reason, nothing left open."""
     probe = RxPowerProbe([ModulePort.of_interface("h1", "vb", netns=veth_ns)], hz=1000)
     assert [p.source for p in probe.ports] == ["nic:h1/vb"]
-    with pytest.raises(NoModuleEepromError, match=f"^no module EEPROM on vb \\(netns {veth_ns}\\)$"):
-        async with probe:
-            pass
+    async with probe:
+        events = [e async for e in probe.events()]  # ends: nothing to sample
+    assert [(e.kind, e.source, e.value) for e in events] == [
+        ("sampler.error", "nic:h1/vb", f"no module EEPROM on vb (netns {veth_ns})")
+    ]
     assert probe.polled == []  # nothing left open
+    assert probe.unsampled == {"nic:h1/vb": f"no module EEPROM on vb (netns {veth_ns})"}

@@ -477,13 +477,23 @@ async def test_poller_consumes_latched_flags_only_when_configured() -> None:
     assert LosPlan.for_module(module_info(m)).reads == (EepromRead(0x50, 0, 0, 3, 1),)
 
 
-async def test_poller_fails_at_enter_without_rx_monitor() -> None:
+async def test_a_module_without_rx_monitor_is_reported_and_not_sampled() -> None:
     img = bytearray(256)
     put(img, 0, "03")  # SFP without DDM
-    probe = RxPowerProbe([ModulePort("nic:h1/p", "h1", lambda: FlatImage(bytes(img)))])
-    with pytest.raises(DomDecodeError, match="no Rx power monitor"):
-        async with probe:
-            pass
+    good = EmulatedQsfp28(rx_power_mw=0.5)
+    probe = RxPowerProbe(
+        [
+            ModulePort("nic:h1/p", "h1", lambda: FlatImage(bytes(img))),
+            ModulePort("nic:h1/q", "h1", lambda: good),
+        ],
+        hz=2000,
+    )
+    async with probe:
+        events = await asyncio.wait_for(_collect(probe, 5), 5)
+    [error] = [e for e in events if e.kind == "sampler.error"]
+    assert error.source == "nic:h1/p" and "no Rx power monitor" in str(error.value)
+    assert {e.source for e in events if e.kind == "rx_power"} == {"nic:h1/q"}
+    assert probe.stats()["ports_sampled"] == 1 and probe.stats()["ports_without_module"] == 1
 
 
 class _Flaky:
