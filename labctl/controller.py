@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from labctl.breakdown import EventIndex, compute_breakdown, summarize, write_breakdown
 from labctl.clock import Timebase, now_ns
 from labctl.errors import LabctlError
+from labctl.errors import LabFault as LabFaultError
 from labctl.events import Event, EventLog, Kind
 from labctl.experiment import Plan, RailPhase, build_plan, load_experiment
 from labctl.inventory import Inventory
@@ -273,6 +274,23 @@ class Controller:
 
         return GpuStep.from_settings(self.plan.spec.gpu, self.events, self.progress.message)
 
+    async def _sequence_unless_faulted(self) -> None:
+        """The sequence, stopped early by a fault the lab reports (LabFault), or by our own cancellation."""
+        work = asyncio.create_task(self.sequence(), name="sequence")
+        fault = asyncio.create_task(self.lab.fault.wait(), name="lab-fault")
+        try:
+            await asyncio.wait({work, fault}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            fault.cancel()
+            if not work.done():  # a fault, or we are being cancelled: stop the sequence where it is
+                work.cancel()
+            await asyncio.gather(work, fault, return_exceptions=True)
+        if work.cancelled():
+            reason = self.lab.fault.reason or "stopped"
+            self.events.emit(now_ns(), Kind.RUN_FAULT, "controller", reason)
+            raise LabFaultError(reason)
+        work.result()
+
     async def restore_baseline(self) -> None:
         baseline = self.plan.phases[self.plan.spec.baseline]
         if any(self.current[rail] != rp.mapping for rail, rp in baseline.items()):
@@ -343,7 +361,7 @@ class Controller:
             tasks.append(asyncio.create_task(self._flusher(), name="flusher"))
             await stack.enter_async_context(self.loop_lag)
             try:
-                await self.sequence()
+                await self._sequence_unless_faulted()
             except asyncio.CancelledError:
                 _absorb_cancel()
                 status, error = "aborted", "interrupted by signal"

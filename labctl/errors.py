@@ -30,3 +30,7 @@ class SwitchStateMismatch(HardwareError):
             f"{switch}: read-back differs from the requested mapping: "
             f"missing {sorted(missing)}, unexpected {sorted(unexpected)}"
         )
+
+
+class LabFault(HardwareError):
+    """The lab reported a fault of its own during the run (e.g. a host's agent went offline)."""

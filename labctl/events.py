@@ -68,6 +68,8 @@ class Kind:
     RUN_END: Final = "run.end"
     RUN_TIMEOUT: Final = "run.timeout"
     RUN_ABORT: Final = "run.abort"
+    RUN_FAULT: Final = "run.fault"  # the lab reported a fault (value: why); the run stops and restores
+    AGENT_LOST: Final = "agent.lost"  # a host's agent went offline mid-run (meta: events received before)
 
 
 KINDS = frozenset(v for k, v in vars(Kind).items() if k.isupper())

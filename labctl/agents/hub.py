@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -39,7 +40,7 @@ from labctl.agents.wire import (
 )
 from labctl.clock import now_ns
 from labctl.errors import HardwareError
-from labctl.events import Event, EventQueue
+from labctl.events import Event, EventQueue, Kind
 from labctl.inventory import Inventory
 from labctl.profiles import Profile
 from labctl.sampling import ProbeSettings
@@ -70,6 +71,8 @@ class HostLink:
     record_latency: bool = False
     stream_base: tuple[int, int] | None = None  # (seq, events) where this run's stream starts on the agent
     first_seen: tuple[int, int] | None = None  # (seq, n0) of the first batch, if it beat the start reply
+    lost_at_ns: int | None = None  # when the agent went offline while its probes ran (controller clock)
+    lost_at_wall_ns: int | None = None
 
     def begin_stream(self, seq: int, n: int) -> None:
         """The agent's counters when this run's probes started (from its start reply). An agent outlives
@@ -124,6 +127,8 @@ class AgentHub:
         self.expired_commands = 0
         self.connected = asyncio.Event()
         self.world_snapshot: Callable[[], list[WorldItem]] | None = None
+        self.on_lost: Callable[[str], None] | None = None
+        """Called with the reason when a started agent goes offline."""
         # Command ids are random per hub: an agent that outlives a run caches replies by id (to answer
         # QoS-1 duplicates), and a new run counting from 1 again would get the old run's answers.
         self._next_id = secrets.randbits(48)
@@ -175,6 +180,11 @@ class AgentHub:
                 "expired_commands": self.expired_commands,
                 "rejected": self.rejections.as_dict(),
                 "streams": {host: link.stats() for host, link in self.links.items() if link.started},
+                "lost": {
+                    host: {"t_ns": link.lost_at_ns, "wall_ns": link.lost_at_wall_ns}
+                    for host, link in self.links.items()
+                    if link.lost_at_ns is not None
+                },
             },
         }
 
@@ -258,6 +268,8 @@ class AgentHub:
                     link.online.set()
                 elif body == b"offline":
                     link.online.clear()
+                    if link.started and link.lost_at_ns is None:
+                        self._lost(link, t_rx)
                 else:
                     raise Rejected("malformed", "status must be online/offline")
             else:
@@ -321,6 +333,28 @@ class AgentHub:
         fut = self._replies.pop(reply.id, None)
         if fut is not None and not fut.done():
             fut.set_result(reply)
+
+    def _lost(self, link: HostLink, t_rx: int) -> None:
+        """An agent whose probes are running went offline (its connection dropped: the broker sent its last
+        will): say so in its stream, where it stops, and tell the run."""
+        link.lost_at_ns = t_rx
+        link.lost_at_wall_ns = time.time_ns()
+        link.queue.put(
+            Event(
+                t_ns=t_rx,
+                kind=Kind.AGENT_LOST,
+                source=f"agent:{link.host}",
+                host=link.host,
+                value=link.delivered,
+                meta={"events_received": link.delivered, "batches": link.batches},
+            )
+        )
+        if self.on_lost is not None:
+            when = time.strftime("%H:%M:%S", time.gmtime(link.lost_at_wall_ns / 1e9))
+            self.on_lost(
+                f"agent {link.host} went offline at {when} UTC (its broker connection dropped) after "
+                f"{link.delivered} events; everything it sent before is kept"
+            )
 
     # -- send ---------------------------------------------------------------------------------------------
     def post(
@@ -471,6 +505,9 @@ class RemoteProbe:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self.link.lost_at_ns is not None:  # gone: nothing to stop, nothing more will come
+            self.link.queue.close()
+            return
         if self.link.online.is_set():  # the closing estimate: with the opening one it brackets the drift
             with contextlib.suppress(HardwareError, TimeoutError):
                 await asyncio.wait_for(self.hub.measure(self.host), 5.0)

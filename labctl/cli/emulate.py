@@ -7,12 +7,13 @@ import asyncio
 import os
 import random
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt
+from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt, JsonOpt, ProfileOpt
 from labctl.errors import InputError
 
 emulate_app = typer.Typer(
@@ -49,7 +50,12 @@ def emulate_ocs(
         int | None, typer.Option(help="TCP port (0 = pick a free one and print it; default: the protocol's).")
     ] = None,
     size: Annotated[str, typer.Option(help="Switch size NxM: ingress 1..N, egress N+1..N+M.")] = "32x32",
-    switching_ms: Annotated[float, typer.Option(help="Modeled switching time per command.")] = 25.0,
+    switching_ms: Annotated[
+        float | None,
+        typer.Option(
+            help="Modeled switching time per command (default: 25 ms; with --fabric, the profile's)."
+        ),
+    ] = None,
     faults: Annotated[
         Path | None,
         typer.Option(help="YAML fault plan (drops, delays, refusal probability, garbage, state loss)."),
@@ -66,9 +72,25 @@ def emulate_ocs(
     session_timeout_s: Annotated[
         float | None, typer.Option(help="Hang up a session idle this long (default: never).")
     ] = None,
+    fabric: Annotated[
+        bool,
+        typer.Option(
+            "--fabric",
+            help="Move light through the inventory's kernel fabric (`labctl emulate fabric up`, root): its "
+            "cross-connects follow this emulator's patches, with the profile's firmware delays. Size and "
+            "ports then come from the inventory's switch.",
+        ),
+    ] = False,
+    inventory: InventoryOpt = DEFAULT_INVENTORY,
+    switch: Annotated[
+        str | None,
+        typer.Option("--switch", "-s", help="With --fabric: the inventory switch (default: the only one)."),
+    ] = None,
+    profile: ProfileOpt = None,
 ) -> None:
     """Serve a switch's protocol emulator until Ctrl-C, around the same switch model the simulated lab uses;
-    drive it with `labctl ocs` (an inventory switch with this address) or any client of the protocol."""
+    drive it with `labctl ocs` (an inventory switch with this address) or any client of the protocol. With
+    --fabric it is the switch of a kernel fabric: to a controller it is just a switch at HOST:PORT."""
     from labctl.emulators.core import load_faults
     from labctl.mapping import PortSpace
     from labctl.models.switch import SwitchModel
@@ -91,26 +113,56 @@ def emulate_ocs(
     password_env = password_env or front.password_env
     if not 0 <= port <= 65535:
         raise InputError(f"--port {port}: must be 0..65535")
-    if switching_ms < 0:
-        raise InputError(f"--switching-ms {switching_ms}: must be >= 0")
+    if switching_ms is not None and not 0 <= switching_ms < 1e6:
+        raise InputError(f"--switching-ms {switching_ms}: must be 0 or more (ms)")
     password = os.environ.get(password_env)
     if not password:
         raise InputError(f"set {password_env} to the password the emulator should accept (--password-env)")
-    space = PortSpace.parse(size)
     plan = load_faults(faults) if faults is not None else None
-    loss = min(switching_ms, 0.5)
-    profile = Profile(
-        **{
-            **resolve_profile("fast").model_dump(),
-            "switching_ms": (switching_ms, switching_ms),
-            "light_loss_ms": (loss / 5, loss),
-        }
-    )
+    switch_name, space, timing = "emulated", PortSpace.parse(size), resolve_profile("fast")
+    kernel = None
+    if fabric:
+        import functools
+
+        from labctl.emulators.fabric import FabricLayout, KernelFabric, managed_prefix
+        from labctl.inventory import load_inventory
+
+        inv = load_inventory(inventory)
+        switch_name = switch or _only_switch(inv.switches, inventory)
+        if switch_name not in inv.switches:
+            raise InputError(
+                f"{inventory}: unknown switch {switch_name!r} (known: {', '.join(inv.switches)})"
+            )
+        space, timing = inv.switches[switch_name].space, inv.profile(profile)
+        layout = FabricLayout.of(inv, managed_prefix(inv))
+        kernel = functools.partial(KernelFabric, layout)
+    if switching_ms is None and kernel is None:
+        switching_ms = 25.0
+    if switching_ms is not None:
+        loss = min(switching_ms, 0.5)
+        timing = Profile(
+            **{
+                **timing.model_dump(),
+                "switching_ms": (switching_ms, switching_ms),
+                "light_loss_ms": (loss / 5, loss),
+            }
+        )
+    model_profile = timing
 
     async def serve() -> None:
-        model = SwitchModel("emulated", space, profile, random.Random(0))
+        model = SwitchModel(switch_name, space, model_profile, random.Random(0))
         if input_dbm is not None:
             model.transmitting.update({p: input_dbm for p in space.ingress})
+        light = None
+        if kernel is not None:  # the fabric follows the model: cross-connects, then fiber ends after firmware
+            light = kernel(model_profile, random.Random(0), lambda event: None)
+            if not light.exists():
+                raise InputError(
+                    f"{inventory}: its fabric is not up; run `labctl emulate fabric up -i {inventory}`"
+                )
+            await asyncio.to_thread(light.reset)
+            light.open()
+            light.follow(switch_name, model)
         options = EmulatorOptions(
             host=host, port=port, users={user: password}, faults=plan, session_timeout_s=session_timeout_s
         )
@@ -124,7 +176,9 @@ def emulate_ocs(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         print(
-            f"{driver} emulator ({front.protocol}, {space}, switching {switching_ms:g} ms) listening on "
+            f"{driver} emulator ({front.protocol}, {space}, switching {model_profile.switching_ms[1]:g} ms"
+            + (f", moving {inventory}'s fabric" if kernel is not None else "")
+            + f") listening on "
             f"{host}:{emulator.port}; user {user}, password from ${password_env}; Ctrl-C stops",
             flush=True,
         )
@@ -133,8 +187,17 @@ def emulate_ocs(
         finally:
             await emulator.close()
             model.cancel_pending()
+            if light is not None:
+                light.close()
+                await asyncio.to_thread(light.reset)
 
     asyncio.run(serve())
+
+
+def _only_switch(switches: Mapping[str, object], inventory: Path) -> str:
+    if len(switches) != 1:
+        raise InputError(f"{inventory}: several switches ({', '.join(switches)}); pick one with --switch")
+    return next(iter(switches))
 
 
 @fabric_app.command("up")
@@ -143,8 +206,14 @@ def fabric_up(
     profile: Annotated[
         str | None, typer.Option(help="Delay profile the runs will use (checked here; applied by each run).")
     ] = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Build the inventory's fabric (prefix lc-<layout hash>-); runs on this inventory then reuse it."""
+    """Build the inventory's fabric (prefix lc-<layout hash>-); runs on this inventory then reuse it.
+
+    Each host namespace also gets a management link to this (root) namespace, as a real lab's hosts have a
+    management network beside the OCS data plane: `mgmt0` with 10.254.K.2/30, reaching the controller side
+    at 10.254.K.1 (an agent in the namespace reaches a broker listening there)."""
+    import json
     import random
 
     from labctl.emulators.fabric import FabricLayout, KernelFabric, managed_prefix
@@ -156,10 +225,31 @@ def fabric_up(
     fabric = KernelFabric(layout, prof, random.Random(0), lambda e: None)
     if fabric.exists():
         fabric.reset()
-        print(f"fabric {layout.prefix} already up; reset to dark")
+        state = "already up; reset to dark"
     else:
-        fabric.create()
-        print(f"fabric {layout.prefix} up: namespaces {', '.join(layout.netns_names())}")
+        fabric.create(management=True)
+        state = "up"
+    if as_json:
+        hosts = {
+            host: {
+                "netns": ns,
+                "management": {
+                    "host_ip": str(layout.management[host].host_ip.ip),
+                    "controller_ip": str(layout.management[host].root_ip.ip),
+                    "controller_if": layout.management[host].root_if,
+                },
+            }
+            for host, ns in layout.host_netns.items()
+        }
+        ports = [
+            {"port": fp.port.label, "address": fp.port.address, "netns": fp.host_netns} for fp in layout.ports
+        ]
+        print(json.dumps({"prefix": layout.prefix, "state": state, "hosts": hosts, "ports": ports}, indent=2))
+        return
+    print(f"fabric {layout.prefix} {state}: namespaces {', '.join(layout.netns_names())}")
+    for host, link in layout.management.items():
+        where = f"netns {layout.host_netns[host]}"
+        print(f"  {host:<8} management {link.host_ip.ip} ({where}), controller side {link.root_ip.ip}")
     for fp in layout.ports:
         print(
             f"  {fp.port.label:<22} {fp.port.address:<16} netns {fp.host_netns}  "

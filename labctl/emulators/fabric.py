@@ -74,12 +74,29 @@ class FabricPort:
         return str(self.interface.ip)
 
 
+MANAGEMENT_NET = ipaddress.IPv4Network("10.254.0.0/16")
+MANAGEMENT_IF = "mgmt0"
+
+
+@dataclass(frozen=True, slots=True)
+class ManagementLink:
+    """A host's management network, as on a real lab: not the OCS data plane. One veth pair from the root
+    namespace (`root_if`, `root_ip`: where the host reaches the controller, its broker, its switches) to
+    the host's namespace (`mgmt0`, `host_ip`); a /30 per host in 10.254.0.0/16."""
+
+    host: str
+    root_if: str
+    root_ip: ipaddress.IPv4Interface
+    host_ip: ipaddress.IPv4Interface
+
+
 @dataclass(frozen=True)
 class FabricLayout:
     prefix: str
     ocs_netns: str
     host_netns: dict[str, str]
     ports: list[FabricPort]
+    management: dict[str, ManagementLink] = field(default_factory=dict)
     _by_port: dict[NicPort, FabricPort] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -107,7 +124,21 @@ class FabricLayout:
                     interface=interface,
                 )
             )
-        layout = cls(prefix, f"{prefix}{OCS_NETNS}", hosts, ports)
+        management = {}
+        for k, host in enumerate(inventory.hosts, start=1):
+            base = int(MANAGEMENT_NET.network_address) + 4 * k  # the k-th /30: .1 root side, .2 host side
+            root_ip, host_ip = (
+                ipaddress.IPv4Interface((base + 1, 30)),
+                ipaddress.IPv4Interface((base + 2, 30)),
+            )
+            management[host] = ManagementLink(host, f"{prefix}m{k}", root_ip, host_ip)
+        clash = [fp.port.label for fp in ports if fp.interface.network.overlaps(MANAGEMENT_NET)]
+        if clash:
+            raise inventory.fail(
+                (*inventory.port_loc(next(fp.port for fp in ports if fp.port.label == clash[0])), "address"),
+                f"{MANAGEMENT_NET} is the emulated fabric's management network; use other NIC addresses",
+            )
+        layout = cls(prefix, f"{prefix}{OCS_NETNS}", hosts, ports, management)
         layout._by_port.update({p.port: p for p in ports})
         return layout
 
@@ -162,8 +193,9 @@ class KernelFabric:
     def exists(self) -> bool:
         return all(netns.exists(n) for n in self.layout.netns_names())
 
-    def create(self) -> None:
-        """Create every namespace and link; on any failure remove everything created, then re-raise."""
+    def create(self, *, management: bool = False) -> None:
+        """Create every namespace and link (and, with `management`, each host's management veth to the root
+        namespace); on any failure remove everything created, then re-raise."""
         names = self.layout.netns_names()
         clash = [n for n in names if netns.exists(n)]
         if clash:
@@ -180,9 +212,48 @@ class KernelFabric:
             self._create_links()
             for host, ns in self.layout.host_netns.items():
                 self._configure_host(host, ns)
+            if management:
+                self._create_management()
         except BaseException:
             self.destroy()
             raise
+
+    def _create_management(self) -> None:
+        """The management veths. Their root ends go away with the host namespaces (a veth pair dies with
+        either end), so `destroy` removes them too."""
+        from pyroute2 import IPRoute
+
+        rt = Rtnl(open_route_socket())
+        ipr = IPRoute()
+        try:
+            for k, link in enumerate(self.layout.management.values(), start=1):
+                fd = netns.open_fd(self.layout.host_netns[link.host])
+                try:
+                    rt.add_veth(
+                        link.root_if,
+                        0,
+                        bytes((0x02, 0x6C, 0x02, 0, k >> 8, k & 0xFF)),
+                        MANAGEMENT_IF,
+                        0,
+                        bytes((0x02, 0x6C, 0x03, 0, k >> 8, k & 0xFF)),
+                        fd,
+                    )
+                finally:
+                    os.close(fd)
+                index = socket.if_nametoindex(link.root_if)
+                ipr.addr("add", index=index, address=str(link.root_ip.ip), prefixlen=30)
+                ipr.link("set", index=index, state="up")
+                with netns.entered(self.layout.host_netns[link.host]):
+                    inner = IPRoute()
+                try:
+                    host_index = inner.link_lookup(ifname=MANAGEMENT_IF)[0]
+                    inner.addr("add", index=host_index, address=str(link.host_ip.ip), prefixlen=30)
+                    inner.link("set", index=host_index, state="up")
+                finally:
+                    inner.close()
+        finally:
+            ipr.close()
+            rt.close()
 
     def _create_links(self) -> None:
         with netns.entered(self.layout.ocs_netns):

@@ -95,6 +95,7 @@ def build(ctx: LabContext) -> Lab:
         await hub.stop()
         lab.meta.update(hub.report())
 
+    hub.on_lost = lab.fault.raise_  # a host's agent gone mid-run ends the run, with the host and when
     lab.start_hooks.append(hub.start)
     lab.async_close_hooks.append(stop_hub)
     return lab

@@ -8,6 +8,7 @@ and `labctl run` accept exactly the same files) and builds a `Lab` from it. The 
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
@@ -33,6 +34,25 @@ class ReconfigWindow(Protocol):
     def close_window(self) -> None: ...
 
 
+class LabFault:
+    """A fault the lab notices outside any driver call (an agent gone): the controller stops the sequence,
+    restores the baseline and records the reason. The first reason wins."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._raised = asyncio.Event()
+
+    def raise_(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self._raised.set()
+
+    async def wait(self) -> str:
+        await self._raised.wait()
+        assert self.reason is not None
+        return self.reason
+
+
 @dataclass
 class Lab:
     switches: dict[str, OpticalSwitch] = field(default_factory=dict)
@@ -45,6 +65,7 @@ class Lab:
     """Run in reverse order by `aclose()`, after the switches have closed."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Merged into run.json at the end of the run (e.g. agents' `clock_offsets`)."""
+    fault: LabFault = field(default_factory=LabFault)
 
     @property
     def circuit_probes(self) -> list[CircuitProbe]:

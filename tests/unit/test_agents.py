@@ -30,7 +30,7 @@ from labctl.agents.wire import Batch, Command, Signer, topic
 from labctl.config import Secret
 from labctl.controller import run_experiment
 from labctl.errors import HardwareError
-from labctl.events import Event
+from labctl.events import Event, read_events
 from labctl.inventory import load_inventory
 from tests.conftest import require
 
@@ -304,6 +304,42 @@ async def test_four_agent_processes_match_the_one_process_run(
     streams = json.loads((again.run_dir / "run.json").read_text())["agents"]["streams"]
     assert all(s["missing_events"] == 0 and s["events"] > 0 for s in streams.values()), streams
     assert_breakdowns_match(breakdown(one.run_dir), breakdown(again.run_dir), again.run_dir)
+
+
+@pytest.mark.slow
+async def test_an_agent_killed_mid_run_ends_the_run_with_who_and_when(
+    broker: Mosquitto, tmp_path: Path, agent_procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """SIGKILL one host's agent in the middle of a run: the run stops (it would otherwise wait out every
+    recovery timeout for that host), restores its baseline, and says which host went and when; every event
+    before it is on disk."""
+    inv_mqtt, exp = write_lab(tmp_path, broker_section(broker.url), repeat=20)
+    _spawn_agents(inv_mqtt, tmp_path, agent_procs)
+    victim = agent_procs[HOSTS.index("h3")]
+    run = asyncio.create_task(run_experiment(exp, inv_mqtt, out_dir=tmp_path / "runs", plots=False, seed=3))
+    events_file: Path | None = None
+    for _ in range(400):  # until the run is into its reconfigurations
+        runs = list((tmp_path / "runs").glob("*/events.jsonl"))
+        if runs and runs[0].read_bytes().count(b'"kind":"phase"') >= 2:
+            events_file = runs[0]
+            break
+        await asyncio.sleep(0.05)
+    assert events_file is not None, "the run never got going"
+    killed_at = time.time_ns()
+    victim.kill()
+    outcome = await asyncio.wait_for(run, 60)
+    assert outcome.status == "failed"
+    assert outcome.error is not None and outcome.error.startswith("agent h3 went offline at "), outcome.error
+    meta = json.loads((outcome.run_dir / "run.json").read_text())
+    lost = meta["agents"]["lost"]
+    assert set(lost) == {"h3"} and killed_at <= lost["h3"]["wall_ns"] <= killed_at + 10 * 10**9
+    events = list(read_events(outcome.run_dir / "events.jsonl"))
+    [gone] = [e for e in events if e.kind == "agent.lost"]
+    assert gone.host == "h3" and gone.t_ns == lost["h3"]["t_ns"]
+    assert any(e.kind == "run.fault" for e in events)
+    # Before the fault, h3's samples were recorded like everyone's; the baseline was restored after it.
+    assert any(e.host == "h3" and e.kind == "rx_power" and e.t_ns < gone.t_ns for e in events)
+    assert [e for e in events if e.kind == "ocs.command" and e.t_ns > gone.t_ns], "baseline restored after"
 
 
 @pytest.mark.slow
