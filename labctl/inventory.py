@@ -75,6 +75,12 @@ class BrokerSpec(ConfigModel):
     tls: BrokerTlsSpec | None = None
     clock_sync_interval_s: float = Field(default=10.0, gt=0, description="re-measure agent clock offsets")
     clock_samples: int = Field(default=16, ge=4, le=1000, description="ping/pong samples per measurement")
+    agent_grace_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=600,
+        description="an agent offline this long mid-run is lost (a shorter gap: a broker restart)",
+    )
 
     @field_validator("url")
     @classmethod

@@ -32,6 +32,7 @@ class BrokerSettings:
     auth_key: Secret | None = None
     clock_sync_interval_s: float = 10.0
     clock_samples: int = 16
+    agent_grace_s: float = 5.0
 
     @staticmethod
     def check_names(inventory: Inventory) -> None:
@@ -69,6 +70,7 @@ class BrokerSettings:
             auth_key=spec.auth_key.resolve(where) if spec and spec.auth_key else None,
             clock_sync_interval_s=spec.clock_sync_interval_s if spec else 10.0,
             clock_samples=spec.clock_samples if spec else 16,
+            agent_grace_s=spec.agent_grace_s if spec else 5.0,
         )
 
     def client(self, identifier: str, will: aiomqtt.Will | None = None) -> aiomqtt.Client:

@@ -71,6 +71,7 @@ class HostLink:
     record_latency: bool = False
     stream_base: tuple[int, int] | None = None  # (seq, events) where this run's stream starts on the agent
     first_seen: tuple[int, int] | None = None  # (seq, n0) of the first batch, if it beat the start reply
+    offline_since: int | None = None  # seen offline while its probes ran; lost if still so after the grace
     lost_at_ns: int | None = None  # when the agent went offline while its probes ran (controller clock)
     lost_at_wall_ns: int | None = None
 
@@ -266,10 +267,15 @@ class AgentHub:
             elif leaf == "status":
                 if body == b"online":
                     link.online.set()
+                    if link.offline_since is not None:  # back within the grace: a broker outage, not a loss
+                        link.offline_since = None
                 elif body == b"offline":
                     link.online.clear()
-                    if link.started and link.lost_at_ns is None:
-                        self._lost(link, t_rx)
+                    if link.started and link.lost_at_ns is None and link.offline_since is None:
+                        link.offline_since = t_rx
+                        asyncio.get_running_loop().call_later(
+                            self.broker.agent_grace_s, self._still_offline, link, t_rx
+                        )
                 else:
                     raise Rejected("malformed", "status must be online/offline")
             else:
@@ -334,11 +340,16 @@ class AgentHub:
         if fut is not None and not fut.done():
             fut.set_result(reply)
 
+    def _still_offline(self, link: HostLink, since_ns: int) -> None:
+        if link.offline_since == since_ns and link.lost_at_ns is None:
+            self._lost(link, since_ns)
+
     def _lost(self, link: HostLink, t_rx: int) -> None:
         """An agent whose probes are running went offline (its connection dropped: the broker sent its last
-        will): say so in its stream, where it stops, and tell the run."""
+        will) and did not come back within `agent_grace_s` (a broker restart would have brought it back):
+        say so in its stream, where it stops, and tell the run. `t_rx` is when it was seen going."""
         link.lost_at_ns = t_rx
-        link.lost_at_wall_ns = time.time_ns()
+        link.lost_at_wall_ns = time.time_ns() - (now_ns() - t_rx)
         link.queue.put(
             Event(
                 t_ns=t_rx,
