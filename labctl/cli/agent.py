@@ -34,7 +34,7 @@ def agent(
     from labctl.labs import check, kinds_with_agents
 
     inv = load_inventory(inventory)
-    if not check(inv).agent_probes:
+    if not check(inv, secrets=False).agent_probes:
         with_agents = ", ".join(kinds_with_agents())
         raise InputError(f"{inventory}: a {inv.kind} lab runs no agents (lab kinds that do: {with_agents})")
     settings = BrokerSettings.from_inventory(inv, broker)

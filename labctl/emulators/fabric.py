@@ -150,8 +150,10 @@ class FabricLayout:
 
 
 def layout_hash(inventory: Inventory) -> str:
-    """Six hex digits identifying the fabric an inventory describes (hosts, ports, addresses, switches)."""
+    """Six hex digits identifying the fabric an inventory describes (lab, hosts, ports, addresses, switches):
+    two labs never share one."""
     shape = {
+        "lab": inventory.lab,
         "switches": {n: s.size for n, s in inventory.switches.items()},
         "ports": [[p.host, p.ifname, p.switch, p.tx, p.rx, p.address] for p in inventory.ports],
     }

@@ -19,12 +19,13 @@ from labctl.registry import LAB_KINDS, Registry
 lab_kinds: Registry[LabKind] = Registry("lab kind", LAB_KINDS, LabKind)
 
 
-def check(inventory: Inventory) -> LabKind:
+def check(inventory: Inventory, *, secrets: bool = True) -> LabKind:
     """The inventory's lab kind, after it checked the inventory (InputError if it would not build it), and
-    after every `${ENV}` secret the inventory names was found in this environment (the run reads them)."""
+    (with `secrets`) after every `${ENV}` secret the inventory names was found in this environment: the run
+    reads them. An agent skips that: it needs only the broker's, which it resolves itself."""
     kind = lab_kinds.get(inventory.kind)
     kind.check(inventory)
-    for loc, ref in inventory.secret_refs():
+    for loc, ref in inventory.secret_refs() if secrets else ():
         if ref.env_name not in os.environ:
             raise inventory.fail(
                 loc, f"environment variable {ref.env_name} is not set (the run reads {ref} from it)"
