@@ -81,6 +81,11 @@ class SwitchConfig(ConfigModel):
     driver: str
     size: str = "32x32"
     timeout_s: float = Field(default=10.0, gt=0, description="deadline for one switch operation")
+    owned_ports: list[int | str] | None = Field(
+        default=None,
+        description="on a switch shared with other labs: the ports this lab owns, as numbers and ranges "
+        "('1-16'); nothing outside them is ever patched or unpatched (default: every port)",
+    )
 
     @field_validator("size", mode="before")
     @classmethod
@@ -102,6 +107,35 @@ class SwitchConfig(ConfigModel):
     @property
     def space(self) -> PortSpace:
         return PortSpace.parse(self.size)
+
+    @property
+    def owned(self) -> frozenset[int] | None:
+        """The owned ports as a set (None: the whole switch)."""
+        if self.owned_ports is None:
+            return None
+        ports: set[int] = set()
+        for item in self.owned_ports:
+            if isinstance(item, int):
+                ports.add(item)
+            else:
+                low, _, high = item.partition("-")
+                ports.update(range(int(low), int(high or low) + 1))
+        return frozenset(ports)
+
+    @model_validator(mode="after")
+    def _owned_ports_exist(self) -> SwitchConfig:
+        if self.owned_ports is None:
+            return self
+        for item in self.owned_ports:
+            if isinstance(item, str):
+                m = re.fullmatch(r"(\d{1,6})(?:-(\d{1,6}))?", item.strip())
+                if m is None or (m[2] is not None and int(m[2]) < int(m[1])):
+                    raise ValueError(f"owned_ports: {item!r} is not a port or a range like 1-16")
+        owned = self.owned or frozenset()
+        outside = sorted(p for p in owned if p not in self.space.all_ports)
+        if outside:
+            raise ValueError(f"owned_ports: {outside[:5]} are not ports of a {self.size} switch")
+        return self
 
     @property
     def over_model(self) -> bool:

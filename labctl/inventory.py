@@ -303,10 +303,12 @@ def _check_references(model: InventoryModel, src: SourcedYaml) -> None:
             if switch is None:
                 known = ", ".join(model.switches)
                 raise _fail(src, (*base, "switch"), f"unknown switch {nic.switch!r} (known: {known})")
-            space = switch.space
+            space, owned = switch.space, switch.owned
             for field, want_ingress in (("tx", True), ("rx", False)):
                 port = getattr(nic, field)
                 loc = (*base, field)
+                if owned is not None and port in space.all_ports and port not in owned:
+                    raise _fail(src, loc, f"port {port} of {nic.switch} is not among its owned_ports")
                 if port not in space.all_ports:
                     raise _fail(
                         src,

@@ -125,6 +125,16 @@ class SwitchOps:
     send: Callable[[MappingDiff], Awaitable[None]]
     attempts: int = 3
     extra_meta: dict[str, Any] = field(default_factory=dict)
+    owned: frozenset[int] | None = None
+    """On a shared switch, the ports this lab owns: nothing outside them is ever patched or unpatched."""
+
+
+def check_owned(name: str, owned: frozenset[int] | None, ports: Iterable[int], what: str) -> None:
+    if owned is None:
+        return
+    foreign = sorted(set(ports) - owned)
+    if foreign:
+        raise MappingError(f"{name}: {what} names port(s) {foreign} that this lab does not own")
 
 
 async def converge(
@@ -144,10 +154,18 @@ async def converge(
         raise MappingError(
             f"{name}: port(s) {outside} out of range 1..{space.all_ports.stop - 1} ({space} switch)"
         )
+    check_owned(name, ops.owned, scope_ports, "the change")
     source = f"ocs:{name}"
     meta_base = {**(context or {}), **ops.extra_meta}
     current = await ops.read()
     first_diff = diff_mapping(current, desired, scope_ports)
+    if ops.owned is not None:  # a patch joining an owned port to a foreign one belongs to someone else too
+        crossing = sorted(p for p in first_diff.remove if not set(p) <= ops.owned)
+        if crossing:
+            raise HardwareError(
+                f"{name}: patch(es) {crossing} join owned ports to ports of another lab; refusing to remove "
+                "them (free the foreign end first)"
+            )
     command_ns: int | None = None
     complete_ns: int | None = None
     diff = first_diff

@@ -25,6 +25,7 @@ import pytest
 from labctl.config import SwitchConfig
 from labctl.errors import HardwareError, InputError, MappingError
 from labctl.events import Event, Kind
+from labctl.mapping import MappingDiff
 from labctl.models.switch import SwitchModel
 from labctl.ocs import ApplyResult, OpticalSwitch, Timed
 from labctl.profiles import Profile, resolve_profile
@@ -394,6 +395,33 @@ async def test_power_queries_take_ports_of_the_switch(rig: Rig) -> None:
         await rig.switch.port_power([])
     with pytest.raises(InputError, match=r"ports \[17\] are outside 1\.\.16"):
         await rig.switch.port_power([1, 17])
+
+
+# -- a switch shared with another lab ---------------------------------------------------------------------------
+async def test_a_shared_switch_touches_only_the_owned_ports(driver: str) -> None:
+    """`owned_ports`: changes inside them go through; nothing outside is named, patched or unpatched; a
+    patch joining an owned port to a foreign one is not removed (it is the other lab's too)."""
+    config = driver_config(driver, owned_ports=["1-4", "9-12"])
+    model = SwitchModel(NAME, config.space, FAST, random.Random(0))
+    switch = emulate_switch(NAME, config, model, lambda event: None)
+    await switch.connect()
+    try:
+        await model.execute(MappingDiff(remove=frozenset(), add=frozenset({(5, 13)})))  # another lab's patch
+        await switch.apply({(1, 9), (2, 10)}, scope=[1, 2, 3, 4, 9, 10, 11, 12])
+        assert model.patches == {(1, 9), (2, 10), (5, 13)}
+        for mapping, scope in (({(5, 14)}, None), ({(1, 9)}, [1, 9, 6])):
+            with pytest.raises(MappingError, match="does not own"):
+                await switch.apply(mapping, scope=scope)
+        with pytest.raises(MappingError, match="does not own"):
+            await switch.disconnect([13])
+        await model.execute(MappingDiff(remove=frozenset({(2, 10)}), add=frozenset({(2, 14)})))  # crosses
+        commands = model.commands
+        with pytest.raises(HardwareError, match=r"\(2, 14\).*another lab"):
+            await switch.disconnect([2])
+        assert model.commands == commands and model.patches == {(1, 9), (2, 14), (5, 13)}
+    finally:
+        await switch.close()
+        model.cancel_pending()
 
 
 # -- who is in the suite, and what it refuses -----------------------------------------------------------------

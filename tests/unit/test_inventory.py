@@ -104,6 +104,16 @@ def test_default_inventory_is_the_opus_testbed(inventory_path: Path) -> None:
             id="field-of-another-driver",
         ),
         pytest.param(
+            GOOD.replace("{driver: sim, size: 4x4}", "{driver: sim, size: 4x4, owned_ports: [1-2, 5-6, 9]}"),
+            "inventory.yaml:3: switches.ocs1: owned_ports: [9] are not ports of a 4x4 switch",
+            id="owned-port-outside-the-switch",
+        ),
+        pytest.param(
+            GOOD.replace("{driver: sim, size: 4x4}", "{driver: sim, size: 4x4, owned_ports: [1, 5, 6]}"),
+            "is not among its owned_ports",  # a NIC fiber on a port of another lab
+            id="fiber-on-a-foreign-port",
+        ),
+        pytest.param(
             GOOD.replace("{driver: sim, size: 4x4}", "{driver: polatis-netconf, size: 4x4}"),
             "inventory.yaml:3: switches.ocs1.driver: unknown driver 'polatis-netconf' (known: polatis-tl1, sim)",
             id="unregistered-driver",

@@ -43,6 +43,7 @@ def _open(name: str, config: PolatisTl1Config, emit: EventSink) -> OpticalSwitch
         emit=emit,
         timeouts=config.timeouts(),
         pipeline_depth=config.pipeline_depth,
+        owned=config.owned,
     )
 
 
@@ -68,6 +69,7 @@ def _emulate(name: str, config: PolatisTl1Config, model: SwitchModel, emit: Even
         emit=emit,
         timeouts=config.timeouts(),
         pipeline_depth=config.pipeline_depth,
+        owned=config.owned,
     )
 
     async def start() -> None:

@@ -20,7 +20,16 @@ from labctl.config import Secret, SecretRef
 from labctl.errors import HardwareError, InputError
 from labctl.events import Event, Kind
 from labctl.mapping import Mapping, MappingDiff, PortSpace
-from labctl.ocs import ApplyResult, EventSink, SwitchOps, Timed, TimeoutPolicy, check_ports, converge
+from labctl.ocs import (
+    ApplyResult,
+    EventSink,
+    SwitchOps,
+    Timed,
+    TimeoutPolicy,
+    check_owned,
+    check_ports,
+    converge,
+)
 
 from . import DEFAULT_PORT
 from .codec import (
@@ -85,6 +94,7 @@ class PolatisTl1Switch:
         pipeline_depth: int = 16,
         keepalive_s: float | None = 20.0,
         attempts: int = 3,
+        owned: frozenset[int] | None = None,
     ) -> None:
         if pipeline_depth < 1:
             raise ValueError("pipeline_depth must be at least 1")
@@ -96,6 +106,7 @@ class PolatisTl1Switch:
         self.pipeline_depth = pipeline_depth
         self.keepalive_s = keepalive_s
         self.attempts = attempts
+        self.owned = owned
         self.sid: str = ""
         self.reconnects = 0
         self._password = password
@@ -398,6 +409,7 @@ class PolatisTl1Switch:
             self._send,
             attempts=self.attempts,
             extra_meta={"driver": "polatis-tl1", "pipeline_depth": self.pipeline_depth},
+            owned=self.owned,
         )
         return await self._timed(
             "apply", lambda: converge(self.name, self.space, ops, mapping, scope, self._emit_sink, context)
@@ -457,10 +469,15 @@ class PolatisTl1Switch:
         if isinstance(ports, str):
             if ports.upper() != "ALL":
                 raise InputError(f"{self.name}: DLT-PATCH takes ports or ALL, not {ports!r}")
+            if self.owned is not None:
+                raise InputError(
+                    f"{self.name}: DLT-PATCH ALL on a shared switch would remove other labs' patches"
+                )
             aid = "ALL"
         else:
             wanted = sorted(set(ports))
             self._check_ports(wanted)
+            check_owned(self.name, self.owned, wanted, "DLT-PATCH")
             aid = format_ports(wanted)
 
         async def run() -> None:
@@ -471,6 +488,7 @@ class PolatisTl1Switch:
     async def enter_patch(self, ingress: int, egress: int) -> Timed[None]:
         """One ENT-PATCH. Bypasses apply-with-verify: prefer `apply`."""
         self._check_ports([ingress, egress])
+        check_owned(self.name, self.owned, [ingress, egress], "ENT-PATCH")
 
         async def run() -> None:
             await self._call("ENT-PATCH", f"{ingress},{egress}", idempotent=False)

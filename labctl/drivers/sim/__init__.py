@@ -26,7 +26,8 @@ class SimSwitchConfig(SwitchConfig):
 def _over_model(name: str, config: SimSwitchConfig, model: SwitchModel, emit: EventSink) -> EmulatedSwitch:
     from .switch import SimSwitch
 
-    return EmulatedSwitch(SimSwitch(model, emit, config.timeouts(), name=name, space=config.space))
+    switch = SimSwitch(model, emit, config.timeouts(), name=name, space=config.space, owned=config.owned)
+    return EmulatedSwitch(switch)
 
 
 DRIVER = SwitchDriver(

@@ -31,10 +31,12 @@ class SimSwitch:
         *,
         name: str | None = None,
         space: PortSpace | None = None,
+        owned: frozenset[int] | None = None,
     ) -> None:
         self.model = model
         self.name = name or model.name
         self.space: PortSpace = space or model.space
+        self.owned = owned
         self.timeouts = timeouts or TimeoutPolicy()
         self._emit = emit
         self._connected = False
@@ -86,7 +88,13 @@ class SimSwitch:
         start = now_ns()
         async with self.timeouts.deadline(self.name, "apply"):
             result = await converge(
-                self.name, self.space, SwitchOps(self._read, self._send), mapping, scope, self._emit, context
+                self.name,
+                self.space,
+                SwitchOps(self._read, self._send, owned=self.owned),
+                mapping,
+                scope,
+                self._emit,
+                context,
             )
         return Timed(result, start, now_ns())
 
