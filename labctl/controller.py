@@ -28,7 +28,7 @@ from labctl.inventory import Inventory
 from labctl.labs import build_lab, load
 from labctl.labs.base import Lab, LabContext
 from labctl.looplag import LoopLagMonitor
-from labctl.mapping import Mapping
+from labctl.mapping import Mapping, MappingDiff, diff_mapping
 from labctl.probes import ProbeContext, probe_kinds
 from labctl.sampling import Probe
 from labctl.store import RunDir, new_run_id, versions, write_json_atomic
@@ -110,6 +110,39 @@ class RecoveryTracker:
                 self._on_progress(self.total - len(self.pending))
                 if not self.pending:
                     self.done.set()
+
+
+@dataclass(frozen=True)
+class PlannedReconfig:
+    """One reconfiguration of a plan, as the controller will carry it out (what `run --dry-run` prints)."""
+
+    n: int
+    phase: str
+    step: int | None
+    changes: dict[str, MappingDiff]  # switch → patches removed and added (against the previous phase)
+    moved: list[tuple[str, str | None, str | None]]  # port source, peer before, peer after
+
+
+def planned_reconfigurations(plan: Plan, inventory: Inventory) -> list[PlannedReconfig]:
+    """The baseline set-up (against dark switches: at run time, against what they hold) and every step,
+    with each switch's patch diff and the ports whose peer changes. Touches nothing."""
+    current: dict[int, Mapping] = {rail: frozenset() for rail in plan.rails}
+    out = []
+    for n, (step, phase) in enumerate([(None, plan.spec.baseline), *plan.steps]):
+        changes: dict[str, MappingDiff] = {}
+        moved: list[tuple[str, str | None, str | None]] = []
+        for rail, rp in plan.phases[phase].items():
+            diff = diff_mapping(current[rail], rp.mapping, rail_scope(inventory, rail))
+            old = changes.get(rp.switch, MappingDiff(frozenset(), frozenset()))
+            changes[rp.switch] = MappingDiff(old.remove | diff.remove, old.add | diff.add)
+            before, after = peers_of(inventory, rail, current[rail]), peers_of(inventory, rail, rp.mapping)
+            for port in sorted(after, key=lambda p: p.source):
+                if before.get(port) != after[port]:
+                    was, now = before.get(port), after[port]
+                    moved.append((port.source, was.source if was else None, now.source if now else None))
+            current[rail] = rp.mapping
+        out.append(PlannedReconfig(n, phase, step, changes, moved))
+    return out
 
 
 @dataclass

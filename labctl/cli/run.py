@@ -143,6 +143,14 @@ def run(
         int | None, typer.Option(help="Seed for the profile's jitter (recorded in run.json).")
     ] = None,
     no_plots: NoPlotsOpt = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Check everything and print the mapping sequence with each reconfiguration's patch diff "
+            "and moved ports; touch no switch, write nothing.",
+        ),
+    ] = False,
 ) -> None:
     """Run an experiment: sequence the OCS phases, time every affected port's recovery, write runs/<id>/.
 
@@ -151,6 +159,9 @@ def run(
     """
     from labctl.controller import run_experiment
 
+    if dry_run:
+        _dry_run(experiment, inventory, profile)
+        return
     progress = RichProgress()
     try:
         outcome = asyncio.run(
@@ -188,6 +199,38 @@ def run(
         raise typer.Exit(EXIT_ABORTED)
     if outcome.status != "completed":
         raise typer.Exit(1)
+
+
+def _dry_run(experiment: Path, inventory_path: Path, profile: str | None) -> None:
+    from labctl.controller import planned_reconfigurations
+    from labctl.experiment import build_plan, load_experiment
+    from labctl.labs import load
+
+    inventory = load(inventory_path)
+    spec, src = load_experiment(experiment)
+    plan = build_plan(spec, inventory, src)
+    inventory.profile(profile)
+    planned = planned_reconfigurations(plan, inventory)
+    out.print(
+        f"{spec.name} on {inventory.lab} ({inventory.kind}): {len(planned)} reconfigurations "
+        f"(baseline {spec.baseline}, then {spec.repeat} x {' → '.join(spec.cycle)}), "
+        f"rails {list(plan.rails)}, recovery timeout {spec.recovery_timeout_s:g} s, hold {spec.hold_s:g} s; "
+        "nothing is sent"
+    )
+    for r in planned:
+        label = (
+            "baseline (diff against dark switches; at run time, against what they hold)"
+            if r.n == 0
+            else (f"step {r.step}")
+        )
+        out.print(f"\n[bold]reconfig {r.n} → {r.phase}[/]  {label}: {len(r.moved)} ports get a new peer")
+        for switch, diff in r.changes.items():
+            removed = " ".join(f"{i}→{e}" for i, e in sorted(diff.remove)) or "—"
+            added = " ".join(f"{i}→{e}" for i, e in sorted(diff.add)) or "—"
+            out.print(f"  {switch}: remove {removed}", markup=False)
+            out.print(f"  {' ' * len(switch)}  add    {added}", markup=False)
+        for source, was, now in r.moved:
+            out.print(f"    {source}: {was or '(dark)'} → {now or '(dark)'}", markup=False)
 
 
 def report(

@@ -226,3 +226,30 @@ def test_an_os_error_is_one_line_and_exit_1(
     assert exit_info.value.code == 1
     stderr = capsys.readouterr().err
     assert stderr.count("\n") == 1 and "Operation not permitted" in stderr and "needs root" in stderr, stderr
+
+
+def test_dry_run_prints_the_plan_and_touches_nothing(
+    tmp_path: Path, experiment_path: Path, inventory_path: Path
+) -> None:
+    out = subprocess.run(
+        [
+            *LABCTL,
+            "run",
+            str(experiment_path),
+            "-i",
+            str(inventory_path),
+            "--dry-run",
+            "--out",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "9 reconfigurations" in out.stdout and "nothing is sent" in out.stdout
+    assert out.stdout.count("reconfig ") == 9
+    # reconfig 1 (dp → pp) re-patches every one of the 16 ports of the two rails
+    assert "reconfig 1 → pp  step 0: 16 ports get a new peer" in out.stdout
+    assert "nic:h1/ens1f0np0: nic:h2/ens1f0np0 → nic:h3/ens1f0np0" in out.stdout
+    assert not (tmp_path / "runs").exists()
