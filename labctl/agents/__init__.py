@@ -8,7 +8,7 @@ Topics (`<lab>` and `<host>` from the inventory):
   batch plus the count of events before it, so lost batches *and* lost events are counted;
 - `labctl/<lab>/<host>/cmd`     controller → agent: an allow-list of commands with validated arguments
   (`start`/`stop` named probes, `set_circuits`, `window` around a reconfiguration, `ping` for the clock
-  offset); never a shell;
+  offset, `inspect` for `labctl lab check`: read-only); never a shell;
 - `labctl/<lab>/<host>/reply`   agent → controller: one reply per command;
 - `labctl/<lab>/<host>/status`  retained `online`, and `offline` as the agent's last will;
 - `labctl/<lab>/_world`         controller → agents, simulated labs only: the switch's light and the NIC

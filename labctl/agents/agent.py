@@ -17,6 +17,7 @@ import msgspec
 from labctl.agents.broker import (
     BrokerSettings,
 )
+from labctl.agents.inspect import inspect_host
 from labctl.agents.wire import (
     WORLD_KINDS,
     Batch,
@@ -367,10 +368,18 @@ class Agent:
                     probe.open_window(args.open)
         return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True)
 
+    async def _cmd_inspect(self, cmd: Command, t_rx: int) -> Reply:
+        """Read-only facts about this host's ports, for `labctl lab check` (labctl.agents.inspect)."""
+        if cmd.args:
+            raise Rejected("malformed", "inspect takes no arguments")
+        data = await asyncio.to_thread(inspect_host, self.ports)
+        return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True, data=data)
+
     COMMANDS: ClassVar[dict[str, Callable[[Agent, Command, int], Any]]] = {
         "ping": _cmd_ping,
         "start": _cmd_start,
         "stop": _cmd_stop,
         "set_circuits": _cmd_set_circuits,
         "window": _cmd_window,
+        "inspect": _cmd_inspect,
     }

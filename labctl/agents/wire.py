@@ -44,6 +44,7 @@ class Reply(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     t3: int | None = None
     seq: int | None = None  # batches sent so far
     n: int | None = None  # events sent so far
+    data: dict[str, Any] | None = None  # what an `inspect` found
 
 
 class StartArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from labctl.cli import agent, bench, dom, emulate, inventory, ocs, probe, queue, run
+from labctl.cli import agent, bench, dom, emulate, inventory, lab, ocs, probe, queue, run
 from labctl.cli.common import EXIT_ABORTED, err, out
 from labctl.errors import InputError, LabctlError
 
@@ -25,7 +25,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for group in (run, inventory, ocs, emulate, probe, dom, bench, queue, agent):
+for group in (run, inventory, lab, ocs, emulate, probe, dom, bench, queue, agent):
     group.register(app)
 
 

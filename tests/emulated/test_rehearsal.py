@@ -103,6 +103,92 @@ def test_the_main_experiment_runs_on_the_real_lab_kind(rehearsal: dict[str, str]
     }
 
 
+def _lab_check(
+    env: dict[str, str], inventory: Path = INVENTORY
+) -> tuple[int, dict[str, dict[str, dict[str, object]]]]:
+    """Exit code, and the checks as {subject: {item: {"ok": ..., "detail": ...}}}."""
+    out = subprocess.run(
+        [*LABCTL, "lab", "check", "-i", str(inventory), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if out.returncode == 2:
+        return 2, {"input": {"error": {"ok": False, "detail": out.stderr.strip()}}}
+    table: dict[str, dict[str, dict[str, object]]] = {}
+    for c in json.loads(out.stdout)["checks"]:
+        table.setdefault(c["subject"], {})[c["item"]] = {"ok": c["ok"], "detail": c["detail"]}
+    return out.returncode, table
+
+
+def test_lab_check_reports_each_failure_with_its_reason(rehearsal: dict[str, str], tmp_path: Path) -> None:
+    code, table = _lab_check(rehearsal)
+    assert table["switch ocs1"]["reachable, login, size"]["ok"] is True
+    assert table["broker"]["reachable"]["ok"] is True
+    assert all(table[f"host {h}"]["agent"]["ok"] is True for h in ("h1", "h2", "h3", "h4"))
+    ports = [s for s in table if s.startswith("port ")]
+    assert len(ports) == 16
+    assert all(table[p]["interface"]["ok"] and table[p]["address"]["ok"] for p in ports)
+    # A veth has no transceiver: the rehearsal always fails this one, with the driver's own words.
+    assert all(str(table[p]["module"]["detail"]).startswith("no module EEPROM on ") for p in ports)
+    assert code == 1
+
+    # A wrong password: the switch's refusal.
+    code, table = _lab_check({**rehearsal, "LABCTL_REHEARSAL_PASSWORD": "not-the-password"})
+    login = table["switch ocs1"]["reachable, login, size"]
+    assert (
+        code == 1
+        and login["ok"] is False
+        and "ACT-USER" in str(login["detail"])
+        and "denied" in str(login["detail"])
+    )
+
+    # A missing interface on a host.
+    ns = _netns_of("h2")
+    subprocess.run(["ip", "-n", ns, "link", "set", "ens1f0np0", "name", "gone0"], check=True)
+    try:
+        code, table = _lab_check(rehearsal)
+    finally:
+        subprocess.run(["ip", "-n", ns, "link", "set", "gone0", "name", "ens1f0np0"], check=True)
+    row = table["port h2/ens1f0np0"]["interface"]
+    assert code == 1 and row == {"ok": False, "detail": "no interface ens1f0np0 on the host"}
+
+    # Ports outside the owned set: NIC fibers on another lab's ports are refused as input (exit 2)...
+    foreign = tmp_path / "foreign.yaml"
+    foreign.write_text(
+        INVENTORY.read_text().replace(
+            "    size: 32x32\n", "    size: 32x32\n    owned_ports: [1-8, 33-40]\n", 1
+        )
+    )
+    code, table = _lab_check(rehearsal, foreign)
+    assert code == 2 and "is not among its owned_ports" in str(table["input"]["error"]["detail"])
+    # ...and a patch on the switch that joins an owned port to a foreign one is reported.
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(
+        INVENTORY.read_text().replace(
+            "    size: 32x32\n", "    size: 32x32\n    owned_ports: [1-16, 33-48]\n", 1
+        )
+    )
+
+    def ocs(*args: str) -> None:
+        cmd = [*LABCTL, "ocs", *args, "-i", str(INVENTORY)]
+        subprocess.run(cmd, env=rehearsal, check=True, capture_output=True)
+
+    ocs("connect", "1", "49")  # another lab's port 49 (outside 33-48)
+    try:
+        code, table = _lab_check(rehearsal, shared)
+    finally:
+        ocs("disconnect", "1")
+    owned = table["switch ocs1"]["owned ports"]
+    assert code == 1 and owned["ok"] is False and "[(1, 49)]" in str(owned["detail"])
+
+
+def _netns_of(host: str) -> str:
+    [name] = [n for n in _namespaces() if n.endswith(f"-{host}") and n.startswith("lc-")]
+    return name
+
+
 def test_an_agent_killed_mid_run_gives_a_clear_outcome(rehearsal: dict[str, str], tmp_path: Path) -> None:
     experiment = tmp_path / "long.yaml"
     experiment.write_text(EXPERIMENT.read_text().replace("repeat: 2", "repeat: 20"))
@@ -134,3 +220,7 @@ def test_an_agent_killed_mid_run_gives_a_clear_outcome(rehearsal: dict[str, str]
     [gone] = [e for e in events if e.kind == "agent.lost"]
     assert any(e.host == "h3" and e.kind == "carrier" and e.t_ns < gone.t_ns for e in events)
     assert any(e.kind == "ocs.command" and e.t_ns > gone.t_ns for e in events), "the baseline was restored"
+    # And the preflight says the same, in one line.
+    _, table = _lab_check(rehearsal)
+    agent = table["host h3"]["agent"]
+    assert agent["ok"] is False and "agent h3 is not online" in str(agent["detail"])

@@ -1,0 +1,72 @@
+"""What an agent reports about its host's NIC ports for `labctl lab check`: read-only, one pass, blocking
+(the agent runs it in a thread).
+
+Per port: does the interface exist, its carrier and operstate, whether the inventory's address is
+configured on it, and its transceiver: present, and the Rx power of every lane (or why not).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+from typing import Any
+
+from labctl.errors import LabctlError
+from labctl.inventory import NicPort
+from labctl.linux.ethtool import read_module
+from labctl.version import __version__
+
+SYS_NET = Path("/sys/class/net")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:  # carrier reads EINVAL while the interface is administratively down
+        return None
+
+
+def _addresses(ifname: str) -> list[str]:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        index = ipr.link_lookup(ifname=ifname)
+        if not index:
+            return []
+        return [
+            f"{msg.get_attr('IFA_ADDRESS')}/{msg['prefixlen']}"
+            for msg in ipr.get_addr(family=socket.AF_INET, index=index[0])
+        ]
+
+
+def inspect_port(port: NicPort) -> dict[str, Any]:
+    facts: dict[str, Any] = {"ifname": port.ifname}
+    try:
+        socket.if_nametoindex(port.ifname)
+    except OSError:
+        return {**facts, "exists": False}
+    facts["exists"] = True
+    carrier = _read(SYS_NET / port.ifname / "carrier")
+    facts["carrier"] = None if carrier is None else carrier == "1"
+    facts["operstate"] = _read(SYS_NET / port.ifname / "operstate")
+    addresses = _addresses(port.ifname)
+    facts["addresses"] = addresses
+    if port.address is not None:
+        wanted = ipaddress.IPv4Interface(port.address)
+        facts["address_configured"] = any(ipaddress.IPv4Interface(a) == wanted for a in addresses)
+    try:
+        reading = read_module(port.ifname)
+    except LabctlError as e:
+        facts["module"] = {"present": False, "error": str(e)}
+    else:
+        facts["module"] = {
+            "present": True,
+            "identifier": reading.identifier_name,
+            "rx_power_dbm": [lane.rx_power_dbm for lane in reading.lanes],
+        }
+    return facts
+
+
+def inspect_host(ports: list[NicPort]) -> dict[str, Any]:
+    return {"version": __version__, "ports": {port.source: inspect_port(port) for port in ports}}

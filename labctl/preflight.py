@@ -1,0 +1,182 @@
+"""`labctl lab check`: is this lab ready for a run? Every switch and every host, one row per fact.
+
+Switches: reachable and logged in (connect), the size the inventory declares (the driver refuses a
+mismatch at connect), the patches it holds now, and on a shared switch no patch joining an owned port to
+a foreign one. Hosts of a lab with agents: the broker reachable, each agent online and its version, every
+NIC port's interface present, its carrier and operstate, the inventory's address configured on it, its
+transceiver present and Rx power readable on every lane. Nothing is changed anywhere: switches are only
+read, agents only `inspect`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from labctl.config import SwitchConfig
+from labctl.errors import LabctlError
+from labctl.events import Event
+from labctl.inventory import Inventory
+from labctl.labs import check
+from labctl.models.switch import SwitchModel
+from labctl.ocs import OpticalSwitch
+from labctl.switches import emulate_switch, open_switch
+from labctl.version import __version__
+
+
+@dataclass(frozen=True)
+class Check:
+    subject: str  # "switch ocs1", "host h1", "port h1/ens1f0np0"
+    item: str  # what was checked
+    ok: bool | None  # None: information, not a pass or a failure
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def _check_switch(name: str, spec: SwitchConfig, inventory: Inventory, out: list[Check]) -> None:
+    subject = f"switch {name}"
+    events: list[Event] = []
+    model: SwitchModel | None = None
+    switch: OpticalSwitch
+    try:
+        if spec.over_model:  # a model of the lab's: connect to it as a run would (its emulator, if any)
+            model = SwitchModel(name, spec.space, inventory.profile(), random.Random(0))
+            switch = emulate_switch(name, spec, model, events.append)
+        else:
+            switch = open_switch(name, spec, events.append)
+    except LabctlError as e:
+        out.append(Check(subject, "driver", False, str(e)))
+        return
+    where = "the lab's model" if spec.over_model else f"{getattr(spec, 'address', '?')}"
+    try:
+        await _read_switch(subject, spec, switch, where, out)
+    finally:
+        if model is not None:
+            model.cancel_pending()
+
+
+async def _read_switch(
+    subject: str, spec: SwitchConfig, switch: OpticalSwitch, where: str, out: list[Check]
+) -> None:
+    try:
+        await switch.connect()
+    except LabctlError as e:
+        out.append(Check(subject, "reachable, login, size", False, str(e)))
+        await switch.close()
+        return
+    try:
+        out.append(Check(subject, "reachable, login, size", True, f"{spec.driver} at {where}, {spec.space}"))
+        patches = (await switch.get_mapping()).value
+        listed = " ".join(f"{a}→{b}" for a, b in sorted(patches)) or "none"
+        out.append(Check(subject, "patches", None, f"{len(patches)}: {listed}"))
+        owned = spec.owned
+        if owned is not None:
+            crossing = sorted(p for p in patches if len(set(p) & owned) == 1)
+            detail = (
+                f"patch(es) {crossing} join owned ports to another lab's"
+                if crossing
+                else f"{len(owned)} owned, no patch crosses"
+            )
+            out.append(Check(subject, "owned ports", not crossing, detail))
+    except LabctlError as e:
+        out.append(Check(subject, "read patches", False, str(e)))
+    finally:
+        await switch.close()
+
+
+def _port_checks(label: str, expected_address: str | None, facts: dict[str, Any]) -> list[Check]:
+    subject = f"port {label}"
+    if not facts.get("exists"):
+        return [Check(subject, "interface", False, f"no interface {facts.get('ifname')} on the host")]
+    rows = [Check(subject, "interface", True, str(facts.get("ifname")))]
+    carrier = facts.get("carrier")
+    state = {True: "up", False: "down", None: "unknown (interface down?)"}[carrier]
+    rows.append(Check(subject, "carrier", None, f"{state}, operstate {facts.get('operstate')}"))
+    if expected_address is not None:
+        ok = bool(facts.get("address_configured"))
+        have = ", ".join(facts.get("addresses") or []) or "none"
+        rows.append(
+            Check(
+                subject,
+                "address",
+                ok,
+                f"{expected_address} " + ("configured" if ok else f"missing (has {have})"),
+            )
+        )
+    module = facts.get("module") or {}
+    if not module.get("present"):
+        rows.append(Check(subject, "module", False, str(module.get("error", "no module"))))
+    else:
+        lanes = module.get("rx_power_dbm") or []
+        shown = ", ".join("no light" if v is None else f"{v:.2f} dBm" for v in lanes)
+        rows.append(
+            Check(
+                subject,
+                "module, Rx power",
+                True,
+                f"{module.get('identifier')}: {len(lanes)} lane(s): {shown}",
+            )
+        )
+    return rows
+
+
+async def _check_hosts(inventory: Inventory, out: list[Check], timeout_s: float) -> None:
+    from labctl.agents.broker import BrokerSettings
+    from labctl.agents.hub import AgentHub
+
+    hub = AgentHub(inventory, BrokerSettings.from_inventory(inventory))
+    try:
+        await hub.start(timeout_s)
+    except LabctlError as e:
+        out.append(Check("broker", "reachable", False, str(e)))
+        return
+    try:
+        out.append(Check("broker", "reachable", True, f"{hub.broker.hostname}:{hub.broker.port}"))
+
+        async def one(host: str) -> list[Check]:
+            rows: list[Check] = []
+            try:
+                await hub.wait_online(host, min(timeout_s, 3.0))
+                reply = await hub.request(host, "inspect", {}, timeout_s=timeout_s)
+            except LabctlError as e:
+                return [Check(f"host {host}", "agent", False, str(e))]
+            data = reply.data or {}
+            version = data.get("version")
+            same = version == __version__
+            rows.append(
+                Check(
+                    f"host {host}",
+                    "agent",
+                    same,
+                    f"online, labctl {version}" + ("" if same else f" (controller: {__version__})"),
+                )
+            )
+            ports = data.get("ports", {})
+            for port in (p for p in inventory.ports if p.host == host):
+                rows.extend(_port_checks(port.label, port.address, ports.get(port.source, {"exists": False})))
+            return rows
+
+        for rows in await asyncio.gather(*(one(host) for host in inventory.hosts)):
+            out.extend(rows)
+    finally:
+        await hub.stop()
+
+
+async def preflight(inventory: Inventory, *, timeout_s: float = 10.0) -> list[Check]:
+    """Every check, in inventory order. Raises InputError only for an inventory its lab kind refuses."""
+    kind = check(inventory)
+    out: list[Check] = []
+    for name, spec in inventory.switches.items():
+        await _check_switch(name, spec, inventory, out)
+    if kind.agent_probes:
+        await _check_hosts(inventory, out, timeout_s)
+    else:
+        for host in inventory.hosts:
+            out.append(
+                Check(f"host {host}", "ports", None, f"modeled by the {kind.name} lab: nothing to check")
+            )
+    return out
