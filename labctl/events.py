@@ -50,6 +50,7 @@ class Kind:
     OCS_REPORT: Final = "ocs.report"  # an autonomous message from a switch (e.g. TL1 REPT)
     RX_POWER: Final = "rx_power"  # dBm, None = no light
     LINK_FIRMWARE: Final = "link.firmware"  # NIC firmware link state, where observable
+    LINK_STATE: Final = "link.state"  # the driver's link state for ethtool: up, down, or why down
     CARRIER: Final = "carrier"
     OPERSTATE: Final = "operstate"
     TRAFFIC_OK: Final = "traffic.ok"  # value = RTT ns

@@ -37,6 +37,7 @@ PROBES: Mapping[str, str] = {
     "carrier": "labctl.probes.carrier:PROBE",
     "traffic": "labctl.probes.traffic:PROBE",
     "switch-power": "labctl.probes.switch_power:PROBE",
+    "link-state": "labctl.probes.linkstate:PROBE",
 }
 
 

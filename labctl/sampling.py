@@ -60,6 +60,13 @@ class ProbeSettings(BaseModel):
         default=100.0, gt=0, description="steady-state samples are written at most this often per port"
     )
     rx_power_deadband_db: float = Field(default=0.5, ge=0)
+    link_state_hz: float = Field(
+        default=100.0,
+        gt=0,
+        le=1000,
+        description="ethtool link-state polls per port while a reconfiguration holds it (each is a firmware "
+        "register read on mlx5)",
+    )
     switch_power_hz: float = Field(
         default=0.0,
         ge=0,

@@ -3,8 +3,9 @@ on its own interfaces.
 
 Each switch is its driver opened at the inventory's address (Polatis TL1 today; every registered driver
 with an `open`). Each host runs `labctl agent` (labctl.agents), which samples its ports with the probes
-in `PROBES`: the netlink carrier probe, the module-EEPROM Rx-power poller (ethtool netlink, every lane)
-and the UDP ping-pong between the two ends of each circuit, from the ports' inventory addresses. The
+in `PROBES`: the netlink carrier probe, the module-EEPROM Rx-power poller (ethtool netlink, every lane),
+the UDP ping-pong between the two ends of each circuit, from the ports' inventory addresses, and the
+ethtool link state with the firmware's reason while a link is down (decision 0023). The
 controller forwards each reconfiguration's window to the agents, measures their clock offsets and
 counts every event lost on the way. Nothing here models anything: `profile` is not used.
 """
@@ -20,7 +21,7 @@ from labctl.probes import PortSite, ProbeContext
 from labctl.sampling import ProbeSettings
 from labctl.switches import open_switch, switch_drivers
 
-PROBES = ("carrier", "rx-power", "traffic")
+PROBES = ("carrier", "rx-power", "traffic", "link-state")
 """What each host's agent runs on its interfaces."""
 
 
