@@ -309,3 +309,27 @@ def summarize(frame: pd.DataFrame, *, exclude_setup: bool = True) -> dict[str, A
         "incomplete": int(rows["t5_traffic_ns"].isna().sum()),
         "phases": phases,
     }
+
+
+# Phases that subtract a controller mark (t0: the command) from one stamped on a host (an agent's clock).
+CROSS_CLOCK = ("optical_ns", "total_ns", "carrier_down_ns", "traffic_lost_ns")
+
+
+def clock_caveats(frame: pd.DataFrame, offsets: dict[str, Any]) -> list[str]:
+    """Where a host's clock-offset uncertainty is larger than the median of a phase that crosses from the
+    controller's clock to that host's: that phase is not resolved there (one line per host and phase)."""
+    rows = frame[frame["reconfig"] > 0]
+    out = []
+    for host, estimate in sorted(offsets.items()):
+        history = estimate.get("history") or [estimate]
+        uncertainty = max(int(e.get("uncertainty_ns", 0)) for e in history)
+        mine = rows[rows["host"] == host]
+        for col in CROSS_CLOCK:
+            values = mine[col].dropna().to_numpy(dtype=np.int64)
+            if values.size and uncertainty > (median := float(np.median(values))):
+                phase = col.removesuffix("_ns")
+                out.append(
+                    f"{host}: clock offset uncertainty ±{uncertainty / 1e6:.3f} ms exceeds its {phase} phase "
+                    f"(median {median / 1e6:.3f} ms over {values.size} port rows): not resolved there"
+                )
+    return out

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from labctl.breakdown import EventIndex, compute_breakdown, summarize, write_breakdown
+from labctl.breakdown import EventIndex, clock_caveats, compute_breakdown, summarize, write_breakdown
 from labctl.clock import Timebase, now_ns
 from labctl.errors import LabctlError
 from labctl.errors import LabFault as LabFaultError
@@ -27,11 +27,12 @@ from labctl.experiment import Plan, RailPhase, build_plan, load_experiment
 from labctl.inventory import Inventory
 from labctl.labs import build_lab, load
 from labctl.labs.base import Lab, LabContext
+from labctl.linux.timesync import clock_sync_state
 from labctl.looplag import LoopLagMonitor
 from labctl.mapping import Mapping, MappingDiff, diff_mapping
 from labctl.probes import ProbeContext, probe_kinds
 from labctl.sampling import Probe
-from labctl.store import RunDir, new_run_id, versions, write_json_atomic
+from labctl.store import RunDir, new_run_id, read_run_json, versions, write_json_atomic
 from labctl.topology import peers_of, rail_scope
 
 log = logging.getLogger("labctl.controller")
@@ -491,6 +492,7 @@ async def run_experiment(
                 "wall0_ns": timebase.wall0_ns,
             },
             "clock_offsets": {},
+            "time_sync": {"controller": clock_sync_state()},
             "versions": {**versions(), "git": _git_describe()},
             "started_wall_ns": timebase.wall0_ns,
         },
@@ -528,7 +530,7 @@ async def run_experiment(
             drops=dict(controller._drops_seen),
             probes={p.name: p.stats() for p in lab.probes if hasattr(p, "stats")},
             loop_lag_ns=controller.loop_lag.stats(),
-            **lab.meta,
+            **{**lab.meta, "time_sync": {**run.meta["time_sync"], **lab.meta.get("time_sync", {})}},
         )
     outcome = RunOutcome(run.path, status, error, events=events.count)
     outcome.summary = analyse(run.path, spec.analysis.rx_power_threshold_dbm, plots=plots)
@@ -541,6 +543,8 @@ def analyse(run_dir: Path, threshold_dbm: float | None = None, *, plots: bool = 
     frame = compute_breakdown(index, threshold_dbm)
     write_breakdown(frame, run_dir)
     summary = summarize(frame)
+    offsets = read_run_json(run_dir).get("clock_offsets") or {}
+    summary["clock_caveats"] = clock_caveats(frame, offsets)
     write_json_atomic(run_dir / "summary.json", summary)
     if plots:
         from labctl.plots import plot_run

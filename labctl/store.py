@@ -159,6 +159,11 @@ def load_run(path: Path | str) -> Run:
     return Run(path=run_path, meta=meta, events=events_frame(events), breakdown=breakdown, summary=summary)
 
 
+def read_run_json(run_dir: Path) -> dict[str, Any]:
+    """A run's run.json (InputError if it is not a readable JSON object)."""
+    return _json_object(run_dir / RUN_JSON)
+
+
 def _json_object(path: Path) -> dict[str, Any]:
     """A run's JSON file, which must hold an object: anything else is one clear InputError."""
     try:

@@ -44,6 +44,7 @@ from labctl.events import Event
 from labctl.inventory import Inventory
 from labctl.labs import lab_kinds
 from labctl.labs.base import ReconfigWindow
+from labctl.linux.timesync import clock_sync_state
 from labctl.models.fabric import SimFabric
 from labctl.models.switch import SwitchModel
 from labctl.probes import probe_kinds
@@ -321,7 +322,8 @@ class Agent:
             await probe.__aenter__()
             self._probes[name] = probe
             self._pumps[name] = asyncio.create_task(self._pump(probe), name=f"agent:{self.host}:{name}")
-        return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True, seq=seq0, n=n0)
+        sync = await asyncio.to_thread(clock_sync_state)
+        return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True, seq=seq0, n=n0, data={"time_sync": sync})
 
     async def _stop_probes(self, names: list[str]) -> None:
         for name in names:

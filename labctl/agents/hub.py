@@ -74,6 +74,7 @@ class HostLink:
     offline_since: int | None = None  # seen offline while its probes ran; lost if still so after the grace
     lost_at_ns: int | None = None  # when the agent went offline while its probes ran (controller clock)
     lost_at_wall_ns: int | None = None
+    time_sync: dict[str, Any] | None = None  # the host's clock discipline, as its agent read it at start
 
     def begin_stream(self, seq: int, n: int) -> None:
         """The agent's counters when this run's probes started (from its start reply). An agent outlives
@@ -175,6 +176,7 @@ class AgentHub:
                 for host, link in self.links.items()
                 if link.history
             },
+            "time_sync": {host: link.time_sync for host, link in self.links.items() if link.time_sync},
             "agents": {
                 "broker": f"{self.broker.hostname}:{self.broker.port}",
                 "reconnects": self.reconnects,
@@ -506,6 +508,8 @@ class RemoteProbe:
         )
         if reply.seq is not None and reply.n is not None:
             self.link.begin_stream(reply.seq, reply.n)
+        if reply.data is not None:
+            self.link.time_sync = reply.data.get("time_sync")
         self.link.started = True
         snapshot = self.hub.world_snapshot
         if snapshot is not None:

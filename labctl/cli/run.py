@@ -193,6 +193,8 @@ def run(
     )
     if outcome.summary.get("timed_out"):
         out.print(f"[red]{outcome.summary['timed_out']} port recoveries timed out[/]")
+    for caveat in outcome.summary.get("clock_caveats", []):
+        out.print(f"[yellow]clock: {caveat}[/]", highlight=False)
     out.print(f"status: [bold]{outcome.status}[/]" + (f" ({outcome.error})" if outcome.error else ""))
     out.print(f"run directory: {outcome.run_dir}")
     if outcome.status == "aborted":
@@ -280,6 +282,12 @@ def report(
         if rates or dropped:
             out.print(f"probe {name}: {rates}{dropped}")
     out.print(_summary_table(summary, "link-up breakdown"))
+    for caveat in summary.get("clock_caveats", []):
+        out.print(f"[yellow]clock: {caveat}[/]", highlight=False)
+    for host, sync in meta.get("time_sync", {}).items():
+        state = "synchronized" if sync.get("synchronized") else "NOT synchronized"
+        daemons = ", ".join(sync.get("daemons") or []) or "no time daemon"
+        out.print(f"time sync {host}: {state} ({daemons}; est. error {sync.get('est_error_us')} µs)")
 
 
 def plot(

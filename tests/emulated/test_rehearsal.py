@@ -96,6 +96,9 @@ def test_the_main_experiment_runs_on_the_real_lab_kind(rehearsal: dict[str, str]
     assert (rows.t5_traffic_ns >= rows.t4_carrier_up_ns - slack).all()
     streams = meta["agents"]["streams"]
     assert all(s["missing_events"] == 0 and s["events"] > 0 for s in streams.values()), streams
+    # Each host's clock discipline, as the kernel states it, beside the measured offsets.
+    assert set(meta["time_sync"]) == {"controller", "h1", "h2", "h3", "h4"}
+    assert all("synchronized" in sync and "est_error_us" in sync for sync in meta["time_sync"].values())
     events = list(read_events(run_dir / "events.jsonl"))
     # No module on a veth: each agent said so, port by port, and went on.
     assert {e.source for e in events if e.kind == "sampler.error"} == {

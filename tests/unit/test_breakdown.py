@@ -291,3 +291,26 @@ def test_traffic_to_the_old_peer_never_counts_as_recovery() -> None:
     s.add(t0 + 200 * MS, "traffic.ok", A, 9_000, peer=B)
     (row,) = compute_breakdown(s.events).to_dict("records")
     assert row["t5_traffic_ns"] == t0 + 200 * MS
+
+
+def test_a_clock_offset_wider_than_a_phase_it_crosses_is_said() -> None:
+    from labctl.breakdown import clock_caveats
+
+    frame = pd.DataFrame(
+        {
+            "reconfig": [1, 1, 1, 1],
+            "host": ["h1", "h1", "h2", "h2"],
+            "optical_ns": [2_000_000, 3_000_000, 2_000_000, 3_000_000],
+            "total_ns": [150_000_000] * 4,
+            "carrier_down_ns": [pd.NA] * 4,
+            "traffic_lost_ns": [pd.NA] * 4,
+        }
+    )
+    offsets = {
+        "h1": {"uncertainty_ns": 10_000, "history": [{"uncertainty_ns": 10_000}]},  # ±10 µs: fine
+        "h2": {"uncertainty_ns": 400_000, "history": [{"uncertainty_ns": 5_000_000}]},  # the widest estimate
+    }
+    assert clock_caveats(frame, offsets) == [
+        "h2: clock offset uncertainty ±5.000 ms exceeds its optical phase (median 2.500 ms over 2 port rows): "
+        "not resolved there"
+    ]
