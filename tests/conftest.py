@@ -61,3 +61,13 @@ def inventory_path() -> Path:
 @pytest.fixture
 def experiment_path() -> Path:
     return REPO / "experiments" / "reconfig-timeline.yaml"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--lab",
+        metavar="INVENTORY",
+        default=None,
+        help="run tests/hardware against this lab (an inventory of real switches and hosts with agents); "
+        "without it those tests are skipped",
+    )

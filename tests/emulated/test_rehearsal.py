@@ -192,6 +192,22 @@ def _netns_of(host: str) -> str:
     return name
 
 
+def test_the_hardware_tier_runs_against_the_rehearsal(rehearsal: dict[str, str]) -> None:
+    """tests/hardware, pointed at the rehearsal as at a real lab (its preflight is left out: veths have no
+    transceiver, which the preflight rightly reports)."""
+    pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/hardware"]
+    out = subprocess.run(
+        [*pytest_cmd, "--lab", str(INVENTORY), "-k", "not preflight"],
+        env=rehearsal,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "2 passed, 1 deselected" in out.stdout
+
+
 def test_an_agent_killed_mid_run_gives_a_clear_outcome(rehearsal: dict[str, str], tmp_path: Path) -> None:
     experiment = tmp_path / "long.yaml"
     experiment.write_text(EXPERIMENT.read_text().replace("repeat: 2", "repeat: 20"))
