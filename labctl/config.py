@@ -23,7 +23,7 @@ _ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
 
 class ConfigModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Secret:
@@ -80,7 +80,7 @@ class SwitchConfig(ConfigModel):
 
     driver: str
     size: str = "32x32"
-    timeout_s: float = Field(default=10.0, gt=0, description="deadline for one switch operation")
+    timeout_s: float = Field(default=10.0, gt=0, le=3600, description="deadline for one switch operation")
     owned_ports: list[int | str] | None = Field(
         default=None,
         description="on a switch shared with other labs: the ports this lab owns, as numbers and ranges "

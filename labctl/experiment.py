@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -23,7 +23,7 @@ from labctl.yamlio import SourcedYaml, format_loc, load_yaml, pydantic_error_lin
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class PhaseSpec(_Model):
@@ -40,7 +40,7 @@ class PhaseSpec(_Model):
 
 
 class AnalysisSettings(_Model):
-    rx_power_threshold_dbm: float = -10.0
+    rx_power_threshold_dbm: float = Field(default=-10.0, ge=-60, le=30)
 
 
 class GpuSettings(_Model):
@@ -48,9 +48,12 @@ class GpuSettings(_Model):
     reconfiguration (labctl.probes.gpu.step; decision 0014). Needs the `[gpu]` extra and a CUDA GPU on the
     controller's machine; without one the step is skipped and recorded as a `gpu.skip` event."""
 
-    device: int = Field(default=0, ge=0)
+    device: int = Field(default=0, ge=0, le=1023)
     peer_device: int | None = Field(
-        default=None, ge=0, description="second GPU for inter-GPU ping-pong; default: first with peer access"
+        default=None,
+        ge=0,
+        le=1023,
+        description="second GPU for inter-GPU ping-pong; default: first with peer access",
     )
     inter_gpu: bool = True
     stages: list[Literal["before", "after"]] = Field(default=["before", "after"], min_length=1)
@@ -63,6 +66,7 @@ class GpuSettings(_Model):
 
 
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MAX_RECONFIGURATIONS = 1_000_000  # repeat x cycle: a week of back-to-back 0.5 s reconfigurations
 
 
 class ExperimentSpec(_Model):
@@ -77,16 +81,28 @@ class ExperimentSpec(_Model):
         return name
 
     description: str = ""
-    rails: list[int] | None = Field(default=None, description="default: every rail of the inventory")
+    rails: list[Annotated[int, Field(ge=0, le=1023)]] | None = Field(
+        default=None, description="default: every rail of the inventory"
+    )
     phases: dict[str, PhaseSpec] = Field(min_length=1)
     baseline: str
     cycle: list[str] = Field(min_length=1)
-    repeat: int = Field(default=1, ge=1)
-    recovery_timeout_s: float = Field(default=30.0, gt=0)
-    hold_s: float = Field(default=0.5, ge=0)
+    repeat: int = Field(default=1, ge=1, le=MAX_RECONFIGURATIONS)
+    recovery_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    hold_s: float = Field(default=0.5, ge=0, le=3600)
     probes: ProbeSettings = ProbeSettings()
     analysis: AnalysisSettings = AnalysisSettings()
     gpu: GpuSettings | None = None
+
+    @model_validator(mode="after")
+    def _bounded_plan(self) -> ExperimentSpec:
+        n = self.repeat * len(self.cycle)
+        if n > MAX_RECONFIGURATIONS:
+            raise ValueError(
+                f"repeat x cycle is {n} reconfigurations; at most {MAX_RECONFIGURATIONS} fit one run "
+                "(split it into scheduled runs)"
+            )
+        return self
 
 
 @dataclass(frozen=True)

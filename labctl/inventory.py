@@ -26,18 +26,20 @@ from labctl.yamlio import Loc, SourcedYaml, format_loc, load_yaml, pydantic_erro
 
 
 class GpuSpec(ConfigModel):
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, le=1023)
     model: str = ""
 
 
 class NicPortSpec(ConfigModel):
     ifname: str = Field(min_length=1, max_length=15)
-    rail: int = Field(ge=0)
-    gpu: int | None = Field(default=None, ge=0, description="GPU index this NIC serves")
+    rail: int = Field(ge=0, le=1023)
+    gpu: int | None = Field(default=None, ge=0, le=1023, description="GPU index this NIC serves")
     switch: str
-    tx: int = Field(description="OCS ingress port that this NIC port's transmit fiber lands on")
-    rx: int = Field(description="OCS egress port that feeds this NIC port's receive fiber")
-    gbps: int = Field(default=100, gt=0)
+    tx: int = Field(
+        ge=1, le=8192, description="OCS ingress port that this NIC port's transmit fiber lands on"
+    )
+    rx: int = Field(ge=1, le=8192, description="OCS egress port that feeds this NIC port's receive fiber")
+    gbps: int = Field(default=100, gt=0, le=6400)
     address: str | None = Field(default=None, description="IPv4 address/prefix (emulated fabric)")
 
 
@@ -73,7 +75,9 @@ class BrokerSpec(ConfigModel):
         default=None, description="HMAC-SHA256 key: every labctl message is signed and checked with it"
     )
     tls: BrokerTlsSpec | None = None
-    clock_sync_interval_s: float = Field(default=10.0, gt=0, description="re-measure agent clock offsets")
+    clock_sync_interval_s: float = Field(
+        default=10.0, ge=0.1, le=3600, description="re-measure agent clock offsets"
+    )
     clock_samples: int = Field(default=16, ge=4, le=1000, description="ping/pong samples per measurement")
     agent_grace_s: float = Field(
         default=5.0,

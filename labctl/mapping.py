@@ -16,6 +16,7 @@ from labctl.errors import InputError, MappingError
 Patch = tuple[int, int]
 Mapping = frozenset[Patch]
 
+MAX_PORTS_PER_SIDE = 4096  # the largest OCS made has 576 per side (Polatis 576x576); room for a decade
 _SIZE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
@@ -31,6 +32,8 @@ class PortSpace:
         m = _SIZE.match(size)
         if not m or int(m[1]) < 1 or int(m[2]) < 1:
             raise InputError(f"switch size {size!r} is not of the form NxM (e.g. 32x32)")
+        if int(m[1]) > MAX_PORTS_PER_SIDE or int(m[2]) > MAX_PORTS_PER_SIDE:
+            raise InputError(f"switch size {size!r}: at most {MAX_PORTS_PER_SIDE} ports per side")
         return cls(int(m[1]), int(m[2]))
 
     def __str__(self) -> str:

@@ -14,13 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from labctl.errors import InputError
 
+MAX_RANGE = 3_600_000.0  # an hour in ms (the largest unit a range is written in): nothing physical is longer
 Range = Annotated[tuple[float, float], Field(description="[low, high], drawn uniformly")]
 
 
 class Profile(BaseModel):
     """The timing model of every simulated/emulated switch port and NIC port in a lab."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     description: str = ""
     switching_ms: Range
@@ -37,9 +38,9 @@ class Profile(BaseModel):
     """Carrier on at both ends → first traffic through (RDMA retry timer, QP recovery)."""
     carrier_down_after_loss_ms: Range = (0.2, 1.0)
     """Light lost → carrier off (loss-of-signal detection)."""
-    rx_power_dbm: float = -2.5
+    rx_power_dbm: float = Field(default=-2.5, ge=-60, le=30)
     """Received optical power on a lit port."""
-    rx_noise_db: float = 0.05
+    rx_noise_db: float = Field(default=0.05, ge=0, le=30)
     """Peak-to-peak noise on lit Rx power readings."""
     rtt_us: Range = (8.0, 14.0)
     """Ping-pong round trip on a working circuit."""
@@ -47,8 +48,10 @@ class Profile(BaseModel):
     @model_validator(mode="after")
     def _ranges_ordered(self) -> Profile:
         for name, value in self:
-            if isinstance(value, tuple) and (value[0] > value[1] or value[0] < 0):
-                raise ValueError(f"{name}: range {list(value)} must be [low, high] with 0 <= low <= high")
+            if isinstance(value, tuple) and (value[0] > value[1] or value[0] < 0 or value[1] > MAX_RANGE):
+                raise ValueError(
+                    f"{name}: range {list(value)} must be [low, high] with 0 <= low <= high <= {MAX_RANGE:g}"
+                )
         return self
 
     def draw_ns(self, rng: random.Random, name: str) -> int:

@@ -51,18 +51,23 @@ class CircuitProbe(Probe, Protocol):
 class ProbeSettings(BaseModel):
     """The experiment's `probes:` section: rates and reporting of every probe of a run."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    rx_power_hz: float = Field(default=1000.0, gt=0, le=100_000)
-    traffic_interval_us: int = Field(default=1000, ge=10)
-    traffic_timeout_us: int | None = Field(default=None, ge=10, description="default: 2x the interval")
-    report_interval_ms: float = Field(
-        default=100.0, gt=0, description="steady-state samples are written at most this often per port"
+    rx_power_hz: float = Field(default=1000.0, ge=0.1, le=100_000)
+    traffic_interval_us: int = Field(default=1000, ge=10, le=1_000_000)
+    traffic_timeout_us: int | None = Field(
+        default=None, ge=10, le=60_000_000, description="default: 2x the interval"
     )
-    rx_power_deadband_db: float = Field(default=0.5, ge=0)
+    report_interval_ms: float = Field(
+        default=100.0,
+        ge=0.1,
+        le=60_000,
+        description="steady-state samples are written at most this often per port",
+    )
+    rx_power_deadband_db: float = Field(default=0.5, ge=0, le=30)
     link_state_hz: float = Field(
         default=100.0,
-        gt=0,
+        ge=0.1,
         le=1000,
         description="ethtool link-state polls per port while a reconfiguration holds it (each is a firmware "
         "register read on mlx5)",

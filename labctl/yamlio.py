@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -12,15 +12,28 @@ from labctl.errors import InputError
 Loc = tuple[str | int, ...]
 
 
+# Limits on what a configuration file may make the parser build. Real inventories are a few hundred nodes
+# deep-free documents; these stop hostile ones (alias bombs, deep nesting) before they cost time or memory.
+MAX_NODES = 200_000  # after alias expansion: a 512-port lab with every fiber listed is ~10k
+MAX_DEPTH = 64
+MAX_INT_DIGITS = 40  # far beyond any physical count; Python itself refuses >4300 with a traceback
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last one)."""
+    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last one), keys that are
+    not plain values, and integers no field could hold."""
 
 
 def _construct_mapping(
     loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False
 ) -> dict[Any, Any]:
+    loader.flatten_mapping(node)  # `<<: *defaults` merges, as SafeLoader does
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, "a mapping key must be a plain value, not a list or mapping", key_node.start_mark
+            )
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
@@ -28,7 +41,65 @@ def _construct_mapping(
     return dict(loader.construct_pairs(node, deep=deep))
 
 
+def _construct_int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
+    digits = sum(c.isalnum() for c in str(node.value))
+    if digits > MAX_INT_DIGITS:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"integer of {digits} digits is too large for any field", node.start_mark
+        )
+    value: int = loader.construct_yaml_int(node)
+    return value
+
+
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
+def _refuse(problem: str, mark: Any) -> NoReturn:
+    raise yaml.constructor.ConstructorError(None, None, problem, mark)
+
+
+def _check_shape(text: str) -> None:
+    """Walk the event stream (PyYAML's parser is not recursive; its composer and our indexer are) and refuse
+    nesting deeper than MAX_DEPTH, an alias to a node that contains it, or more than MAX_NODES nodes once
+    aliases are expanded. Sizes are computed per anchor as its node closes, so an alias bomb costs one pass
+    over its text, not its expansion."""
+    anchor_size: dict[str, int] = {}
+    open_anchors: set[str] = set()
+    stack: list[tuple[str | None, int]] = []  # (anchor, nodes so far) per open collection
+    total = 0
+
+    def add(n: int, mark: Any) -> None:
+        nonlocal total
+        if stack:
+            anchor, size = stack[-1]
+            stack[-1] = (anchor, size + n)
+        else:
+            total += n
+        if total + sum(size for _, size in stack) > MAX_NODES:
+            _refuse(f"expands to more than {MAX_NODES} values (an alias bomb?)", mark)
+
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.ScalarEvent):
+            if event.anchor is not None:
+                anchor_size[event.anchor] = 1
+            add(1, event.start_mark)
+        elif isinstance(event, yaml.AliasEvent):
+            if event.anchor in open_anchors:
+                _refuse(f"alias *{event.anchor} refers to a node that contains it", event.start_mark)
+            add(anchor_size.get(str(event.anchor), 1), event.start_mark)
+        elif isinstance(event, yaml.CollectionStartEvent):
+            if len(stack) >= MAX_DEPTH:
+                _refuse(f"nested more than {MAX_DEPTH} levels deep", event.start_mark)
+            if event.anchor is not None:
+                open_anchors.add(event.anchor)
+            stack.append((event.anchor, 1))
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, size = stack.pop()
+            if anchor is not None:
+                open_anchors.discard(anchor)
+                anchor_size[anchor] = size
+            add(size, event.start_mark)
 
 
 class SourcedYaml:
@@ -93,14 +164,25 @@ def load_yaml(path: Path, what: str) -> SourcedYaml:
         line = text_line_of(path, e.start)
         raise InputError(f"{path}{line}: not a UTF-8 text file (byte {e.start}: {e.reason})") from None
     try:
-        node = yaml.compose(text, Loader=_UniqueKeyLoader)
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        _check_shape(text)
+        loader = _UniqueKeyLoader(text)
+        try:
+            node = loader.get_single_node()
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = f":{mark.line + 1}" if mark is not None else ""
         raise InputError(f"{path}{line}: invalid YAML: {e.problem or e.context}") from None
+    except yaml.reader.ReaderError as e:  # a control character such as NUL: name its line, one line only
+        line = f":{text[: e.position].count(chr(10)) + 1}"
+        char = f"U+{e.character:04X}" if isinstance(e.character, int) else repr(e.character)
+        raise InputError(
+            f"{path}{line}: invalid YAML: character {char} is not allowed in YAML text"
+        ) from None
     except yaml.YAMLError as e:
-        raise InputError(f"{path}: invalid YAML: {e}") from None
+        raise InputError(f"{path}: invalid YAML: {str(e).splitlines()[0]}") from None
     lines: dict[Loc, int] = {}
     if node is not None:
         _index_lines(node, (), lines)

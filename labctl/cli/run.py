@@ -140,7 +140,14 @@ def run(
     profile: ProfileOpt = None,
     out_dir: OutOpt = RUNS,
     seed: Annotated[
-        int | None, typer.Option(help="Seed for the profile's jitter (recorded in run.json).")
+        int | None,
+        typer.Option(
+            min=0,
+            max=2**63 - 1,
+            help="Seed for the profile's modeled delays (recorded in run.json). It fixes the delays the "
+            "model draws, not the measured times: those include real scheduling, so two runs with one seed "
+            "differ by milliseconds.",
+        ),
     ] = None,
     no_plots: NoPlotsOpt = False,
     dry_run: Annotated[

@@ -33,27 +33,35 @@ class FaultPlan(BaseModel):
     """Fault injection. Command counts are server-wide (every session), counted from when the faults were
     set; the count-triggered faults fire once."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     drop_after_commands: int | None = Field(
-        default=None, ge=1, description="close the connection on receiving the Nth command, without a reply"
+        default=None,
+        ge=1,
+        le=2**31,
+        description="close the connection on receiving the Nth command, without a reply",
     )
     drop_mid_reply_after_commands: int | None = Field(
-        default=None, ge=1, description="send half of the reply to the Nth command, then close"
+        default=None, ge=1, le=2**31, description="send half of the reply to the Nth command, then close"
     )
-    delay_ms: float = Field(default=0.0, ge=0, description="extra delay before every reply")
+    delay_ms: float = Field(default=0.0, ge=0, le=60_000, description="extra delay before every reply")
     deny_probability: float = Field(default=0.0, ge=0, le=1, description="refuse a command at random")
     deny_verbs: list[str] | None = Field(
         default=None, description="commands that may be refused (default: the protocol's patch changes)"
     )
-    garbage_every: int | None = Field(default=None, ge=1, description="garbage bytes with every Nth reply")
+    garbage_every: int | None = Field(
+        default=None, ge=1, le=2**31, description="garbage bytes with every Nth reply"
+    )
     garbage_position: Literal["between", "inside"] = Field(
         default="inside", description="before the reply (between messages) or inside its status line"
     )
     lose_state_after_commands: int | None = Field(
-        default=None, ge=1, description="lose every patch (as after a reboot) on receiving the Nth command"
+        default=None,
+        ge=1,
+        le=2**31,
+        description="lose every patch (as after a reboot) on receiving the Nth command",
     )
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
 
 
 def load_faults(path: Path | str) -> FaultPlan:
