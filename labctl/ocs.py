@@ -137,6 +137,23 @@ def check_owned(name: str, owned: frozenset[int] | None, ports: Iterable[int], w
         raise MappingError(f"{name}: {what} names port(s) {foreign} that this lab does not own")
 
 
+def crossing_patches(patches: Iterable[tuple[int, int]], owned: frozenset[int]) -> list[tuple[int, int]]:
+    """The patches joining an owned port to a foreign one, sorted. Such a patch is another lab's as much as
+    ours: neither lab may remove it (`converge`, the TL1 driver's DLT-PATCH) and `labctl lab check` fails
+    while one exists. The one definition all three use."""
+    return sorted(p for p in patches if len(set(p) & owned) == 1)
+
+
+def refuse_crossing(name: str, patches: Iterable[tuple[int, int]], owned: frozenset[int] | None) -> None:
+    """HardwareError if removing `patches` would remove one that crosses into another lab's ports."""
+    crossing = [] if owned is None else crossing_patches(patches, owned)
+    if crossing:
+        raise HardwareError(
+            f"{name}: patch(es) {crossing} join owned ports to ports of another lab; refusing to remove "
+            "them (free the foreign end first)"
+        )
+
+
 async def converge(
     name: str,
     space: PortSpace,
@@ -159,18 +176,19 @@ async def converge(
     meta_base = {**(context or {}), **ops.extra_meta}
     current = await ops.read()
     first_diff = diff_mapping(current, desired, scope_ports)
-    if ops.owned is not None:  # a patch joining an owned port to a foreign one belongs to someone else too
-        crossing = sorted(p for p in first_diff.remove if not set(p) <= ops.owned)
-        if crossing:
-            raise HardwareError(
-                f"{name}: patch(es) {crossing} join owned ports to ports of another lab; refusing to remove "
-                "them (free the foreign end first)"
-            )
     command_ns: int | None = None
     complete_ns: int | None = None
     diff = first_diff
     attempts = 0
     while not diff.empty and attempts < ops.attempts:
+        # Every diff, not only the first: another lab may patch into one of our ports while our change is
+        # in flight (the switch then refuses ours), and the retry's read-back must not "repair" that away.
+        try:
+            refuse_crossing(name, diff.remove, ops.owned)
+        except HardwareError as e:
+            if attempts:  # commands were sent: the record says why this apply ends here
+                emit(Event(t_ns=now_ns(), kind=Kind.OCS_ERROR, source=source, value=str(e), meta=meta_base))
+            raise
         attempts += 1
         meta = {
             **meta_base,

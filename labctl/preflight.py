@@ -21,7 +21,7 @@ from labctl.events import Event
 from labctl.inventory import Inventory
 from labctl.labs import check
 from labctl.models.switch import SwitchModel
-from labctl.ocs import OpticalSwitch
+from labctl.ocs import OpticalSwitch, crossing_patches
 from labctl.switches import emulate_switch, open_switch
 from labctl.version import __version__
 
@@ -75,7 +75,7 @@ async def _read_switch(
         out.append(Check(subject, "patches", None, f"{len(patches)}: {listed}"))
         owned = spec.owned
         if owned is not None:
-            crossing = sorted(p for p in patches if len(set(p) & owned) == 1)
+            crossing = crossing_patches(patches, owned)  # the very test `converge` refuses by
             detail = (
                 f"patch(es) {crossing} join owned ports to another lab's"
                 if crossing

@@ -26,7 +26,7 @@ from labctl.config import SwitchConfig
 from labctl.errors import HardwareError, InputError, MappingError
 from labctl.events import Event, Kind
 from labctl.mapping import MappingDiff
-from labctl.models.switch import SwitchModel
+from labctl.models.switch import ChangeRefused, SwitchModel
 from labctl.ocs import ApplyResult, OpticalSwitch, Timed
 from labctl.profiles import Profile, resolve_profile
 from labctl.switches import emulate_switch, open_switch, switch_drivers
@@ -419,6 +419,35 @@ async def test_a_shared_switch_touches_only_the_owned_ports(driver: str) -> None
         with pytest.raises(HardwareError, match=r"\(2, 14\).*another lab"):
             await switch.disconnect([2])
         assert model.commands == commands and model.patches == {(1, 9), (2, 14), (5, 13)}
+    finally:
+        await switch.close()
+        model.cancel_pending()
+
+
+async def test_a_retry_does_not_remove_a_patch_another_lab_made_meanwhile(driver: str) -> None:
+    """The crossing check holds on every attempt, not only the first: when another lab patches into one of
+    our egress ports while our change is in flight (so the switch refuses ours), the retry's read-back
+    shows that foreign patch in our scope, and converge must refuse to remove it rather than "repair" it."""
+    config = driver_config(driver, owned_ports=["1-4", "9-12"])
+    model = SwitchModel(NAME, config.space, FAST, random.Random(0))
+    events: list[Event] = []
+    switch = emulate_switch(NAME, config, model, events.append)
+    model_execute = model.execute
+
+    async def foreign_patch_lands_first(diff: MappingDiff) -> tuple[int, int]:
+        if (1, 9) in diff.add and (5, 9) not in model.patches:
+            model.patches = model.patches | {(5, 9)}  # another lab's ENT-PATCH 5,9, just before ours
+            model.commands += 1
+            raise ChangeRefused(f"{NAME}: port 9 is already in use")
+        return await model_execute(diff)
+
+    model.execute = foreign_patch_lands_first  # type: ignore[method-assign]
+    await switch.connect()
+    try:
+        with pytest.raises(HardwareError, match=r"\(5, 9\).*another lab"):
+            await switch.apply({(1, 9)}, scope=[1, 9])
+        assert (5, 9) in model.patches, "the retry removed the other lab's patch"
+        assert "another lab" in str([e.value for e in events if e.kind == Kind.OCS_ERROR][-1])
     finally:
         await switch.close()
         model.cancel_pending()

@@ -17,9 +17,9 @@ from labctl.config import Secret
 from labctl.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Deny, Tl1Endpoint
 from labctl.emulators.core import FaultPlan, load_faults
 from labctl.emulators.tl1 import Tl1Emulator
-from labctl.errors import HardwareError, InputError
+from labctl.errors import HardwareError, InputError, MappingError
 from labctl.events import Event, EventLog
-from labctl.mapping import PortSpace
+from labctl.mapping import MappingDiff, PortSpace
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
 from labctl.ocs import OpticalSwitch, TimeoutPolicy
 from labctl.profiles import resolve_profile
@@ -51,6 +51,7 @@ def driver(
     pipeline_depth: int = 16,
     keepalive_s: float | None = None,
     operation_s: float = 5.0,
+    owned: frozenset[int] | None = None,
 ) -> PolatisTl1Switch:
     return PolatisTl1Switch(
         "ocs1",
@@ -62,6 +63,7 @@ def driver(
         timeouts=TimeoutPolicy(connect_s=5.0, operation_s=operation_s),
         pipeline_depth=pipeline_depth,
         keepalive_s=keepalive_s,
+        owned=owned,
     )
 
 
@@ -153,6 +155,38 @@ async def test_deny_codes_are_typed(switch: Switch, emulator: Tl1Emulator) -> No
         assert info.value.code == code, command
         assert info.value.command.startswith(command)
         assert code in str(info.value)
+
+
+async def test_a_shared_switch_refuses_direct_commands_reaching_another_labs_ports(
+    emulator: Tl1Emulator,
+) -> None:
+    """ENT-PATCH and DLT-PATCH bypass apply-with-verify, so they hold the owned-ports rule themselves: no
+    foreign port named, no DLT-PATCH ALL, and no DLT-PATCH of an owned port whose patch goes to a foreign
+    one (it is the other lab's patch too; `converge` refuses the same removal). Nothing reaches the switch."""
+    model = emulator.model
+    sw = driver(emulator, [], owned=frozenset({1, 2, 3, 4, 33, 34, 35, 36}))
+    await sw.connect()
+    try:
+        await model.execute(
+            MappingDiff(remove=frozenset(), add=frozenset({(6, 33), (2, 34)}))
+        )  # 6→33 crosses
+        commands = model.commands
+        with pytest.raises(
+            MappingError, match=r"ENT-PATCH names port\(s\) \[40\] that this lab does not own"
+        ):
+            await sw.enter_patch(1, 40)
+        with pytest.raises(MappingError, match=r"DLT-PATCH names port\(s\) \[6\]"):
+            await sw.delete_patches([6])
+        with pytest.raises(InputError, match="DLT-PATCH ALL on a shared switch"):
+            await sw.delete_patches("ALL")
+        for ports in ([33], [2, 33]):  # the crossing patch alone, or with one of our own
+            with pytest.raises(HardwareError, match=r"\(6, 33\).*another lab"):
+                await sw.delete_patches(ports)
+        assert model.commands == commands and model.patches == {(6, 33), (2, 34)}
+        await sw.delete_patches([2])  # our own patch goes
+        assert model.patches == {(6, 33)}
+    finally:
+        await sw.close()
 
 
 async def raw_session(emulator: Tl1Emulator, *lines: bytes, replies: int | None = None) -> bytes:

@@ -29,6 +29,7 @@ from labctl.ocs import (
     check_owned,
     check_ports,
     converge,
+    refuse_crossing,
 )
 
 from . import DEFAULT_PORT
@@ -481,6 +482,14 @@ class PolatisTl1Switch:
             aid = format_ports(wanted)
 
         async def run() -> None:
+            if self.owned is not None:
+                # DLT-PATCH on an owned port also removes its patch to a foreign port (another lab's patch
+                # too): read what the named ports hold and refuse as `converge` does. The whole table, as
+                # `converge` reads it, rather than trusting how the firmware filters RTRV-PATCH by port.
+                # (Another lab could still patch in between; the switch has no compare-and-delete.)
+                named = set(wanted)
+                held = [p for p in await self._read() if named & set(p)]
+                refuse_crossing(self.name, held, self.owned)
             await self._call("DLT-PATCH", aid, idempotent=False)
 
         return await self._timed("DLT-PATCH", run)
