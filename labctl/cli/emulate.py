@@ -211,8 +211,11 @@ def fabric_up(
     """Build the inventory's fabric (prefix lc-<layout hash>-); runs on this inventory then reuse it.
 
     Each host namespace also gets a management link to this (root) namespace, as a real lab's hosts have a
-    management network beside the OCS data plane: `mgmt0` with 10.254.K.2/30, reaching the controller side
-    at 10.254.K.1 (an agent in the namespace reaches a broker listening there)."""
+    management network beside the OCS data plane: `mgmt0` with 10.254.B.(4K+2)/30, reaching the controller
+    side at 10.254.B.(4K+1), for the K-th host (an agent in the namespace reaches a broker listening there).
+    B comes from the layout hash, so two labs' fabrics can be up at once; a subnet already in use in this
+    namespace is refused. A fabric already up is reset to dark and shown as it is: management links only
+    where it has them."""
     import json
     import random
 
@@ -229,15 +232,20 @@ def fabric_up(
     else:
         fabric.create(management=True)
         state = "up"
+    # What the kernel has, not what the layout would give: a fabric built without management links (by an
+    # older labctl, or by KernelFabric.create() without them) must not advertise addresses nobody answers on.
+    management = fabric.management_present()
     if as_json:
         hosts = {
             host: {
                 "netns": ns,
                 "management": {
-                    "host_ip": str(layout.management[host].host_ip.ip),
-                    "controller_ip": str(layout.management[host].root_ip.ip),
-                    "controller_if": layout.management[host].root_if,
-                },
+                    "host_ip": str(management[host].host_ip.ip),
+                    "controller_ip": str(management[host].root_ip.ip),
+                    "controller_if": management[host].root_if,
+                }
+                if host in management
+                else None,
             }
             for host, ns in layout.host_netns.items()
         }
@@ -247,9 +255,12 @@ def fabric_up(
         print(json.dumps({"prefix": layout.prefix, "state": state, "hosts": hosts, "ports": ports}, indent=2))
         return
     print(f"fabric {layout.prefix} {state}: namespaces {', '.join(layout.netns_names())}")
-    for host, link in layout.management.items():
-        where = f"netns {layout.host_netns[host]}"
-        print(f"  {host:<8} management {link.host_ip.ip} ({where}), controller side {link.root_ip.ip}")
+    for host, ns in layout.host_netns.items():
+        link = management.get(host)
+        if link is None:
+            print(f"  {host:<8} no management link (netns {ns}; `fabric down` and `up` again to add one)")
+        else:
+            print(f"  {host:<8} management {link.host_ip.ip} (netns {ns}), controller side {link.root_ip.ip}")
     for fp in layout.ports:
         print(
             f"  {fp.port.label:<22} {fp.port.address:<16} netns {fp.host_netns}  "

@@ -75,14 +75,30 @@ class FabricPort:
 
 
 MANAGEMENT_NET = ipaddress.IPv4Network("10.254.0.0/16")
+"""Reserved for emulated fabrics' management links (no NIC address may overlap it)."""
+MANAGEMENT_BLOCK_PREFIXLEN = 24
+"""Each fabric's management links come from one /24 of MANAGEMENT_NET, chosen by its layout hash, so two
+labs' fabrics up at once get different subnets in the root namespace (a clash is refused, not shared)."""
+MANAGEMENT_MAX_HOSTS = 2 ** (32 - MANAGEMENT_BLOCK_PREFIXLEN) // 4 - 1  # its /30s but the first
 MANAGEMENT_IF = "mgmt0"
+IFNAMSIZ = 15  # longest Linux interface name
+
+
+def management_block(inventory: Inventory) -> ipaddress.IPv4Network:
+    """The /24 of MANAGEMENT_NET holding this inventory's management links, derived from the same hash as
+    the fabric's prefix (lc-<hash>-): the same block every time the fabric comes up, and another lab's
+    fabric almost always gets another one (1 in 256 share it; `create` then refuses, naming the clash)."""
+    blocks = 2 ** (MANAGEMENT_BLOCK_PREFIXLEN - MANAGEMENT_NET.prefixlen)
+    block_size = 2 ** (32 - MANAGEMENT_BLOCK_PREFIXLEN)
+    first = int(MANAGEMENT_NET.network_address) + (int(layout_hash(inventory), 16) % blocks) * block_size
+    return ipaddress.IPv4Network((first, MANAGEMENT_BLOCK_PREFIXLEN))
 
 
 @dataclass(frozen=True, slots=True)
 class ManagementLink:
     """A host's management network, as on a real lab: not the OCS data plane. One veth pair from the root
     namespace (`root_if`, `root_ip`: where the host reaches the controller, its broker, its switches) to
-    the host's namespace (`mgmt0`, `host_ip`); a /30 per host in 10.254.0.0/16."""
+    the host's namespace (`mgmt0`, `host_ip`); a /30 per host in the fabric's block (`management_block`)."""
 
     host: str
     root_if: str
@@ -97,6 +113,8 @@ class FabricLayout:
     host_netns: dict[str, str]
     ports: list[FabricPort]
     management: dict[str, ManagementLink] = field(default_factory=dict)
+    management_block: ipaddress.IPv4Network | None = None
+    """The /24 the management links come from (`management_block`); None when they do not fit."""
     _by_port: dict[NicPort, FabricPort] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -124,21 +142,26 @@ class FabricLayout:
                     interface=interface,
                 )
             )
+        # Management links only where they fit: a kernel-kind run never asks for them, so a lab too big
+        # for a block is refused by `create(management=True)`, not here.
         management = {}
-        for k, host in enumerate(inventory.hosts, start=1):
-            base = int(MANAGEMENT_NET.network_address) + 4 * k  # the k-th /30: .1 root side, .2 host side
-            root_ip, host_ip = (
-                ipaddress.IPv4Interface((base + 1, 30)),
-                ipaddress.IPv4Interface((base + 2, 30)),
-            )
-            management[host] = ManagementLink(host, f"{prefix}m{k}", root_ip, host_ip)
+        block_net = management_block(inventory) if len(inventory.hosts) <= MANAGEMENT_MAX_HOSTS else None
+        if block_net is not None:
+            block = int(block_net.network_address)
+            for k, host in enumerate(inventory.hosts, start=1):
+                base = block + 4 * k  # the k-th /30 of the block: .1 root side, .2 host side
+                root_ip, host_ip = (
+                    ipaddress.IPv4Interface((base + 1, 30)),
+                    ipaddress.IPv4Interface((base + 2, 30)),
+                )
+                management[host] = ManagementLink(host, f"{prefix}m{k}", root_ip, host_ip)
         clash = [fp.port.label for fp in ports if fp.interface.network.overlaps(MANAGEMENT_NET)]
         if clash:
             raise inventory.fail(
                 (*inventory.port_loc(next(fp.port for fp in ports if fp.port.label == clash[0])), "address"),
                 f"{MANAGEMENT_NET} is the emulated fabric's management network; use other NIC addresses",
             )
-        layout = cls(prefix, f"{prefix}{OCS_NETNS}", hosts, ports, management)
+        layout = cls(prefix, f"{prefix}{OCS_NETNS}", hosts, ports, management, block_net)
         layout._by_port.update({p.port: p for p in ports})
         return layout
 
@@ -205,6 +228,8 @@ class KernelFabric:
                 f"network namespace(s) {', '.join(clash)} already exist; remove them with "
                 f"`labctl emulate fabric down` (prefix {self.layout.prefix})"
             )
+        if management:
+            self._check_management()  # before anything is built: a refusal leaves nothing to undo
         try:
             for name in names:
                 netns.create(name)
@@ -219,6 +244,61 @@ class KernelFabric:
         except BaseException:
             self.destroy()
             raise
+
+    def _check_management(self) -> None:
+        """Refuse management links that cannot be made, or would share a subnet with an address already in
+        the root namespace (another fabric's management links, or the machine's own network): the kernel
+        would accept both, and the broker then answers on whichever route wins."""
+        from pyroute2 import IPRoute
+
+        links = self.layout.management
+        if len(links) != len(self.layout.host_netns):
+            raise HardwareError(
+                f"fabric {self.layout.prefix}: {len(self.layout.host_netns)} hosts; management links fit "
+                f"{MANAGEMENT_MAX_HOSTS} hosts per fabric"
+            )
+        long = [link.root_if for link in links.values() if len(link.root_if) > IFNAMSIZ]
+        if long:
+            raise InputError(
+                f"fabric prefix {self.layout.prefix!r} is too long for management interface names "
+                f"({', '.join(long)}: at most {IFNAMSIZ} characters)"
+            )
+        with IPRoute() as ipr:
+            present = [
+                (
+                    ipaddress.IPv4Interface((a.get_attr("IFA_ADDRESS"), a["prefixlen"])),
+                    a.get_attr("IFA_LABEL") or str(a["index"]),
+                )
+                for a in ipr.get_addr(family=socket.AF_INET)
+            ]
+        for link in links.values():
+            for address, ifname in present:
+                if address.network.overlaps(link.root_ip.network):
+                    raise HardwareError(
+                        f"fabric {self.layout.prefix}: management subnet {link.root_ip.network} of host "
+                        f"{link.host} collides with {address} on {ifname} in the root namespace (another "
+                        f"fabric of the same layout, or of a lab whose hash picks the same block "
+                        f"{self.layout.management_block}?); bring that one down first"
+                    )
+
+    def management_present(self) -> dict[str, ManagementLink]:
+        """The management links that exist: their root end in the root namespace, carrying its address
+        (a fabric built without them, e.g. by a kernel-kind run or an older labctl, has none)."""
+        from pyroute2 import IPRoute
+
+        found = {}
+        with IPRoute() as ipr:
+            for host, link in self.layout.management.items():
+                indices = ipr.link_lookup(ifname=link.root_if)
+                if not indices:
+                    continue
+                addresses = {
+                    (a.get_attr("IFA_ADDRESS"), a["prefixlen"])
+                    for a in ipr.get_addr(family=socket.AF_INET, index=indices[0])
+                }
+                if (str(link.root_ip.ip), link.root_ip.network.prefixlen) in addresses:
+                    found[host] = link
+        return found
 
     def _create_management(self) -> None:
         """The management veths. Their root ends go away with the host namespaces (a veth pair dies with

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import pytest
 from labctl.clock import now_ns
 from labctl.drivers.sim.switch import SimSwitch
 from labctl.emulators.fabric import FabricLayout, KernelFabric
+from labctl.errors import HardwareError
 from labctl.events import Event, read_events
 from labctl.inventory import Inventory, load_inventory
 from labctl.linux import netns
@@ -207,6 +209,155 @@ def test_a_test_that_fails_midway_leaves_nothing(tmp_path: Path, fabric_prefix: 
     assert netns.list_netns(f"lt{child.pid}-") == []
     assert _root_links() == links_before
     assert not [pid for pid, cmdline in _all_cmdlines() if f"lt{child.pid}-" in cmdline]
+
+
+# -- management links: one subnet per lab, refused on a clash, shown only where they exist -------------------
+def _small_lab(tmp_path: Path, lab: str) -> Inventory:
+    path = tmp_path / f"{lab}.yaml"
+    path.write_text(SMALL.replace("lab: small-emulated", f"lab: {lab}"))
+    return load_inventory(path)
+
+
+def _wait_root_links_gone(names: set[str], timeout_s: float = 5.0) -> None:
+    """A veth's root end goes when its peer's namespace is torn down, which the kernel does in the
+    background after the namespace is removed: wait for that, so the fixture's leak check is fair."""
+    deadline = now_ns() + round(timeout_s * 1e9)
+    while names & _root_links():
+        assert now_ns() < deadline, f"root ends still there: {sorted(names & _root_links())}"
+        time.sleep(0.05)
+
+
+def _management_reachable(layout: FabricLayout, host: str) -> bool:
+    """A TCP connection from the host's namespace, over mgmt0, to a listener on its root-side address."""
+    link = layout.management[host]
+    with socket.socket() as listener:
+        listener.bind((str(link.root_ip.ip), 0))
+        listener.listen()
+        client = netns.socket_in(layout.host_netns[host], socket.AF_INET, socket.SOCK_STREAM)
+        with client:
+            client.settimeout(2.0)
+            client.bind((str(link.host_ip.ip), 0))
+            try:
+                client.connect(listener.getsockname())
+            except OSError:
+                return False
+            listener.accept()[0].close()
+    return True
+
+
+def test_two_labs_fabrics_with_management_links_are_up_at_once(tmp_path: Path, fabric_prefix: str) -> None:
+    labs = [_small_lab(tmp_path, "lab-one"), _small_lab(tmp_path, "lab-two")]
+    layouts = [FabricLayout.of(inv, f"{fabric_prefix}{tag}") for inv, tag in zip(labs, "ab", strict=True)]
+    blocks = [layout.management_block for layout in layouts]
+    # Derived from each lab's layout hash: these two labs' hashes pick different blocks (fixed, not luck).
+    assert None not in blocks and blocks[0] != blocks[1]
+    fabrics = [
+        KernelFabric(lay, inv.profile(), random.Random(1), print)
+        for lay, inv in zip(layouts, labs, strict=True)
+    ]
+    try:
+        for fabric in fabrics:
+            fabric.create(management=True)
+        for layout, fabric in zip(layouts, fabrics, strict=True):
+            assert fabric.management_present() == layout.management
+            for host, link in layout.management.items():
+                assert layout.management_block is not None
+                assert link.root_ip.network.subnet_of(layout.management_block)
+                assert _management_reachable(layout, host), (layout.prefix, host)
+    finally:
+        for fabric in fabrics:
+            fabric.destroy()
+        _wait_root_links_gone({link.root_if for lay in layouts for link in lay.management.values()})
+
+
+def test_a_management_subnet_already_in_the_root_namespace_is_refused(
+    small: Inventory, fabric_prefix: str
+) -> None:
+    """The same layout twice: the second would put the first's subnets in the root namespace again."""
+    first = KernelFabric(
+        FabricLayout.of(small, f"{fabric_prefix}a"), small.profile(), random.Random(1), print
+    )
+    second = KernelFabric(
+        FabricLayout.of(small, f"{fabric_prefix}b"), small.profile(), random.Random(1), print
+    )
+    try:
+        first.create(management=True)
+        with pytest.raises(HardwareError, match=r"management subnet 10\.254\.\d+\.\d+/30 .* collides with"):
+            second.create(management=True)
+        assert netns.list_netns(f"{fabric_prefix}b") == []  # refused before anything was built
+        assert first.management_present() == first.layout.management  # and the first one untouched
+        assert _management_reachable(first.layout, "h1")
+    finally:
+        first.destroy()
+        second.destroy()
+        _wait_root_links_gone({link.root_if for link in first.layout.management.values()})
+
+
+def test_a_fabric_without_management_links_shows_none(small: Inventory, fabric_prefix: str) -> None:
+    fabric = KernelFabric(FabricLayout.of(small, fabric_prefix), small.profile(), random.Random(1), print)
+    try:
+        fabric.create()
+        assert fabric.management_present() == {}
+    finally:
+        fabric.destroy()
+
+
+def _fabric_up(inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "labctl.cli", "emulate", "fabric", "up", "-i", str(inventory), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_fabric_up_prints_only_the_management_links_that_exist(tmp_path: Path, fabric_prefix: str) -> None:
+    """`labctl emulate fabric up` on a fabric of this inventory already up without management links says so,
+    and prints no address; brought up by itself, it has them all, in the lab's block."""
+    import json
+
+    from labctl.emulators.fabric import managed_prefix
+
+    # Its own lc-<hash>- fabric, nobody else's, in a block no fabric up on this machine (a rehearsal) holds.
+    in_use = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=True).stdout
+    for n in range(100):
+        lab = f"mgmt-print-{os.getpid()}-{n}"
+        inv = _small_lab(tmp_path, lab)
+        block = FabricLayout.of(inv, managed_prefix(inv)).management_block
+        if f" {str(block)[: -len('.0/24')]}." not in in_use:
+            break
+    path = tmp_path / f"{lab}.yaml"  # where _small_lab wrote it
+    layout = FabricLayout.of(inv, managed_prefix(inv))
+    bare = KernelFabric(layout, inv.profile(), random.Random(1), print)
+    try:
+        bare.create()  # as a fabric built without them
+        out = _fabric_up(path, "--json")
+        assert out.returncode == 0, out.stderr
+        shown = json.loads(out.stdout)
+        assert shown["state"] == "already up; reset to dark"
+        assert {h: info["management"] for h, info in shown["hosts"].items()} == dict.fromkeys(inv.hosts)
+        out = _fabric_up(path)
+        assert out.returncode == 0 and "10.254." not in out.stdout, out.stdout
+        assert out.stdout.count("no management link") == len(inv.hosts)
+        bare.destroy()
+        _wait_root_links_gone({link.root_if for link in layout.management.values()})
+
+        out = _fabric_up(path, "--json")
+        assert out.returncode == 0, out.stderr
+        shown = json.loads(out.stdout)
+        assert shown["state"] == "up"
+        for host, info in shown["hosts"].items():
+            link = layout.management[host]
+            assert info["management"] == {
+                "host_ip": str(link.host_ip.ip),
+                "controller_ip": str(link.root_ip.ip),
+                "controller_if": link.root_if,
+            }
+        assert _management_reachable(layout, "h2")
+    finally:
+        netns.cleanup(layout.prefix)
+        _wait_root_links_gone({link.root_if for link in layout.management.values()})
+    assert netns.list_netns(layout.prefix) == []
 
 
 # -- cross-connects carry traffic between exactly the patched ports ----------------------------------------
