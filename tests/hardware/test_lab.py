@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 async def test_every_switch_keeps_the_contract(lab: Inventory) -> None:
     """Connect, read, apply a pairing of the rail's NIC fibers (verified by read-back), apply it again (nothing
-    sent), disconnect those ports, and put back the patches found there; close."""
+    sent), disconnect those ports; then, whether or not a step failed, put back the patches found there and
+    close."""
     for rail in lab.rails:
         name = lab.rail_switch(rail)
         events: list[Event] = []
@@ -33,16 +34,19 @@ async def test_every_switch_keeps_the_contract(lab: Inventory) -> None:
         try:
             found = (await switch.get_mapping()).value
             before = {p for p in found if p[0] in scope or p[1] in scope}
-            ports = [p for ports in lab.rail_ports(rail).values() for p in ports]
-            # Every NIC port's light goes to the next one's receiver (a ring over the rail).
-            ring = {(a.tx, b.rx) for a, b in zip(ports, ports[1:] + ports[:1], strict=True)}
-            result = await switch.apply(ring, scope=scope)
-            assert result.value.mapping >= ring and result.start_ns <= result.end_ns
-            again = await switch.apply(ring, scope=scope)
-            assert again.value.attempts == 0
-            await switch.disconnect(sorted(scope))
-            assert not {p for p in (await switch.get_mapping()).value if p[0] in scope or p[1] in scope}
-            await switch.apply(before, scope=scope)  # what we found, back
+            try:
+                ports = [p for ports in lab.rail_ports(rail).values() for p in ports]
+                # Every NIC port's light goes to the next one's receiver (a ring over the rail).
+                ring = {(a.tx, b.rx) for a, b in zip(ports, ports[1:] + ports[:1], strict=True)}
+                result = await switch.apply(ring, scope=scope)
+                assert result.value.mapping >= ring and result.start_ns <= result.end_ns
+                again = await switch.apply(ring, scope=scope)
+                assert again.value.attempts == 0
+                await switch.disconnect(sorted(scope))
+                assert not {p for p in (await switch.get_mapping()).value if p[0] in scope or p[1] in scope}
+            finally:
+                # What we found, back, whether or not the contract held: it is someone's lab.
+                await switch.apply(before, scope=scope)
         finally:
             await switch.close()
         kinds = {e.kind for e in events}
