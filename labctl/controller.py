@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from labctl.breakdown import EventIndex, clock_caveats, compute_breakdown, summarize, write_breakdown
 from labctl.clock import Timebase, now_ns
@@ -24,7 +24,7 @@ from labctl.errors import LabctlError
 from labctl.errors import LabFault as LabFaultError
 from labctl.events import Event, EventLog, Kind
 from labctl.experiment import Plan, RailPhase, build_plan, load_experiment
-from labctl.inventory import Inventory
+from labctl.inventory import Inventory, NicPort
 from labctl.labs import build_lab, load
 from labctl.labs.base import Lab, LabContext
 from labctl.linux.timesync import clock_sync_state
@@ -40,25 +40,42 @@ log = logging.getLogger("labctl.controller")
 FLUSH_INTERVAL_S = 0.5
 
 
+@dataclass(frozen=True)
+class Stage:
+    """What a reconfiguration is, for a person watching: the baseline set-up, step i of n, or the restore
+    after a stop (which is not one of the n)."""
+
+    kind: Literal["baseline", "step", "restore"]
+    phase: str
+    index: int = 0  # 1-based, steps only
+    of: int = 0
+
+    def __str__(self) -> str:
+        if self.kind == "step":
+            return f"reconfig {self.index}/{self.of} → {self.phase}"
+        return f"{'baseline' if self.kind == 'baseline' else 'restoring baseline'} → {self.phase}"
+
+
 class ProgressSink(Protocol):
     """What the controller tells a UI. Every method must return quickly."""
 
-    def started(self, run_dir: Path, total: int) -> None: ...
+    def started(self, run_dir: Path, steps: int) -> None:
+        """The run directory exists; `steps` reconfigurations follow the baseline."""
 
-    def reconfig_started(self, n: int, phase: str, expected: int) -> None: ...
+    def reconfig_started(self, stage: Stage, expected: int) -> None: ...
 
-    def port_recovered(self, n: int, recovered: int, expected: int) -> None: ...
+    def port_recovered(self, stage: Stage, recovered: int, expected: int) -> None: ...
 
-    def reconfig_done(self, n: int, phase: str, timed_out: list[str]) -> None: ...
+    def reconfig_done(self, stage: Stage, timed_out: list[str]) -> None: ...
 
     def message(self, text: str) -> None: ...
 
 
 class NullProgress:
-    def started(self, run_dir: Path, total: int) -> None: ...
-    def reconfig_started(self, n: int, phase: str, expected: int) -> None: ...
-    def port_recovered(self, n: int, recovered: int, expected: int) -> None: ...
-    def reconfig_done(self, n: int, phase: str, timed_out: list[str]) -> None: ...
+    def started(self, run_dir: Path, steps: int) -> None: ...
+    def reconfig_started(self, stage: Stage, expected: int) -> None: ...
+    def port_recovered(self, stage: Stage, recovered: int, expected: int) -> None: ...
+    def reconfig_done(self, stage: Stage, timed_out: list[str]) -> None: ...
     def message(self, text: str) -> None: ...
 
 
@@ -124,6 +141,18 @@ class PlannedReconfig:
     moved: list[tuple[str, str | None, str | None]]  # port source, peer before, peer after
 
 
+def moved_ports(
+    inventory: Inventory, rail: int, before: Mapping, after: Mapping
+) -> list[tuple[NicPort, NicPort | None]]:
+    """The ports of `rail` whose peer differs between two mappings, with the new peer (None: dark)."""
+    peers_before, peers_after = peers_of(inventory, rail, before), peers_of(inventory, rail, after)
+    return [
+        (port, peers_after[port])
+        for port in sorted(peers_after, key=lambda p: p.source)
+        if peers_before.get(port) != peers_after[port]
+    ]
+
+
 def planned_reconfigurations(plan: Plan, inventory: Inventory) -> list[PlannedReconfig]:
     """The baseline set-up (against dark switches: at run time, against what they hold) and every step,
     with each switch's patch diff and the ports whose peer changes. Touches nothing."""
@@ -136,11 +165,10 @@ def planned_reconfigurations(plan: Plan, inventory: Inventory) -> list[PlannedRe
             diff = diff_mapping(current[rail], rp.mapping, rail_scope(inventory, rail))
             old = changes.get(rp.switch, MappingDiff(frozenset(), frozenset()))
             changes[rp.switch] = MappingDiff(old.remove | diff.remove, old.add | diff.add)
-            before, after = peers_of(inventory, rail, current[rail]), peers_of(inventory, rail, rp.mapping)
-            for port in sorted(after, key=lambda p: p.source):
-                if before.get(port) != after[port]:
-                    was, now = before.get(port), after[port]
-                    moved.append((port.source, was.source if was else None, now.source if now else None))
+            before = peers_of(inventory, rail, current[rail])
+            for port, now in moved_ports(inventory, rail, current[rail], rp.mapping):
+                was = before.get(port)
+                moved.append((port.source, was.source if was else None, now.source if now else None))
             current[rail] = rp.mapping
         out.append(PlannedReconfig(n, phase, step, changes, moved))
     return out
@@ -172,29 +200,26 @@ class Controller:
         self.loop_lag = LoopLagMonitor()
         self._restoring = False
         self._abandon_restore = False
+        self._connected: list[Any] = []
+        self._touched = False  # a switch was told to change: a failure from here on must restore the baseline
 
     # -- one reconfiguration ---------------------------------------------------------------------------------
     def _affected(self, target: dict[int, RailPhase]) -> list[dict[str, Any]]:
-        ports = []
-        for rail, rp in target.items():
-            before = peers_of(self.inventory, rail, self.current[rail])
-            after = peers_of(self.inventory, rail, rp.mapping)
-            for port in sorted(after, key=lambda p: p.source):
-                if before.get(port) != after[port]:
-                    peer = after[port]
-                    ports.append(
-                        {
-                            "source": port.source,
-                            "host": port.host,
-                            "port": port.ifname,
-                            "rail": rail,
-                            "peer": peer.source if peer else None,
-                        }
-                    )
-        return ports
+        return [
+            {
+                "source": port.source,
+                "host": port.host,
+                "port": port.ifname,
+                "rail": rail,
+                "peer": peer.source if peer else None,
+            }
+            for rail, rp in target.items()
+            for port, peer in moved_ports(self.inventory, rail, self.current[rail], rp.mapping)
+        ]
 
     async def _apply_rail(self, rp: RailPhase) -> None:
         switch = self.lab.switches[rp.switch]
+        self._touched = True
         await switch.apply(rp.mapping, scope=rail_scope(self.inventory, rp.rail), context={"rail": rp.rail})
         self.current[rp.rail] = rp.mapping
         # Re-target traffic only once the switch acknowledged: until then the old circuit is still
@@ -205,10 +230,17 @@ class Controller:
             probe.set_circuits(circuits)
 
     async def reconfigure(
-        self, phase: str, step: int | None, *, measured: bool = True, wait: bool = True
+        self,
+        phase: str,
+        step: int | None,
+        *,
+        measured: bool = True,
+        wait: bool = True,
+        stage: Stage | None = None,
     ) -> list[str]:
         """Apply `phase` on every rail; returns the ports that did not recover in time."""
         n = self.reconfig
+        stage = stage or Stage("baseline", phase)
         target = self.plan.phases[phase]
         ports = self._affected(target)
         expected = {p["source"]: p["peer"] for p in ports if p["peer"] is not None}
@@ -226,12 +258,12 @@ class Controller:
                 "ports": ports,
             },
         )
-        self.progress.reconfig_started(n, phase, len(expected) if wait else 0)
+        self.progress.reconfig_started(stage, len(expected) if wait else 0)
         timeout_ns = round(self.plan.spec.recovery_timeout_s * 1e9)
         tracker = RecoveryTracker(
             expected,
             t0,
-            lambda k: self.progress.port_recovered(n, k, len(expected)),
+            lambda k: self.progress.port_recovered(stage, k, len(expected)),
             deadline_ns=t0 + timeout_ns if wait else None,
         )
         unsubscribe = self.events.subscribe(tracker)
@@ -266,7 +298,7 @@ class Controller:
             # abort must not be filed under it (its acknowledgement would become this one's t1).
             self.reconfig += 1
             await self.events.flush_durably()
-        self.progress.reconfig_done(n, phase, pending)
+        self.progress.reconfig_done(stage, pending)
         return pending
 
     # -- the whole run ---------------------------------------------------------------------------------
@@ -292,11 +324,25 @@ class Controller:
         gpu = self._gpu_step()
         if gpu is not None:
             await gpu.run("before")
-        await self.reconfigure(spec.baseline, None, measured=True)
-        for step, phase in self.plan.steps:
-            await self.reconfigure(phase, step)
-            if spec.hold_s:
-                await asyncio.sleep(spec.hold_s)
+        expected = sum(
+            peer is not None
+            for rail, rp in self.plan.phases[spec.baseline].items()
+            for _, peer in moved_ports(self.inventory, rail, self.current[rail], rp.mapping)
+        )
+        pending = await self.reconfigure(spec.baseline, None, measured=True)
+        if pending:
+            # Every later measurement would start from a broken lab: say so and stop, not "completed".
+            shown = ", ".join(pending[:8]) + (" ..." if len(pending) > 8 else "")
+            raise LabctlError(
+                f"baseline '{spec.baseline}' did not come up: {len(pending)} of {expected} ports not "
+                f"recovered within {spec.recovery_timeout_s:g} s ({shown})"
+            )
+        # The baseline holds like every step: reconfiguration 1 must not cut its last port's recovery short.
+        await asyncio.sleep(spec.hold_s)
+        steps = self.plan.steps
+        for i, (step, phase) in enumerate(steps, start=1):
+            await self.reconfigure(phase, step, stage=Stage("step", phase, i, len(steps)))
+            await asyncio.sleep(spec.hold_s)
         if gpu is not None:
             await gpu.run("after")
 
@@ -319,8 +365,10 @@ class Controller:
             if not work.done():  # a fault, or we are being cancelled: stop the sequence where it is
                 work.cancel()
             await asyncio.gather(work, fault, return_exceptions=True)
-        if work.cancelled():
-            reason = self.lab.fault.reason or "stopped"
+        # The lab's fault decides the outcome whatever the sequence ended with (cancelled, or an error raised
+        # while it was being stopped): the agent's reason is the run's cause.
+        reason = self.lab.fault.reason
+        if reason is not None:
             self.events.emit(now_ns(), Kind.RUN_FAULT, "controller", reason)
             raise LabFaultError(reason)
         work.result()
@@ -328,8 +376,8 @@ class Controller:
     async def restore_baseline(self) -> None:
         baseline = self.plan.phases[self.plan.spec.baseline]
         if any(self.current[rail] != rp.mapping for rail, rp in baseline.items()):
-            self.progress.message(f"restoring baseline '{self.plan.spec.baseline}'")
-            await self.reconfigure(self.plan.spec.baseline, None, measured=False, wait=False)
+            phase = self.plan.spec.baseline
+            await self.reconfigure(phase, None, measured=False, wait=False, stage=Stage("restore", phase))
 
     def _switch_power_probes(self) -> list[Probe]:
         """The switches' own power monitors on the rails' ports, when the experiment asks for them."""
@@ -344,10 +392,10 @@ class Controller:
 
     async def _read_final_state(self) -> None:
         """Record what every switch holds at the end (an `ocs.read` event per switch)."""
-        for sw in self.lab.switches.values():
+        for sw in self._connected:
             try:
                 await sw.get_mapping()
-            except (LabctlError, asyncio.CancelledError) as e:
+            except (Exception, asyncio.CancelledError) as e:
                 self.events.emit(now_ns(), Kind.OCS_ERROR, f"ocs:{sw.name}", f"final read-back failed: {e!r}")
 
     async def run(self) -> tuple[str, str | None]:
@@ -364,6 +412,9 @@ class Controller:
         while True:
             try:
                 return await asyncio.shield(work)
+            except Exception as e:  # raised while closing switches or the lab: the run still gets its cause
+                log.exception("run clean-up failed")
+                return "failed", f"clean-up failed: {type(e).__name__}: {e}"
             except asyncio.CancelledError:
                 if current is None:
                     raise
@@ -378,23 +429,28 @@ class Controller:
                     if self._restoring:
                         work.cancel()
 
+    async def _start(self, stack: contextlib.AsyncExitStack, tasks: list[asyncio.Task[None]]) -> None:
+        """Start the lab, connect every switch, start every probe; `stack` undoes what got done."""
+        # LIFO: after every switch has closed; pushed first so a start that fails midway is undone too.
+        stack.push_async_callback(self.lab.aclose)
+        await self.lab.start()
+        for sw in self.lab.switches.values():
+            await sw.connect()
+            stack.push_async_callback(sw.close)
+            self._connected.append(sw)
+        self.lab.probes.extend(self._switch_power_probes())
+        for probe in self.lab.probes:
+            await stack.enter_async_context(probe)
+            tasks.append(asyncio.create_task(self._pump(probe), name=f"pump:{probe.name}"))
+        tasks.append(asyncio.create_task(self._flusher(), name="flusher"))
+        await stack.enter_async_context(self.loop_lag)
+
     async def _run(self) -> tuple[str, str | None]:
         status, error = "completed", None
+        tasks: list[asyncio.Task[None]] = []
         async with contextlib.AsyncExitStack() as stack:
-            # LIFO: after every switch has closed; pushed first so a start that fails midway is undone too.
-            stack.push_async_callback(self.lab.aclose)
-            await self.lab.start()
-            for sw in self.lab.switches.values():
-                await sw.connect()
-                stack.push_async_callback(sw.close)
-            tasks: list[asyncio.Task[None]] = []
-            self.lab.probes.extend(self._switch_power_probes())
-            for probe in self.lab.probes:
-                await stack.enter_async_context(probe)
-                tasks.append(asyncio.create_task(self._pump(probe), name=f"pump:{probe.name}"))
-            tasks.append(asyncio.create_task(self._flusher(), name="flusher"))
-            await stack.enter_async_context(self.loop_lag)
             try:
+                await self._start(stack, tasks)
                 await self._sequence_unless_faulted()
             except asyncio.CancelledError:
                 _absorb_cancel()
@@ -403,20 +459,25 @@ class Controller:
             except LabctlError as e:
                 status, error = "failed", str(e)
                 log.error("run failed: %s", e)
+            except Exception as e:  # a bug or an unforeseen fault: the baseline is still restored below
+                status, error = "failed", f"internal error: {type(e).__name__}: {e}"
+                self.events.emit(now_ns(), Kind.RUN_FAULT, "controller", error)
+                log.exception("run failed")
             abandoned = self._abandon_restore
-            if not abandoned:
+            # Nothing was changed (e.g. a switch never connected): nothing to put back.
+            if self._touched and not abandoned:
                 self._restoring = True
                 try:
                     await self.restore_baseline()
                 except asyncio.CancelledError:
                     _absorb_cancel()
                     abandoned = True
-                except LabctlError as e:
+                except Exception as e:
                     error = (error + "; " if error else "") + f"baseline NOT restored: {e}"
                     status = "failed" if status == "completed" else status
                 finally:
                     self._restoring = False
-            if abandoned:
+            if abandoned and self._touched:
                 error, status = (error or "") + "; baseline NOT restored (abandoned)", "aborted"
             await self._read_final_state()
             for t in tasks:
@@ -514,7 +575,7 @@ async def run_experiment(
         events.record(event)
     sink = events.record
     controller = Controller(plan, inventory, lab, events, progress)
-    progress.started(run.path, len(plan.steps) + 1)
+    progress.started(run.path, len(plan.steps))
     status: str = "failed"
     error: str | None = "controller did not finish"
     try:
@@ -533,7 +594,13 @@ async def run_experiment(
             **{**lab.meta, "time_sync": {**run.meta["time_sync"], **lab.meta.get("time_sync", {})}},
         )
     outcome = RunOutcome(run.path, status, error, events=events.count)
-    outcome.summary = analyse(run.path, spec.analysis.rx_power_threshold_dbm, plots=plots)
+    try:
+        outcome.summary = analyse(run.path, spec.analysis.rx_power_threshold_dbm, plots=plots)
+    except Exception as e:  # the events are on disk: `labctl report` can recompute once this is fixed
+        log.exception("analysis failed")
+        cause = f"analysis failed: {type(e).__name__}: {e}"
+        outcome.status, outcome.error = "failed", "; ".join(filter(None, [error, cause]))
+        run.update(status=outcome.status, error=outcome.error)
     return outcome
 
 

@@ -6,7 +6,7 @@ import asyncio
 import json
 import signal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.progress import (
@@ -33,6 +33,9 @@ from labctl.cli.common import (
     out,
 )
 
+if TYPE_CHECKING:
+    from labctl.controller import Stage
+
 
 class RichProgress:
     """Live progress on a terminal; one line per reconfiguration otherwise (CI logs, pipes)."""
@@ -49,35 +52,33 @@ class RichProgress:
             transient=False,
         )
         self.task: Any = None
-        self.total = 0
 
-    def started(self, run_dir: Path, total: int) -> None:
-        self.total = total
+    def started(self, run_dir: Path, steps: int) -> None:
+        # Printed once, here: a long run can be inspected (`labctl report`) while it goes.
         err.print(f"run directory: [bold]{run_dir}[/]")
         if self.live:
             self.bar.start()
-            self.task = self.bar.add_task("starting", total=total)
+            self.task = self.bar.add_task("starting", total=steps)
 
     def _describe(self, text: str) -> None:
         if self.live:
             self.bar.update(self.task, description=text)
 
-    def reconfig_started(self, n: int, phase: str, expected: int) -> None:
-        self._describe(f"reconfig {n}/{self.total - 1} → {phase}: 0/{expected} ports back")
+    def reconfig_started(self, stage: Stage, expected: int) -> None:
+        self._describe(f"{stage}: 0/{expected} ports back" if expected else str(stage))
 
-    def port_recovered(self, n: int, recovered: int, expected: int) -> None:
-        if self.live:
-            desc = self.bar.tasks[0].description.rsplit(":", 1)[0]
-            self._describe(f"{desc}: {recovered}/{expected} ports back")
+    def port_recovered(self, stage: Stage, recovered: int, expected: int) -> None:
+        self._describe(f"{stage}: {recovered}/{expected} ports back")
 
-    def reconfig_done(self, n: int, phase: str, timed_out: list[str]) -> None:
+    def reconfig_done(self, stage: Stage, timed_out: list[str]) -> None:
         note = f"  [red]{len(timed_out)} ports timed out[/]" if timed_out else ""
-        if self.live and n < self.total:
-            self.bar.advance(self.task)
-            if timed_out:
-                self.bar.console.print(f"reconfig {n} → {phase}:{note}")
-        elif not self.live:
-            err.print(f"reconfig {n}/{self.total - 1} → {phase} done{note}")
+        if self.live:
+            if stage.kind == "step":
+                self.bar.advance(self.task)
+            if timed_out or stage.kind != "step":
+                self.bar.console.print(f"{stage} done{note}")
+        else:
+            err.print(f"{stage} done{note}")
 
     def message(self, text: str) -> None:
         (self.bar.console if self.live else err).print(text)
@@ -203,7 +204,6 @@ def run(
     for caveat in outcome.summary.get("clock_caveats", []):
         out.print(f"[yellow]clock: {caveat}[/]", highlight=False)
     out.print(f"status: [bold]{outcome.status}[/]" + (f" ({outcome.error})" if outcome.error else ""))
-    out.print(f"run directory: {outcome.run_dir}")
     if outcome.status == "aborted":
         raise typer.Exit(EXIT_ABORTED)
     if outcome.status != "completed":

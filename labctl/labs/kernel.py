@@ -124,6 +124,11 @@ def check(inventory: Inventory) -> None:
 
 def build(ctx: LabContext) -> Lab:
     inv = ctx.inventory
+    if os.geteuid() != 0:  # refused here, before a run directory exists, not at start inside the run
+        raise HardwareError(
+            "lab kind 'kernel' builds network namespaces, veths and tc filters: run as root (e.g. sudo "
+            "$(command -v labctl) ...), or use a simulated inventory"
+        )
     lease = FabricLease.choose(inv)
     layout = lease.layout
     fabric = KernelFabric(layout, ctx.profile, ctx.rng, ctx.emit)

@@ -151,7 +151,7 @@ async def _worker_main(args: dict[str, Any]) -> int:
         sys.stdout.flush()
 
     class Progress(NullProgress):
-        def started(self, run_dir: Path, total: int) -> None:
+        def started(self, run_dir: Path, steps: int) -> None:
             say(event="started", run_dir=str(run_dir))
 
     loop = asyncio.get_running_loop()

@@ -6,13 +6,16 @@ import asyncio
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 
 import labctl
+import labctl.labs
 from labctl.controller import RecoveryTracker, run_experiment
 from labctl.events import Event, read_events
+from labctl.experiment import build_plan, load_experiment
 from labctl.profiles import resolve_profile
 
 SHORT = """\
@@ -116,18 +119,25 @@ async def test_run_writes_every_file_and_phases_match_the_profile(
     assert isinstance(run.events, pd.DataFrame) and len(run.events) == len(events)
 
 
-async def test_unrecovered_ports_are_recorded_as_timed_out(tmp_path: Path, inventory_path: Path) -> None:
+async def test_a_baseline_that_never_comes_up_fails_the_run(tmp_path: Path, inventory_path: Path) -> None:
     exp = tmp_path / "slow.yaml"
     exp.write_text(SHORT.replace("recovery_timeout_s: 5", "recovery_timeout_s: 0.02"))
     outcome = await run_experiment(
         exp, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=1, plots=False
     )
-    assert outcome.status == "completed"
+    # Every later step would start from a broken lab: the run fails, naming the baseline and its ports.
+    assert outcome.status == "failed"
+    assert outcome.error is not None and outcome.error.startswith(
+        "baseline 'dp' did not come up: 16 of 16 ports"
+    )
+    meta = json.loads((outcome.run_dir / "run.json").read_text())
+    assert meta["status"] == "failed" and meta["error"] == outcome.error
     bd = labctl.load_run(outcome.run_dir).breakdown
     assert bd["timed_out"].all()  # 20 ms is shorter than the fast profile's 40-60 ms firmware link-up
     events = list(read_events(outcome.run_dir / "events.jsonl"))
     timeouts = [e for e in events if e.kind == "run.timeout"]
-    assert len(timeouts) == 3 and len(timeouts[0].meta["pending"]) == 16
+    assert len(timeouts) == 1 and len(timeouts[0].meta["pending"]) == 16
+    assert [e.value for e in events if e.kind == "phase"] == ["dp"]  # no step was run on it
 
 
 async def test_cancel_restores_baseline_and_marks_aborted(
@@ -220,3 +230,115 @@ async def test_switch_power_monitor_as_a_second_rx_power_source(tmp_path: Path, 
     # The breakdown keeps reading the NIC's own DOM: the switch's readings never become a port's t2.
     bd = labctl.load_run(outcome.run_dir).breakdown
     assert not bd["source"].str.startswith("ocs:").any()
+
+
+def _final_patches(run_dir: Path) -> list[list[int]]:
+    reads = [e for e in read_events(run_dir / "events.jsonl") if e.kind == "ocs.read"]
+    return reads[-1].meta["patches"]
+
+
+async def test_an_unexpected_error_mid_run_restores_the_baseline_and_records_its_cause(
+    short_experiment: Path, inventory_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from labctl.controller import Controller
+
+    apply_rail = Controller._apply_rail
+    calls = 0
+
+    async def apply_then_overflow(self: Controller, rp: Any) -> None:
+        nonlocal calls
+        calls += 1
+        n = calls  # rails are applied concurrently: take this call's number before awaiting
+        await apply_rail(self, rp)
+        if n == 3:  # the first step has moved rail 0's mirrors (baseline: calls 1 and 2)
+            raise OverflowError("cannot convert float infinity to integer")
+
+    monkeypatch.setattr(Controller, "_apply_rail", apply_then_overflow)
+    outcome = await run_experiment(
+        short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=3, plots=False
+    )
+    assert outcome.status == "failed"
+    assert outcome.error == "internal error: OverflowError: cannot convert float infinity to integer"
+    meta = json.loads((outcome.run_dir / "run.json").read_text())
+    assert meta["status"] == "failed" and meta["error"] == outcome.error
+    events = list(read_events(outcome.run_dir / "events.jsonl"))
+    assert [e.kind for e in events].count("run.fault") == 1
+    phases = [(e.value, e.meta["measured"]) for e in events if e.kind == "phase"]
+    assert phases == [("dp", True), ("pp", True), ("dp", False)]  # the restore followed the fault
+    inventory = labctl.labs.load(inventory_path)
+    spec, src = load_experiment(short_experiment)
+    baseline = set().union(*(rp.mapping for rp in build_plan(spec, inventory, src).phases["dp"].values()))
+    assert baseline and {tuple(p) for p in _final_patches(outcome.run_dir)} == baseline
+    assert events[-1].kind == "run.end" and events[-1].value == "failed"
+
+
+async def test_a_switch_that_cannot_connect_fails_the_run_with_its_cause(
+    short_experiment: Path, inventory_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from labctl.drivers.sim.switch import SimSwitch
+    from labctl.errors import HardwareError
+
+    async def refuse(self: SimSwitch) -> None:
+        raise HardwareError("ocs1: cannot connect to 192.0.2.1:3082: timed out after 10 s")
+
+    monkeypatch.setattr(SimSwitch, "connect", refuse)
+    outcome = await run_experiment(
+        short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=4, plots=False
+    )
+    assert outcome.status == "failed"
+    assert outcome.error == "ocs1: cannot connect to 192.0.2.1:3082: timed out after 10 s"
+    meta = json.loads((outcome.run_dir / "run.json").read_text())
+    assert meta["error"] == outcome.error  # the cause is in run.json, not only on stderr
+    kinds = [e.kind for e in read_events(outcome.run_dir / "events.jsonl")]
+    assert "phase" not in kinds and kinds[-1] == "run.end"  # nothing touched, nothing to restore
+
+
+async def test_a_failed_analysis_fails_the_run_and_keeps_its_events(
+    short_experiment: Path, inventory_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import labctl.controller
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(labctl.controller, "compute_breakdown", broken)
+    outcome = await run_experiment(
+        short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=5, plots=False
+    )
+    assert outcome.status == "failed"
+    assert outcome.error == "analysis failed: ZeroDivisionError: division by zero"
+    meta = json.loads((outcome.run_dir / "run.json").read_text())
+    assert meta["status"] == "failed" and meta["error"] == outcome.error
+    kinds = [e.kind for e in read_events(outcome.run_dir / "events.jsonl")]
+    assert kinds.count("phase") == 3 and kinds[-1] == "run.end"
+
+
+async def test_steps_and_the_baseline_hold_before_the_next_reconfiguration(
+    short_experiment: Path, inventory_path: Path, tmp_path: Path
+) -> None:
+    outcome = await run_experiment(
+        short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=6, plots=False
+    )
+    assert outcome.status == "completed"
+    events = list(read_events(outcome.run_dir / "events.jsonl"))
+    starts = [e.t_ns for e in events if e.kind == "phase"]
+    for n in range(len(starts) - 1):
+        oks = [e.t_ns for e in events if e.kind == "traffic.ok" and e.reconfig == n and e.t_ns > starts[n]]
+        last_recovery = max(t for t in oks if t < starts[n + 1])
+        # hold_s is 0.05: the next reconfiguration starts no sooner than that after full recovery.
+        assert starts[n + 1] - last_recovery >= 45_000_000, n
+
+
+async def test_a_kernel_lab_without_root_is_refused_before_any_run_directory(
+    short_experiment: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import labctl.labs.kernel
+    from labctl.errors import HardwareError
+
+    monkeypatch.setattr(labctl.labs.kernel.os, "geteuid", lambda: 1000)
+    inventory = Path(__file__).parents[2] / "experiments" / "inventories" / "emulated.yaml"
+    with pytest.raises(HardwareError, match="run as root"):
+        await run_experiment(
+            short_experiment, inventory, profile="fast", out_dir=tmp_path / "runs", plots=False
+        )
+    assert not (tmp_path / "runs").exists()
