@@ -78,12 +78,18 @@ def test_sigint_restores_baseline_and_leaves_an_aborted_run(
     procs: list[subprocess.Popen[str]], repo: Path, tmp_path: Path
 ) -> None:
     p = start_run(procs, repo, tmp_path)
-    wait_for_line(p, "reconfig 1/8 → pp done")  # the switch now holds PP circuits
+    before = wait_for_line(p, "reconfig 1/8 → pp done")  # the switch now holds PP circuits
     p.send_signal(signal.SIGINT)
     stdout, stderr = p.communicate(timeout=60)
     assert p.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert "status: aborted" in stdout
+    # Progress names the baseline, counts the 8 steps from 1, and shows the restore as what it is.
+    progress = [line.strip() for line in [*before, *stderr.splitlines()] if " done" in line]
+    assert progress[:2] == ["baseline → dp done", "reconfig 1/8 → pp done"], progress
+    assert progress[-1] == "restoring baseline → dp done", progress
+    assert not any("reconfig 0/" in line or "/8 → dp done" in line for line in progress), progress
+    assert "".join(before).count("run directory:") + stdout.count("run directory:") == 1
     (run_dir,) = tmp_path.iterdir()
     run = labctl.load_run(run_dir)
     assert run.status == "aborted"
