@@ -2,10 +2,11 @@
 
 Switches: reachable and logged in (connect), the size the inventory declares (the driver refuses a
 mismatch at connect), the patches it holds now, and on a shared switch no patch joining an owned port to
-a foreign one. Hosts of a lab with agents: the broker reachable, each agent online and its version, every
-NIC port's interface present, its carrier and operstate, the inventory's address configured on it, its
-transceiver present and Rx power readable on every lane. Nothing is changed anywhere: switches are only
-read, agents only `inspect`.
+a foreign one. Hosts of a lab with agents: the broker reachable, each agent online and its version; where
+the agents' probes read real interfaces (LabKind.agents_probe_interfaces), every NIC port's interface
+present, its carrier and operstate, the inventory's address configured on it, its transceiver present and
+Rx power monitored on every lane. Nothing is changed anywhere: switches are only read, agents only
+`inspect`.
 """
 
 from __future__ import annotations
@@ -124,7 +125,10 @@ def _port_checks(label: str, expected_address: str | None, facts: dict[str, Any]
     return rows
 
 
-async def _check_hosts(inventory: Inventory, out: list[Check], timeout_s: float) -> None:
+async def _check_hosts(
+    inventory: Inventory, out: list[Check], timeout_s: float, *, interfaces: bool, kind_name: str
+) -> None:
+    """The broker and every host's agent; with `interfaces`, every NIC port as the agent finds it."""
     from labctl.agents.broker import BrokerSettings
     from labctl.agents.hub import AgentHub
 
@@ -155,6 +159,11 @@ async def _check_hosts(inventory: Inventory, out: list[Check], timeout_s: float)
                     f"online, labctl {version}" + ("" if same else f" (controller: {__version__})"),
                 )
             )
+            if not interfaces:  # the agent's probes read the model, not the host's interfaces
+                rows.append(
+                    Check(f"host {host}", "ports", None, f"modeled by the {kind_name} lab: nothing to check")
+                )
+                return rows
             ports = data.get("ports", {})
             for port in (p for p in inventory.ports if p.host == host):
                 rows.extend(_port_checks(port.label, port.address, ports.get(port.source, {"exists": False})))
@@ -172,8 +181,10 @@ async def preflight(inventory: Inventory, *, timeout_s: float = 10.0) -> list[Ch
     out: list[Check] = []
     for name, spec in inventory.switches.items():
         await _check_switch(name, spec, inventory, out)
-    if kind.agent_probes:
-        await _check_hosts(inventory, out, timeout_s)
+    if kind.agent_probes:  # agents run either way; only some read real interfaces worth inspecting
+        await _check_hosts(
+            inventory, out, timeout_s, interfaces=kind.agents_probe_interfaces, kind_name=kind.name
+        )
     else:
         for host in inventory.hosts:
             out.append(

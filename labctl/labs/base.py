@@ -110,6 +110,10 @@ class LabKind:
     build: Callable[[LabContext], Lab]
     agent_probes: tuple[str, ...] = ()
     """Probes a `labctl agent` runs for this kind of lab (empty: the kind runs no agents)."""
+    agents_probe_interfaces: bool = False
+    """Whether those probes read the host's own NIC interfaces (netlink, module EEPROM), so that `labctl lab
+    check` inspects them there. False where agents run modeled probes: the inventory's ports are then names
+    in the model, not interfaces a host has."""
     agent_context: Callable[[Inventory, str, ProbeSettings, SimFabric], ProbeContext] | None = None
     """Where an agent's probes look, on its host: (inventory, host, settings, the agent's mirror of the
     controller's behaviour model) → their ProbeContext."""

@@ -80,5 +80,6 @@ KIND = LabKind(
     check,
     build,
     agent_probes=PROBES,
+    agents_probe_interfaces=True,
     agent_context=agent_context,
 )

@@ -1,18 +1,32 @@
-"""`labctl lab check` (labctl.preflight) agrees with what a run does: the owned-ports test is converge's."""
+"""`labctl lab check` (labctl.preflight) agrees with what a run does: the owned-ports test is converge's, the
+hosts' interfaces are inspected only where the agents' probes read them, and a module the Rx-power probe
+refuses fails the check with the probe's words."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
+import shutil
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
+from labctl.agents.agent import Agent
+from labctl.agents.broker import BrokerSettings
 from labctl.drivers.sim import DRIVER as SIM
+from labctl.inventory import Inventory
+from labctl.labs import load
 from labctl.mapping import MappingDiff
 from labctl.models.switch import SwitchModel
 from labctl.ocs import crossing_patches
-from labctl.preflight import Check, _read_switch
+from labctl.preflight import Check, _read_switch, preflight
 from labctl.profiles import resolve_profile
 from labctl.switches import emulate_switch
+from tests.conftest import require
+from tests.unit.test_agents import Mosquitto
 
 FAST = resolve_profile("fast")
 
@@ -45,3 +59,97 @@ async def test_the_switch_check_reports_the_patches_converge_refuses_to_remove(
     assert row.ok is (not crossing)
     if crossing:
         assert str(crossing) in row.detail
+
+
+# -- hosts: agents online, and interfaces only where the agents' probes read real ones ---------------------------
+PASSWORD_ENV = "LABCTL_TEST_PREFLIGHT_PW"
+
+
+@pytest.fixture(scope="module")
+def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
+    require(shutil.which("mosquitto") is not None, "mosquitto is not installed (apt-get install mosquitto)")
+    broker = Mosquitto(tmp_path_factory.mktemp("mosquitto"))
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def lab(tmp_path: Path, kind: str, broker_url: str, switch: str, nics: dict[str, str]) -> Inventory:
+    """Hosts h1, h2 (one NIC port each: `nics[host]` is its ifname) under a lab named after the test, so
+    no retained message of another test reaches it."""
+    name = "t-" + "".join(c if c.isalnum() else "-" for c in tmp_path.name)[-40:]
+    path = tmp_path / "inventory.yaml"
+    path.write_text(
+        f"lab: {name}\nkind: {kind}\nswitches:\n  ocs1: {switch}\nbroker: {{url: '{broker_url}'}}\nhosts:\n"
+        + "".join(
+            f"  {host}: {{nics: [{{ifname: {ifname}, rail: 0, switch: ocs1, tx: {i}, rx: {8 + i}, "
+            f"address: 10.77.0.{i}/24}}]}}\n"
+            for i, (host, ifname) in enumerate(nics.items(), 1)
+        )
+    )
+    return load(path)
+
+
+@contextlib.asynccontextmanager
+async def agents_on(inventory: Inventory, hosts: list[str]) -> AsyncIterator[None]:
+    settings = BrokerSettings.from_inventory(inventory)
+    agents = [Agent(inventory, host, settings) for host in hosts]
+    tasks = [asyncio.create_task(a.run(), name=f"test-agent:{a.host}") for a in agents]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(a.connected.wait() for a in agents)), 10)
+        yield
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def table(checks: list[Check]) -> dict[str, dict[str, Check]]:
+    out: dict[str, dict[str, Check]] = {}
+    for c in checks:
+        out.setdefault(c.subject, {})[c.item] = c
+    return out
+
+
+async def test_an_agents_lab_checks_its_agents_but_not_the_modeled_ports(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """The agents lab's ports are names in the model (p0 is no interface on any host): `lab check` must
+    not fail them when `labctl run` works, yet must still fail a host whose agent is not online."""
+    inventory = lab(tmp_path, "agents", mosquitto.url, "{driver: sim, size: 8x8}", {"h1": "p0", "h2": "p0"})
+    async with agents_on(inventory, ["h1"]):
+        rows = table(await preflight(inventory, timeout_s=2.0))
+    assert not [s for s in rows if s.startswith("port ")], rows
+    assert rows["host h1"]["agent"].ok is True
+    assert (
+        rows["host h1"]["ports"].ok is None and "modeled by the agents lab" in rows["host h1"]["ports"].detail
+    )
+    assert rows["host h2"]["agent"].ok is False and "not online" in rows["host h2"]["agent"].detail
+    assert [c for r in rows.values() for c in r.values() if c.ok is False] == [rows["host h2"]["agent"]]
+
+
+async def test_a_real_lab_inspects_each_hosts_interfaces(
+    mosquitto: Mosquitto, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real lab's agents probe the hosts' own interfaces: each port is looked up there (lo exists and has
+    no transceiver; nosuch0 does not exist)."""
+    monkeypatch.setenv(PASSWORD_ENV, "secret")
+    with (
+        socket.socket() as s
+    ):  # a switch address nothing listens on: its check fails at once, beside the point
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    switch = (
+        f"{{driver: polatis-tl1, size: 8x8, address: 127.0.0.1, port: {closed_port}, user: admin, "
+        f"password: '${{{PASSWORD_ENV}}}'}}"
+    )
+    inventory = lab(tmp_path, "real", mosquitto.url, switch, {"h1": "lo", "h2": "nosuch0"})
+    async with agents_on(inventory, ["h1", "h2"]):
+        rows = table(await preflight(inventory, timeout_s=5.0))
+    assert rows["host h1"]["agent"].ok is True and rows["host h2"]["agent"].ok is True
+    assert rows["port h1/lo"]["interface"].ok is True
+    assert rows["port h1/lo"]["module"].ok is False
+    assert rows["port h2/nosuch0"]["interface"].detail == "no interface nosuch0 on the host"
+    assert "ports" not in rows["host h1"]
