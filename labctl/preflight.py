@@ -24,6 +24,7 @@ from labctl.labs import check
 from labctl.models.switch import SwitchModel
 from labctl.ocs import OpticalSwitch, crossing_patches
 from labctl.switches import emulate_switch, open_switch
+from labctl.transceiver import mw_to_dbm
 from labctl.version import __version__
 
 
@@ -112,17 +113,28 @@ def _port_checks(label: str, expected_address: str | None, facts: dict[str, Any]
     if not module.get("present"):
         rows.append(Check(subject, "module", False, str(module.get("error", "no module"))))
     else:
-        lanes = module.get("rx_power_dbm") or []
-        shown = ", ".join("no light" if v is None else f"{v:.2f} dBm" for v in lanes)
-        rows.append(
-            Check(
-                subject,
-                "module, Rx power",
-                True,
-                f"{module.get('identifier')}: {len(lanes)} lane(s): {shown}",
-            )
-        )
+        rows.append(_module_check(subject, module))
     return rows
+
+
+def _module_check(subject: str, module: dict[str, Any]) -> Check:
+    """Fails exactly what the rx-power probe refuses at start, in its words: a module without an Rx power
+    monitor (no DOM lanes at all, or lanes whose Rx power is not monitored). A lane without light passes:
+    the patch may simply not be made yet."""
+    identifier = module.get("identifier")
+    if "rx_power_mw" not in module:  # an agent of another labctl version (the agent row says which)
+        return Check(subject, "module, Rx power", False, f"{identifier}: the agent sent no Rx power in mW")
+    lanes: list[float | None] = module["rx_power_mw"] or []
+    monitored = [mw for mw in lanes if mw is not None]
+    if not lanes or len(monitored) < len(lanes):
+        return Check(subject, "module, Rx power", False, f"{identifier} module has no Rx power monitor")
+    shown = ", ".join(_dbm_text(mw) for mw in monitored)
+    return Check(subject, "module, Rx power", True, f"{identifier}: {len(lanes)} lane(s): {shown}")
+
+
+def _dbm_text(mw: float) -> str:
+    dbm = mw_to_dbm(mw)
+    return "no light" if dbm is None else f"{dbm:.2f} dBm"
 
 
 async def _check_hosts(

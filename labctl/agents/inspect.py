@@ -2,7 +2,8 @@
 (the agent runs it in a thread).
 
 Per port: does the interface exist, its carrier and operstate, whether the inventory's address is
-configured on it, and its transceiver: present, and the Rx power of every lane (or why not).
+configured on it, and its transceiver: present, and the Rx power of every lane in mW (None: the lane's Rx
+power is not monitored; 0.0: no light), or why not.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ def inspect_port(port: NicPort) -> dict[str, Any]:
         facts["module"] = {
             "present": True,
             "identifier": reading.identifier_name,
-            "rx_power_dbm": [lane.rx_power_dbm for lane in reading.lanes],
+            # mW, not dBm: dBm is None both for "not monitored" and "no light"; here None is "not
+            # monitored" and 0.0 is "no light", which the check must tell apart (the probe refuses the first)
+            "rx_power_mw": [lane.rx_power_mw for lane in reading.lanes],
         }
     return facts
 

@@ -9,24 +9,29 @@ import contextlib
 import random
 import shutil
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from labctl.agents import inspect
 from labctl.agents.agent import Agent
 from labctl.agents.broker import BrokerSettings
+from labctl.agents.inspect import inspect_port
 from labctl.drivers.sim import DRIVER as SIM
-from labctl.inventory import Inventory
+from labctl.inventory import Inventory, NicPort
 from labctl.labs import load
 from labctl.mapping import MappingDiff
 from labctl.models.switch import SwitchModel
 from labctl.ocs import crossing_patches
-from labctl.preflight import Check, _read_switch, preflight
+from labctl.preflight import Check, _port_checks, _read_switch, preflight
+from labctl.probes.rxpower import ModulePort, RxPowerProbe
 from labctl.profiles import resolve_profile
 from labctl.switches import emulate_switch
+from labctl.transceiver import FlatImage, ModuleEeprom, PagedImage, read_dom
 from tests.conftest import require
 from tests.unit.test_agents import Mosquitto
+from tests.unit.test_dom import cmis_pages, put, qsfp28
 
 FAST = resolve_profile("fast")
 
@@ -153,3 +158,63 @@ async def test_a_real_lab_inspects_each_hosts_interfaces(
     assert rows["port h1/lo"]["module"].ok is False
     assert rows["port h2/nosuch0"]["interface"].detail == "no interface nosuch0 on the host"
     assert "ports" not in rows["host h1"]
+
+
+# -- a transceiver the Rx-power probe refuses fails the check, in the probe's words -----------------------------
+def sfp_without_ddm() -> bytes:
+    img = bytearray(512)
+    put(img, 0, "03")  # SFP
+    put(img, 92, "00")  # no digital diagnostics: identity only, no lanes
+    return bytes(img)
+
+
+def qsfp28_one_lane_dark() -> bytes:
+    return bytes(qsfp28())  # lanes 1-4: 0.8, 0.1, 0 (no light), 1.0 mW
+
+
+def cmis_without_rx_monitor() -> dict[tuple[int, int, int], bytes]:
+    pages = cmis_pages()
+    page01 = bytearray(pages[(0x50, 0, 1)])
+    put(page01, 160 - 128, "03")  # Tx bias and Tx power monitors, no Rx power monitor: lanes, unmonitored
+    pages[(0x50, 0, 1)] = bytes(page01)
+    return pages
+
+
+def cmis_flat_memory() -> dict[tuple[int, int, int], bytes]:
+    lower = bytearray(256)
+    put(lower, 0, "18 40 80")  # QSFP-DD, CMIS 4.0, flat memory: no per-lane monitors at all
+    return {(0x50, 0, 0): bytes(lower)}
+
+
+MODULES: dict[str, Callable[[], ModuleEeprom]] = {
+    "qsfp28, one lane dark": lambda: FlatImage(qsfp28_one_lane_dark()),
+    "sfp without diagnostics": lambda: FlatImage(sfp_without_ddm()),
+    "cmis without an rx monitor": lambda: PagedImage(cmis_without_rx_monitor()),
+    "cmis flat memory": lambda: PagedImage(cmis_flat_memory()),
+}
+
+
+@pytest.mark.parametrize("module", MODULES)
+async def test_check_and_run_agree_on_a_ports_transceiver(
+    module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the agent reports (inspect_port) and the check makes of it, against what the rx-power probe does
+    with the same module at start: the probe refuses exactly the modules the check fails, for the reason
+    the check gives. A lane with no light passes (the patch may simply not be made yet)."""
+    open_module = MODULES[module]
+    monkeypatch.setattr(inspect, "read_module", lambda ifname: read_dom(open_module()))
+    port = NicPort("h1", "lo", 0, None, "ocs1", 1, 9, 100, None)  # lo: an interface every host has
+    facts = await asyncio.to_thread(inspect_port, port)  # as the agent runs it: pyroute2 wants no loop
+    [row] = [c for c in _port_checks(port.label, None, facts) if c.item.startswith("module")]
+
+    probe = RxPowerProbe([ModulePort(port.source, port.host, open_module)], hz=100)
+    async with probe:
+        pass
+    refusal = probe.unsampled.get(port.source)
+
+    assert row.ok is (refusal is None), (row, refusal)
+    if refusal is not None:
+        assert refusal == f"{port.source}: {row.detail}"
+        assert "has no Rx power monitor" in row.detail
+    else:
+        assert row.detail == "QSFP28: 4 lane(s): -0.97 dBm, -10.00 dBm, no light, 0.00 dBm"
