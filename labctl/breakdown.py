@@ -90,6 +90,11 @@ class EventIndex:
         self.control: list[Event] = []
         self._series: dict[tuple[str, str], Series] = {}
 
+    @property
+    def last_ns(self) -> int:
+        """The latest time stamped on any indexed event (0 if none)."""
+        return max([max(ts) for ts in self._t.values() if ts] + [e.t_ns for e in self.control], default=0)
+
     def add(self, t_ns: int, source: str, kind: str, value: Any, peer: str | None = None) -> None:
         v = -math.inf if value is None else float(value) if not isinstance(value, str) else 0.0
         keys = [(source, kind)]
@@ -275,8 +280,12 @@ def read_breakdown_csv(path: Path) -> pd.DataFrame:
 
 
 def write_breakdown(frame: pd.DataFrame, run_dir: Path) -> None:
-    frame.to_csv(run_dir / "breakdown.csv", index=False)
-    frame.to_parquet(run_dir / "breakdown.parquet", index=False)
+    from labctl.store import atomic_path
+
+    with atomic_path(run_dir / "breakdown.csv") as tmp:
+        frame.to_csv(tmp, index=False)
+    with atomic_path(run_dir / "breakdown.parquet") as tmp:
+        frame.to_parquet(tmp, index=False)
 
 
 STAT_NAMES = ("count", "min", "p5", "median", "p95", "max")

@@ -180,6 +180,23 @@ def read_events(path: Path) -> Iterator[Event]:
             raise InputError(f"{path}:{i + 1}: not a valid event line ({e})") from None
 
 
+def torn_tail(path: Path) -> int:
+    """Bytes of an incomplete last line (the writer was killed mid-line), which readers skip; 0 if none."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(size - (1 << 20), 0))
+        tail = f.read()
+    segment = tail.rsplit(b"\n", 1)[-1]
+    if not segment:
+        return 0
+    try:
+        _decoder.decode(segment)
+    except msgspec.DecodeError:
+        return len(segment)
+    return 0
+
+
 def decode_event(line: bytes) -> Event:
     return _decoder.decode(line)
 

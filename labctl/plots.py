@@ -4,12 +4,14 @@ distribution of each phase over all reconfigurations."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 from labctl.events import Kind
 
 matplotlib.use("Agg")
+matplotlib.rcParams["svg.fonttype"] = "none"  # SVG text stays text: searchable, editable for a paper
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -17,6 +19,7 @@ from matplotlib.patches import Rectangle
 
 from labctl.breakdown import DURATIONS, EventIndex, Series, compute_breakdown
 from labctl.errors import InputError
+from labctl.store import atomic_path
 
 ZOOM_S = 0.7
 NO_LIGHT_DBM = -40.0
@@ -66,6 +69,11 @@ def _held_trace(s: Series, start: int, end: int) -> tuple[np.ndarray, np.ndarray
     return np.append(t, end), np.append(v, v[-1])
 
 
+def _save(fig: Any, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format=path.suffix.removeprefix("."))
+
+
 def plot_timeline(index: EventIndex, frame: pd.DataFrame, reconfig: int, out: Path) -> list[Path]:
     rows = frame[frame["reconfig"] == reconfig]
     if rows.empty:
@@ -73,7 +81,12 @@ def plot_timeline(index: EventIndex, frame: pd.DataFrame, reconfig: int, out: Pa
         raise InputError(f"reconfiguration {reconfig} has no affected ports in this run (have: {known})")
     t0 = int(rows["t0_command_ns"].dropna().min())
     last = rows[["t5_traffic_ns", "t4_carrier_up_ns", "t2_rx_power_ns"]].max(skipna=True).max(skipna=True)
-    span_ns = int((int(last) - t0) * 1.25) if not pd.isna(last) else 1_000_000_000
+    recovered = rows["total_ns"].dropna()
+    if len(recovered) < len(rows) or pd.isna(last):
+        # Some port never came back (timed out, or the run stopped): draw until the run moved on or ended,
+        # not just past the last mark that happened.
+        last = max(int(last) if not pd.isna(last) else t0, index.last_ns)
+    span_ns = max(int((int(last) - t0) * 1.25), 1_000_000)
     later = frame.loc[frame["reconfig"] > reconfig, "t0_command_ns"].dropna()
     if not later.empty:  # never draw into the next reconfiguration
         span_ns = min(span_ns, int(later.min()) - t0)
@@ -90,10 +103,11 @@ def plot_timeline(index: EventIndex, frame: pd.DataFrame, reconfig: int, out: Pa
         gridspec_kw={"height_ratios": [0.6, 2.2, max(2.0, 0.32 * len(sources))]},
     )
     phase = rows["phase"].iloc[0]
-    fig.suptitle(
-        f"Reconfiguration {reconfig} → {phase}: {len(sources)} ports, "
-        f"total median {np.nanmedian(rows['total_ns'].astype('float64')) / 1e9:.3f} s"
-    )
+    if recovered.empty:
+        outcome = "none recovered"
+    else:
+        outcome = f"{len(recovered)} recovered, total median {float(recovered.median()) / 1e9:.3f} s"
+    fig.suptitle(f"Reconfiguration {reconfig} → {phase}: {len(sources)} ports, {outcome}")
     for col, (limit, title) in enumerate(
         ((span_ns / 1e9, "full reconfiguration"), (zoom_s, f"zoom: first {zoom_s:.3g} s"))
     ):
@@ -140,7 +154,7 @@ def plot_timeline(index: EventIndex, frame: pd.DataFrame, reconfig: int, out: Pa
     fig.tight_layout()
     paths = [out.with_suffix(".png"), out.with_suffix(".svg")]
     for p in paths:
-        fig.savefig(p, dpi=110)
+        _save(fig, p)
     plt.close(fig)
     return paths
 
@@ -165,7 +179,7 @@ def plot_distributions(frame: pd.DataFrame, out: Path) -> Path:
     ax.grid(axis="x", alpha=0.3, which="both")
     fig.tight_layout()
     path = out.with_suffix(".png")
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     plt.close(fig)
     return path
 
@@ -176,16 +190,20 @@ def plot_run(
     reconfig: int | None = None,
     frame: pd.DataFrame | None = None,
     index: EventIndex | None = None,
+    out_dir: Path | None = None,
 ) -> list[Path]:
-    """timeline.png/.svg for one reconfiguration (default: the first after the baseline), and
-    distributions.png."""
+    """Without `reconfig`: timeline.png/.svg of the first reconfiguration after the baseline, and
+    distributions.png. With it: timeline-reconfig-N.png/.svg only, so each reconfiguration keeps its own.
+    Written into `out_dir` (default: the run directory)."""
     index = index or EventIndex.from_file(run_dir / "events.jsonl")
     frame = frame if frame is not None else compute_breakdown(index)
+    out_dir = out_dir or run_dir
     if frame.empty:
         return []
-    if reconfig is None:
-        measured = sorted(int(r) for r in frame["reconfig"].dropna().unique())
-        reconfig = next((r for r in measured if r > 0), measured[0])
-    paths = plot_timeline(index, frame, reconfig, run_dir / "timeline")
-    paths.append(plot_distributions(frame, run_dir / "distributions"))
+    if reconfig is not None:
+        return plot_timeline(index, frame, reconfig, out_dir / f"timeline-reconfig-{reconfig}")
+    measured = sorted(int(r) for r in frame["reconfig"].dropna().unique())
+    first = next((r for r in measured if r > 0), measured[0])
+    paths = plot_timeline(index, frame, first, out_dir / "timeline")
+    paths.append(plot_distributions(frame, out_dir / "distributions"))
     return paths

@@ -7,20 +7,22 @@ and events.jsonl is readable up to its last flush.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import secrets
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from labctl.errors import InputError
-from labctl.events import Event, read_events
+from labctl.events import Event, read_events, torn_tail
 
 RUN_JSON = "run.json"
 EVENTS = "events.jsonl"
@@ -35,14 +37,25 @@ def new_run_id(name: str) -> str:
     return f"{stamp}-{name}-{secrets.token_hex(2)}"
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary name to write `path` under; renamed over `path` only if the block finishes, so a reader
+    (or a crash) never sees a half-written file. Writers that infer a format from the name must be told it:
+    the temporary name ends in `.tmp`."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
         json.dump(data, f, indent=2, sort_keys=False, default=str)
         f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def versions() -> dict[str, str]:
@@ -92,6 +105,8 @@ class Run:
     events: pd.DataFrame
     breakdown: pd.DataFrame
     summary: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    """What was wrong on disk and how it was worked around (a torn last event line, a damaged file)."""
 
     @property
     def status(self) -> str:
@@ -149,14 +164,34 @@ def load_run(path: Path | str) -> Run:
 
     run_path = resolve_run_path(path)
     meta = _json_object(run_path / RUN_JSON)
+    notes = damage_notes(run_path)
     events = list(read_events(events_file(run_path)))
+    breakdown: pd.DataFrame | None = None
     if (run_path / BREAKDOWN_CSV).exists():
-        breakdown = read_breakdown_csv(run_path / BREAKDOWN_CSV)
-    else:
+        try:
+            breakdown = read_breakdown_csv(run_path / BREAKDOWN_CSV)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, ValueError, KeyError, TypeError) as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            notes.append(f"{BREAKDOWN_CSV} is damaged ({reason}): recomputed from {EVENTS}")
+    if breakdown is None:
         breakdown = compute_breakdown(events)
-    summary_path = run_path / SUMMARY
-    summary = _json_object(summary_path) if summary_path.exists() else {}
-    return Run(path=run_path, meta=meta, events=events_frame(events), breakdown=breakdown, summary=summary)
+    summary: dict[str, Any] = {}
+    if (run_path / SUMMARY).exists():
+        try:
+            summary = _json_object(run_path / SUMMARY)
+        except InputError as e:
+            notes.append(f"{SUMMARY} is damaged ({str(e).split(': ', 1)[-1]}): recomputed from the breakdown")
+    return Run(run_path, meta, events_frame(events), breakdown, summary, notes)
+
+
+def damage_notes(run_path: Path) -> list[str]:
+    """What a reader of this run should be told about events.jsonl (today: a torn last line)."""
+    torn = torn_tail(events_file(run_path))
+    if not torn:
+        return []
+    return [
+        f"{EVENTS}: the last line is torn ({torn} bytes; the writer was killed): every complete line is used"
+    ]
 
 
 def read_run_json(run_dir: Path) -> dict[str, Any]:

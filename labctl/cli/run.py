@@ -32,6 +32,7 @@ from labctl.cli.common import (
     fmt_ns,
     out,
 )
+from labctl.errors import InputError
 
 if TYPE_CHECKING:
     from labctl.controller import Stage
@@ -264,12 +265,15 @@ def report(
                     "status": run_data.status,
                     "error": meta.get("error"),
                     "events": len(run_data.events),
+                    "notes": run_data.notes,
                     "summary": summary,
                 },
                 indent=2,
             )
         )
         return
+    for note in run_data.notes:
+        err.print(f"[yellow]note: {note}[/]", highlight=False)
     out.print(
         f"run {meta.get('run_id')}  status: [bold]{run_data.status}[/]"
         + (f"  ({meta['error']})" if meta.get("error") else "")
@@ -302,16 +306,30 @@ def plot(
         Path, typer.Argument(metavar="RUN", help="A run directory, or runs/ for the newest run.")
     ],
     reconfig: Annotated[
-        int | None, typer.Option(help="Which reconfiguration to draw (default: the first).")
+        int | None,
+        typer.Option(
+            min=0,
+            help="Draw this reconfiguration (0: the baseline) as timeline-reconfig-N.png/.svg "
+            "(default: the first after the baseline as timeline.png/.svg, plus distributions.png).",
+        ),
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Directory for the images (default: the run directory).")
     ] = None,
 ) -> None:
-    """(Re)draw timeline.png/.svg for one reconfiguration and distributions.png."""
+    """(Re)draw a run's timeline and phase distributions from its events.jsonl."""
     from labctl.plots import plot_run
-    from labctl.store import events_file, resolve_run_path
+    from labctl.store import damage_notes, resolve_run_path
 
     path = resolve_run_path(run_path)
-    events_file(path)
-    for p in plot_run(path, reconfig=reconfig):
+    for note in damage_notes(path):
+        err.print(f"[yellow]note: {note}[/]", highlight=False)
+    if out_dir is not None:
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InputError(f"{out_dir}: cannot create the output directory: {e.strerror}") from None
+    for p in plot_run(path, reconfig=reconfig, out_dir=out_dir):
         out.print(str(p))
 
 
