@@ -130,6 +130,7 @@ class LinkStateReader:
 
     def __init__(self, ifname: str, netns: str | None = None, timeout_s: float = 1.0) -> None:
         self.ifname = ifname
+        self.timeout_s = timeout_s
         (sock,) = sockets_in_netns(netns, [GenericNetlink.new_socket])
         self.nl = GenericNetlink(sock, timeout_s)
         try:
@@ -143,12 +144,17 @@ class LinkStateReader:
         self._msg = GenericNetlink.message(family, ETHTOOL_MSG_LINKSTATE_GET, ETHTOOL_GENL_VERSION, header)
 
     def read(self) -> LinkState:
+        """One request and its reply; NetlinkError if the kernel refused it or did not answer in time."""
         try:
             return parse_linkstate(self.nl.request(self._msg))
         except NetlinkError as e:
             if e.errno == errno.ENODEV:
                 raise NetlinkError(errno.ENODEV, f"no interface {self.ifname}") from None
             raise
+        except TimeoutError:  # the socket's timeout: one error type for a caller to catch, and saying which
+            raise NetlinkError(
+                errno.ETIMEDOUT, f"no reply about {self.ifname} within {self.timeout_s:g} s"
+            ) from None
 
     def close(self) -> None:
         self.nl.close()
