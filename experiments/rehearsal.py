@@ -9,12 +9,16 @@
 host (`labctl emulate fabric up`), mosquitto listening on 127.0.0.1 and on each host's management link,
 the switch (`labctl emulate ocs <driver> --fabric`, its own process, at the inventory's address), and one
 `labctl agent` per host inside that host's network namespace, reaching the broker over its management
-link. It waits until each is ready and writes what it started to /run/labctl/rehearsal-<lab>.json; `down`
-stops all of it and removes the fabric, whatever state `up` left. The inventory is of the real lab kind:
-`labctl run EXPERIMENT -i INVENTORY` then runs against it exactly as against hardware.
+link. It waits until each is ready (the broker and the switch listening, every agent online on the
+broker), fails naming whichever exited or stayed silent and its log, and writes what it started (pids and
+their start times) to /run/labctl/rehearsal-<lab>.json. `down` stops all of it, signalling only
+processes confirmed to be the ones it started, and removes the fabric, whatever state `up` left. The
+inventory is of the real lab kind: `labctl run EXPERIMENT -i INVENTORY` then runs against it exactly as
+against hardware.
 
-Needs: root, iproute2, mosquitto, the switch password in the environment variable the inventory's
-switch names (e.g. LABCTL_REHEARSAL_PASSWORD). Logs: /run/labctl/rehearsal-<lab>/.
+Needs: root, iproute2, mosquitto; for `up`, the switch password in the environment variable the
+inventory's switch names (e.g. LABCTL_REHEARSAL_PASSWORD): `down` and `status` need no secret.
+Logs: /run/labctl/rehearsal-<lab>/.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -49,33 +54,61 @@ def labctl(*args: str) -> subprocess.CompletedProcess[str]:
     return out
 
 
+# Read through labctl itself (one validation, one truth), without resolving secrets: `down` and `status`
+# must work without the switch password in the environment (`up` checks that it is there).
+FACTS = """
+import json, sys
+from labctl.inventory import load_inventory
+from labctl.labs import check
+inv = load_inventory(sys.argv[1])
+check(inv, secrets=False)
+[(name, sw)] = inv.switches.items()
+print(json.dumps({'lab': inv.lab, 'switch': name, 'driver': sw.driver, 'address': sw.address,
+  'port': sw.port, 'user': sw.user, 'password_env': sw.password.env_name if sw.password else None,
+  'broker': inv.model.broker.url if inv.model.broker else None, 'hosts': inv.hosts}))
+"""
+
+# Each agent says `online` on its retained status topic once it is connected; the controller's own hub
+# (what `labctl lab check` and runs use) tells which ones did. Prints {host: true|false} for the hosts
+# named when all are online or the timeout is up; exits 1 with one line if the broker cannot be reached.
+AGENTS_ONLINE = """
+import asyncio, json, sys
+from labctl.agents.broker import BrokerSettings
+from labctl.agents.hub import AgentHub
+from labctl.errors import LabctlError
+from labctl.inventory import load_inventory
+inv, timeout_s, hosts = load_inventory(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+
+async def main():
+    hub = AgentHub(inv, BrokerSettings.from_inventory(inv))
+    try:
+        await hub.start(timeout_s)
+    except LabctlError as e:
+        sys.exit(str(e))
+    async def one(host):
+        try:
+            await hub.wait_online(host, timeout_s)
+            return True
+        except LabctlError:
+            return False
+    try:
+        online = await asyncio.gather(*(one(h) for h in hosts))
+    finally:
+        await hub.stop()
+    print(json.dumps(dict(zip(hosts, online))))
+
+asyncio.run(main())
+"""
+AGENT_ONLINE_TIMEOUT_S = 30.0
+
+
 def inventory_facts(inventory: Path) -> dict[str, object]:
-    """What the script needs from the inventory, read through labctl itself (one validation, one truth)."""
-    code = (
-        "import json, sys\n"
-        "from labctl.labs import load\n"
-        "inv = load(sys.argv[1])\n"
-        "[(name, sw)] = inv.switches.items()\n"
-        "print(json.dumps({'lab': inv.lab, 'switch': name, 'driver': sw.driver, 'address': sw.address,\n"
-        "  'port': sw.port, 'user': sw.user, 'password_env': sw.password.env_name if sw.password else None,\n"
-        "  'broker': inv.model.broker.url if inv.model.broker else None, 'hosts': inv.hosts}))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code, str(inventory)], capture_output=True, text=True)
+    """What the script needs from the inventory (no secret is read)."""
+    out = subprocess.run([sys.executable, "-c", FACTS, str(inventory)], capture_output=True, text=True)
     if out.returncode != 0:
         raise RehearsalError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "inventory")
     facts: dict[str, object] = json.loads(out.stdout)
     return facts
-
-
-def wait_for_port(host: str, port: int, what: str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RehearsalError(f"{what} is not listening on {host}:{port} after {timeout_s:g} s")
 
 
 def port_free(host: str, port: int) -> bool:
@@ -88,45 +121,167 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> int:
-    """A process that outlives this script (its own session), output to `log`; returns its pid."""
+# -- the processes the rehearsal starts --------------------------------------------------------------------
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks since boot) of a pid, or None if there is no such pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[19])  # fields 3 (state) and 22 (starttime) of proc(5)
+
+
+@dataclass
+class Child:
+    """A process the rehearsal started: its pid and start time (the pid alone may be reused by an unrelated
+    process once ours is gone), its log, and, in the `up` that spawned it, its Popen."""
+
+    name: str
+    pid: int
+    start_ticks: int | None
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def state(self) -> str:
+        """Whether it runs: `running`; `exited` (gone, or a zombie not yet reaped: it runs nothing); or
+        `not ours` (the pid now belongs to another process, or no start time was recorded to tell)."""
+        if self.proc is not None:  # our own child: poll() reaps it, and its pid cannot be reused before
+            return "running" if self.proc.poll() is None else "exited"
+        stat = proc_stat(self.pid)
+        if stat is None or stat[0] in ("Z", "X"):
+            return "exited"
+        if self.start_ticks is None or stat[1] != self.start_ticks:
+            return "not ours"
+        return "running"
+
+    def exit_note(self) -> str:
+        code = self.proc.poll() if self.proc is not None else None
+        return f" (exit status {code})" if code is not None else ""
+
+
+def spawn(name: str, cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Child:
+    """A process that outlives this script (its own session: `down` signals its group), output to `log`."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    return proc.pid
+    stat = proc_stat(proc.pid)  # the child exists from fork on, even before it execs
+    return Child(name, proc.pid, stat[1] if stat is not None else None, log, proc)
 
 
-def alive(pid: int) -> bool:
+def stop(child: Child, grace_s: float = 10.0) -> str | None:
+    """SIGTERM to the child's process group (agents and the emulator close cleanly on it), SIGKILL after
+    `grace_s`; only once it is confirmed to be the process we started. A note if it was left alone."""
+    if child.state() == "not ours":
+        why = "its start time differs" if child.start_ticks is not None else "no start time was recorded"
+        return f"{child.name}: pid {child.pid} is not the process the rehearsal started ({why}); left alone"
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if child.state() != "running":
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, sig)
+        deadline = time.monotonic() + grace_s
+        while child.state() == "running" and time.monotonic() < deadline:
+            time.sleep(0.05)
+    if child.proc is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.proc.wait(timeout=1.0)
+    return None
+
+
+def last_line(log: Path) -> str:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return f": {lines[-1].strip()}" if lines else ""
 
 
-def stop_pid(pid: int, grace_s: float = 10.0) -> None:
-    """SIGTERM (agents and the emulator close cleanly on it), then SIGKILL after `grace_s`."""
-    if not alive(pid):
-        return
+def check_running(children: list[Child]) -> None:
+    """Fail at once, naming it and its log, if any child has exited."""
+    for child in children:
+        if child.state() != "running":
+            raise RehearsalError(
+                f"{child.name} exited{child.exit_note()}; see {child.log}{last_line(child.log)}"
+            )
+
+
+def wait_for_port(host: str, port: int, child: Child, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        check_running([child])
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RehearsalError(
+        f"{child.name} is not listening on {host}:{port} after {timeout_s:g} s; see {child.log}"
+    )
+
+
+def wait_agents_online(
+    inventory: Path, agents: dict[str, Child], others: list[Child], timeout_s: float
+) -> None:
+    """Until every agent says online on the broker. An agent (or the broker, the switch) that exits
+    meanwhile fails at once; one still silent at the timeout is named with its log."""
+    probe = subprocess.Popen(
+        [sys.executable, "-c", AGENTS_ONLINE, str(inventory), str(timeout_s), *agents],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-    if alive(pid):
-        os.killpg(pid, signal.SIGKILL)
+        while probe.poll() is None:
+            check_running([*agents.values(), *others])
+            time.sleep(0.1)
+        stdout, stderr = probe.communicate()
+    finally:
+        if probe.poll() is None:
+            probe.kill()
+            probe.communicate()
+    if probe.returncode != 0:
+        detail = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit status {probe.returncode}"
+        raise RehearsalError(f"cannot tell whether the agents are online: {detail}")
+    online: dict[str, bool] = json.loads(stdout)
+    silent = [agents[host] for host, ok in online.items() if not ok and host in agents]
+    check_running([*agents.values(), *others])  # an exit explains a silence better than the timeout does
+    if silent:
+        raise RehearsalError(
+            "; ".join(
+                f"{c.name} is not online on the broker after {timeout_s:g} s; see {c.log}{last_line(c.log)}"
+                for c in silent
+            )
+        )
 
 
+# -- up, down, status -------------------------------------------------------------------------------------
 def state_path(lab: str) -> Path:
     return STATE_DIR / f"rehearsal-{lab}.json"
 
 
-def up(inventory: Path) -> None:
+def write_state(state: Path, inventory: Path, logs: Path, children: dict[str, Child]) -> None:
+    """What `down` needs to undo it all; rewritten after each start, so a crash midway leaves it accurate."""
+    started = {
+        "inventory": str(inventory),
+        "logs": str(logs),
+        "pids": {name: c.pid for name, c in children.items()},
+        "start_ticks": {name: c.start_ticks for name, c in children.items()},
+    }
+    state.write_text(json.dumps(started))
+
+
+def read_state(state: Path) -> dict[str, Child]:
+    started = json.loads(state.read_text())
+    logs = Path(started.get("logs", STATE_DIR))
+    ticks = started.get("start_ticks", {})  # absent in a state file of an older script: nothing confirmed
+    return {
+        name: Child(name, int(pid), ticks.get(name), logs / f"{name.replace(':', '-')}.log")
+        for name, pid in started["pids"].items()
+    }
+
+
+def up(inventory: Path, agent_timeout_s: float = AGENT_ONLINE_TIMEOUT_S) -> None:
     if os.geteuid() != 0:
         raise RehearsalError("the rehearsal needs root (network namespaces, veth, tc)")
     if shutil.which("mosquitto") is None:
@@ -140,7 +295,7 @@ def up(inventory: Path) -> None:
         raise RehearsalError(f"set {password_env or 'a password variable'} to the switch password")
     broker = urlsplit(str(facts["broker"]))
     broker_port = broker.port or 1883
-    switch_host, switch_port = str(facts["address"]), int(facts["port"] or 3082)
+    switch_host, switch_port = str(facts["address"]), int(str(facts["port"] or 3082))
     for host, port, what in (
         (broker.hostname or "", broker_port, "the broker"),
         (switch_host, switch_port, "the switch"),
@@ -149,11 +304,22 @@ def up(inventory: Path) -> None:
             raise RehearsalError(f"{host}:{port} ({what}) is already in use")
     logs = STATE_DIR / f"rehearsal-{lab}"
     logs.mkdir(parents=True, exist_ok=True)
-    started: dict[str, object] = {"inventory": str(inventory), "pids": {}, "logs": str(logs)}
-    pids: dict[str, int] = started["pids"]  # type: ignore[assignment]
-    state.write_text(json.dumps(started))  # from here on, `down` can undo whatever got started
+    children: dict[str, Child] = {}
+    write_state(state, inventory, logs, children)  # from here on, `down` can undo whatever got started
+
+    def start(name: str, cmd: list[str]) -> Child:
+        child = children[name] = spawn(name, cmd, logs / f"{name.replace(':', '-')}.log")
+        write_state(state, inventory, logs, children)
+        return child
+
     try:
         fabric = json.loads(labctl("emulate", "fabric", "up", "-i", str(inventory), "--json").stdout)
+        bare = [host for host, info in fabric["hosts"].items() if info["management"] is None]
+        if bare:
+            raise RehearsalError(
+                f"fabric {fabric['prefix']} is up without management links for {', '.join(bare)}; "
+                f"bring it down (`labctl emulate fabric down -i {inventory}`) and run `up` again"
+            )
         listeners = [broker.hostname or "127.0.0.1"]
         listeners += [h["management"]["controller_ip"] for h in fabric["hosts"].values()]
         conf = logs / "mosquitto.conf"
@@ -161,9 +327,8 @@ def up(inventory: Path) -> None:
             "".join(f"listener {broker_port} {ip}\n" for ip in listeners)
             + "allow_anonymous true\npersistence false\nset_tcp_nodelay true\n"
         )
-        pids["mosquitto"] = spawn(["mosquitto", "-c", str(conf)], logs / "mosquitto.log")
-        state.write_text(json.dumps(started))
-        wait_for_port(broker.hostname or "127.0.0.1", broker_port, "mosquitto")
+        mosquitto = start("mosquitto", ["mosquitto", "-c", str(conf)])
+        wait_for_port(broker.hostname or "127.0.0.1", broker_port, mosquitto)
         switch_cmd = [
             *LABCTL,
             "emulate",
@@ -181,52 +346,39 @@ def up(inventory: Path) -> None:
             "--password-env",
             str(password_env),
         ]
-        pids["switch"] = spawn(switch_cmd, logs / "switch.log")
-        state.write_text(json.dumps(started))
-        wait_for_port(switch_host, switch_port, "the switch emulator")
+        switch = start("switch", switch_cmd)
+        wait_for_port(switch_host, switch_port, switch)
+        agents = {}
         for host, info in fabric["hosts"].items():
             url = f"mqtt://{info['management']['controller_ip']}:{broker_port}"
-            cmd = [
-                "ip",
-                "netns",
-                "exec",
-                info["netns"],
-                *LABCTL,
-                "agent",
-                "--host",
-                host,
-                "-i",
-                str(inventory),
-                "--broker",
-                url,
-            ]
-            pids[f"agent:{host}"] = spawn(cmd, logs / f"agent-{host}.log")
-            state.write_text(json.dumps(started))
-        time.sleep(0.5)
-        dead = [name for name, pid in pids.items() if not alive(pid)]
-        if dead:
-            raise RehearsalError(f"{', '.join(dead)} exited at once; see {logs}")
+            netns_exec = ["ip", "netns", "exec", info["netns"]]
+            agent_cmd = [*netns_exec, *LABCTL, "agent", "--host", host, "-i", str(inventory), "--broker", url]
+            agents[host] = start(f"agent:{host}", agent_cmd)
+        wait_agents_online(inventory, agents, [mosquitto, switch], agent_timeout_s)
     except BaseException:
-        down(inventory)
+        take_down(inventory, facts, children)
         raise
     print(
         f"rehearsal of {lab} up: fabric {fabric['prefix']}, broker {broker.hostname}:{broker_port}, "
-        f"switch {switch_host}:{switch_port}, {len(fabric['hosts'])} agents; logs in {logs}"
+        f"switch {switch_host}:{switch_port}, {len(agents)} agents online; logs in {logs}"
     )
+
+
+def take_down(inventory: Path, facts: dict[str, object], children: dict[str, Child]) -> None:
+    # Agents first (they say offline), then the switch (it darkens the fabric), then the broker.
+    order = sorted(children.values(), key=lambda c: (not c.name.startswith("agent:"), c.name != "switch"))
+    for child in order:
+        note = stop(child)
+        if note is not None:
+            print(f"warning: {note}", file=sys.stderr)
+    labctl("emulate", "fabric", "down", "-i", str(inventory))
+    state_path(str(facts["lab"])).unlink(missing_ok=True)
 
 
 def down(inventory: Path) -> None:
     facts = inventory_facts(inventory)
     state = state_path(str(facts["lab"]))
-    started = json.loads(state.read_text()) if state.exists() else {"pids": {}}
-    # Agents first (they say offline), then the switch (it darkens the fabric), then the broker.
-    order = sorted(
-        started["pids"].items(), key=lambda kv: (not kv[0].startswith("agent:"), kv[0] != "switch")
-    )
-    for _name, pid in order:
-        stop_pid(int(pid))
-    labctl("emulate", "fabric", "down", "-i", str(inventory))
-    state.unlink(missing_ok=True)
+    take_down(inventory, facts, read_state(state) if state.exists() else {})
     print(f"rehearsal of {facts['lab']} down")
 
 
@@ -236,8 +388,8 @@ def status(inventory: Path) -> None:
     if not state.exists():
         print(f"no rehearsal of {facts['lab']} is up")
         return
-    for name, pid in json.loads(state.read_text())["pids"].items():
-        print(f"{name:<14} pid {pid:<8} {'running' if alive(int(pid)) else 'GONE'}")
+    for name, child in read_state(state).items():
+        print(f"{name:<14} pid {child.pid:<8} {child.state()}")
 
 
 def main() -> int:
@@ -248,9 +400,19 @@ def main() -> int:
     parser.add_argument(
         "-i", "--inventory", type=Path, default=DEFAULT_INVENTORY, help="a real-kind inventory"
     )
+    parser.add_argument(
+        "--agent-timeout",
+        type=float,
+        default=AGENT_ONLINE_TIMEOUT_S,
+        metavar="SECONDS",
+        help="`up`: how long every agent has to come online on the broker",
+    )
     args = parser.parse_args()
     try:
-        {"up": up, "down": down, "status": status}[args.action](args.inventory)
+        if args.action == "up":
+            up(args.inventory, args.agent_timeout)
+        else:
+            {"down": down, "status": status}[args.action](args.inventory)
     except RehearsalError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
