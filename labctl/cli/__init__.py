@@ -6,6 +6,7 @@ a device or environment problem is one line and exit code 1; Ctrl-C is 130.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import Annotated
@@ -49,6 +50,17 @@ def _root(
     """labctl: time optical circuit switch reconfigurations, from the switch command to traffic resuming."""
 
 
+def _permission_hint(e: PermissionError) -> str:
+    """EPERM is a missing capability (netns, netlink, tc); EACCES on a path is that file's permissions."""
+    if e.errno == errno.EACCES and e.filename:
+        try:
+            owner = f"; it belongs to uid {os.stat(e.filename).st_uid}"
+        except OSError:
+            owner = ""
+        return f" (you are uid {os.geteuid()}{owner}: run as its owner, or write elsewhere)"
+    return " (this needs root: CAP_NET_ADMIN and CAP_SYS_ADMIN)"
+
+
 def main() -> None:
     """Console entry point: bad input is one line on stderr and exit code 2, never a traceback."""
     try:
@@ -73,7 +85,7 @@ def main() -> None:
         # The environment said no (permissions, a missing device, a busy port): one line, not a traceback.
         if os.environ.get("LABCTL_DEBUG"):
             raise
-        hint = " (this needs root: CAP_NET_ADMIN and CAP_SYS_ADMIN)" if isinstance(e, PermissionError) else ""
+        hint = _permission_hint(e) if isinstance(e, PermissionError) else ""
         err.print(f"error: {e}{hint}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(1)
     except Exception as e:

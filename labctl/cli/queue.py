@@ -27,13 +27,29 @@ from labctl.cli.common import (
 from labctl.errors import InputError
 
 DbOpt = Annotated[
-    Path, typer.Option("--db", help="The queue database (SQLite, WAL). `serve` and the clients share it.")
+    Path | None,
+    typer.Option(
+        "--db",
+        envvar="LABCTL_QUEUE_DB",
+        show_default=False,
+        help="The queue database (SQLite, WAL) that `serve` and the clients share. Default: "
+        "$XDG_DATA_HOME/labctl/queue.sqlite, i.e. ~/.local/share/labctl/queue.sqlite of the user running "
+        "labctl (under sudo: root's).",
+    ),
 ]
-DEFAULT_DB = Path("labctl-queue.sqlite")
+
+
+def _queue_db(db: Path | None) -> Path:
+    from labctl.scheduler.store import LEGACY_DB, resolve_db
+
+    path = resolve_db(db)
+    if db is None and LEGACY_DB.is_file() and LEGACY_DB.resolve() != path.resolve():
+        err.print(f"note: using {path}; a queue from an older labctl is at ./{LEGACY_DB} (--db {LEGACY_DB})")
+    return path
 
 
 def serve(
-    db: DbOpt = DEFAULT_DB,
+    db: DbOpt = None,
     out_dir: OutOpt = RUNS,
     no_plots: NoPlotsOpt = False,
     exit_when_idle: Annotated[
@@ -51,6 +67,7 @@ def serve(
     """
     from labctl.scheduler.service import serve_main
 
+    db = _queue_db(db)
     err.print(f"serving queue {db} (runs in {out_dir}); Ctrl-C to stop")
     asyncio.run(serve_main(db, out_dir, plots=not no_plots, exit_when_idle=exit_when_idle, poll_s=poll_s))
 
@@ -70,7 +87,7 @@ def submit(
         str | None, typer.Option(help="Name shown in the queue (default: the experiment's).")
     ] = None,
     profile: ProfileOpt = None,
-    db: DbOpt = DEFAULT_DB,
+    db: DbOpt = None,
 ) -> None:
     """Queue a run (or, with --cron, a recurring schedule). The experiment is validated now, in full."""
     from labctl.scheduler.plan import declare
@@ -85,7 +102,7 @@ def submit(
 
         load(inventory).profile(profile)
     now = SystemClock().wall_ns()
-    store = QueueStore(db)
+    store = QueueStore(_queue_db(db))
     try:
         if cron is not None:
             sid = store.add_schedule(
@@ -112,13 +129,14 @@ def submit(
 
 
 def queue(
-    db: DbOpt = DEFAULT_DB,
+    db: DbOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Show queued and running runs (in start order) and active cron schedules."""
     from labctl.scheduler.store import QueueStore
     from labctl.scheduler.timing import fmt_wall
 
+    db = _queue_db(db)
     if not db.exists():  # reading must not create a queue file where the user mistyped a path
         if as_json:
             print(json.dumps({"runs": [], "schedules": []}))
@@ -182,7 +200,7 @@ def queue(
 
 def cancel(
     ident: Annotated[str, typer.Argument(metavar="ID", help="Run id (12), schedule id (c3) or name.")],
-    db: DbOpt = DEFAULT_DB,
+    db: DbOpt = None,
 ) -> None:
     """Cancel a queued run, stop a running one (its baseline is restored), or disable a schedule.
 
@@ -190,6 +208,7 @@ def cancel(
     """
     from labctl.scheduler.store import QueueStore
 
+    db = _queue_db(db)
     if not db.exists():
         raise InputError(f"{db}: no queue database here (labctl submit creates it)")
     store = QueueStore(db)
@@ -204,7 +223,7 @@ def cancel(
 
 
 def history(
-    db: DbOpt = DEFAULT_DB,
+    db: DbOpt = None,
     limit: Annotated[int, typer.Option(help="How many of the newest runs.", min=1)] = 20,
     as_json: JsonOpt = False,
 ) -> None:
@@ -212,6 +231,7 @@ def history(
     from labctl.scheduler.store import QueueStore
     from labctl.scheduler.timing import fmt_wall
 
+    db = _queue_db(db)
     if not db.exists():
         if as_json:
             print("[]")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -19,7 +20,28 @@ from labctl.scheduler.timing import next_fire_ns
 
 log = logging.getLogger("labctl.scheduler")
 
-DEFAULT_DB = Path("labctl-queue.sqlite")
+QUEUE_DB_ENV = "LABCTL_QUEUE_DB"
+LEGACY_DB = Path("labctl-queue.sqlite")  # where releases before 0.3 put it: in whatever directory serve ran
+
+
+def default_queue_db() -> Path:
+    """$LABCTL_QUEUE_DB, else $XDG_DATA_HOME/labctl/queue.sqlite (~/.local/share/labctl/queue.sqlite): one
+    queue per user wherever labctl is started, never a stray file in a clone."""
+    explicit = os.environ.get(QUEUE_DB_ENV)
+    if explicit:
+        return Path(explicit)
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "labctl" / "queue.sqlite"
+
+
+def resolve_db(db: Path | None) -> Path:
+    """The queue database to use (the default's folder is created)."""
+    if db is not None:
+        return Path(db)
+    path = default_queue_db()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
 
 # The run state machine as data: every transition the scheduler makes is checked against it.
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -124,11 +146,26 @@ class ScheduleRow:
     created_ns: int
 
 
+def _check_writable(path: Path) -> None:
+    """SQLite would say 'attempt to write a readonly database' much later: say whose file it is, now."""
+    target = path if path.exists() else path.parent
+    if not os.access(target, os.W_OK) or (path.exists() and not os.access(path.parent, os.W_OK)):
+        try:
+            owner = f"belongs to uid {target.stat().st_uid}"
+        except OSError:
+            owner = "cannot be read"
+        raise InputError(
+            f"{path}: no write permission on the queue database (it {owner}, you are uid {os.geteuid()}): "
+            "run labctl as its owner, or pass --db"
+        )
+
+
 class QueueStore:
     """The queue file. Clients and `serve` each open their own; every write is one short transaction."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = resolve_db(path)
+        _check_writable(self.path)
         try:
             self.db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
         except sqlite3.Error as e:

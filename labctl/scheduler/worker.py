@@ -147,8 +147,12 @@ async def _worker_main(args: dict[str, Any]) -> int:
     from labctl.controller import NullProgress, run_experiment
 
     def say(**msg: Any) -> None:
-        sys.stdout.write(json.dumps(msg) + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(json.dumps(msg) + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, ValueError):  # `serve` is gone: the run directory is the record
+            # Point stdout at /dev/null, or Python's own flush at exit raises the same error again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
     class Progress(NullProgress):
         def started(self, run_dir: Path, steps: int) -> None:

@@ -259,3 +259,25 @@ def test_dry_run_prints_the_plan_and_touches_nothing(
     assert "reconfig 1 → pp  step 0: 16 ports get a new peer" in out.stdout
     assert "nic:h1/ens1f0np0: nic:h2/ens1f0np0 → nic:h3/ens1f0np0" in out.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_file_permission_error_names_the_file_not_a_capability(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`labctl plot` as a user on a root-owned run directory: the file's permissions, not CAP_NET_ADMIN."""
+    from labctl import cli
+
+    target = tmp_path / "timeline.png"
+    target.write_text("")
+
+    def refuse(*_: object, **__: object) -> None:
+        raise PermissionError(13, "Permission denied", str(target))
+
+    monkeypatch.setattr(sys, "argv", ["labctl", "inventory", "check", "inventory.yaml"])
+    monkeypatch.setattr("labctl.labs.load_inventory", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 1
+    stderr = capsys.readouterr().err
+    assert stderr.count("\n") == 1 and str(target) in stderr and "CAP_NET_ADMIN" not in stderr, stderr
+    assert f"belongs to uid {os.getuid()}" in stderr

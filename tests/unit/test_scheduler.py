@@ -529,3 +529,59 @@ async def test_recovery_restores_an_emulated_switch_through_its_own_emulator(
     assert any(c.startswith("ACT-USER") for c in commands) and any(
         c.startswith("ENT-PATCH") for c in commands
     )
+
+
+def test_a_worker_whose_serve_is_gone_finishes_without_a_traceback(tmp_path: Path) -> None:
+    """`serve` killed mid-run: the worker's report has no reader. It must end quietly (the run directory
+    holds the record), not write a BrokenPipeError traceback into its log."""
+    args = {
+        "experiment": str(tmp_path / "missing.yaml"),
+        "inventory": "inventory.yaml",
+        "out_dir": str(tmp_path),
+    }
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)  # nobody will ever read the worker's reports
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "labctl.scheduler", "worker", json.dumps(args)],
+            stdout=write_fd,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_fd)
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1  # the experiment file does not exist: failed, said nowhere, no crash
+
+
+def test_the_queue_database_defaults_to_the_users_data_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from labctl.scheduler.store import QueueStore, default_queue_db
+
+    monkeypatch.delenv("LABCTL_QUEUE_DB", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    assert default_queue_db() == tmp_path / "data" / "labctl" / "queue.sqlite"
+    QueueStore().close()
+    assert (tmp_path / "data" / "labctl" / "queue.sqlite").is_file()
+    assert not (tmp_path / "labctl-queue.sqlite").exists()  # nothing lands in the working directory
+    monkeypatch.setenv("LABCTL_QUEUE_DB", str(tmp_path / "elsewhere.sqlite"))
+    assert default_queue_db() == tmp_path / "elsewhere.sqlite"
+    help_text = subprocess.run(_labctl("queue", "--help"), capture_output=True, text=True, timeout=60).stdout
+    assert "XDG_DATA_HOME" in help_text and "LABCTL_QUEUE_DB" in help_text
+
+
+def test_a_queue_database_of_another_user_is_named_as_such(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import labctl.scheduler.store as store
+    from labctl.errors import InputError
+
+    db = tmp_path / "q.sqlite"
+    store.QueueStore(db).close()
+    real_access = os.access
+    monkeypatch.setattr(store.os, "access", lambda p, mode: False if Path(p) == db else real_access(p, mode))
+    with pytest.raises(InputError, match=r"no write permission on the queue database \(it belongs to uid"):
+        store.QueueStore(db)
