@@ -9,8 +9,11 @@ Topics (`<lab>` and `<host>` from the inventory):
 - `labctl/<lab>/<host>/cmd`     controller → agent: an allow-list of commands with validated arguments
   (`start`/`stop` named probes, `set_circuits`, `window` around a reconfiguration, `ping` for the clock
   offset, `inspect` for `labctl lab check`: read-only); never a shell;
-- `labctl/<lab>/<host>/reply`   agent → controller: one reply per command;
-- `labctl/<lab>/<host>/status`  retained `online`, and `offline` as the agent's last will;
+- `labctl/<lab>/<host>/reply`   agent → controller: one reply per command, naming the agent process;
+- `labctl/<lab>/<host>/status`  retained `online ID`, and `offline ID` as the agent's last will; ID names
+  the agent process (its incarnation: random, pid, start time), so the controller tells a broker outage
+  (the same process back) from a restart (a new one: this run's probes and unsent events died with the
+  old one; decision 0024);
 - `labctl/<lab>/_world`         controller → agents, simulated labs only: the switch's light and the NIC
   link transitions of the one behavioural model of the lab (decision 0017).
 Every payload is `MAC BODY`: MAC is HMAC-SHA256 over topic and body with the inventory's

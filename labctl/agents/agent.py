@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import secrets
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -35,6 +37,7 @@ from labctl.agents.wire import (
     WorldItem,
     _enc,
     decode,
+    status_body,
     topic,
     world_topic,
 )
@@ -109,6 +112,9 @@ class Agent:
         self.agent_context = self.kind.agent_context
         self.allowed_probes = self.kind.agent_probes
         """The allow-list for `start`/`stop`: the probes its lab kind runs on agents."""
+        self.incarnation = f"{secrets.token_hex(8)}-pid{os.getpid()}-{time.time_ns()}"
+        """This agent process, in its status and replies: the controller tells a restart (a new id) from a
+        broker outage (the same id back), however quickly the new process came up."""
         self.host = host
         self.broker = broker
         self.skew_ns = skew_ns
@@ -172,12 +178,15 @@ class Agent:
 
     async def _session(self) -> None:
         status = self._topics["status"]
-        will = aiomqtt.Will(status, self.signer.seal(status, b"offline"), qos=1, retain=True)
+        online, offline = (
+            self.signer.seal(status, status_body(state, self.incarnation)) for state in ("online", "offline")
+        )
+        will = aiomqtt.Will(status, offline, qos=1, retain=True)
         ident = f"labctl-agent-{self.broker.lab}-{self.host}-{secrets.token_hex(3)}"
         async with self.broker.client(ident, will) as client:
             await client.subscribe(self._topics["cmd"], qos=1)
             await client.subscribe(self._world, qos=1)
-            await client.publish(status, self.signer.seal(status, b"online"), qos=1, retain=True)
+            await client.publish(status, online, qos=1, retain=True)
             self._client = client
             self.connected.set()
             try:
@@ -189,9 +198,7 @@ class Agent:
                 self.connected.clear()
                 # A clean exit sends no last will: say `offline` ourselves so no stale `online` is retained.
                 with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
-                    await asyncio.wait_for(
-                        client.publish(status, self.signer.seal(status, b"offline"), qos=1, retain=True), 1.0
-                    )
+                    await asyncio.wait_for(client.publish(status, offline, qos=1, retain=True), 1.0)
 
     async def _publish(self, topic_name: str, body: bytes, *, retain: bool = False) -> bool:
         client = self._client
@@ -279,6 +286,7 @@ class Agent:
             self._handled[cmd.id] = reply
             while len(self._handled) > 256:
                 self._handled.popitem(last=False)
+        reply.incarnation = self.incarnation
         if cmd.op == "ping" and reply.ok:
             reply.t3 = self.now()
         # Not awaited here: the message loop must not wait for the broker's PUBACK of a reply.

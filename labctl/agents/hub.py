@@ -35,6 +35,7 @@ from labctl.agents.wire import (
     WorldItem,
     _enc,
     decode,
+    parse_status,
     topic,
     world_topic,
 )
@@ -71,9 +72,14 @@ class HostLink:
     record_latency: bool = False
     stream_base: tuple[int, int] | None = None  # (seq, events) where this run's stream starts on the agent
     first_seen: tuple[int, int] | None = None  # (seq, n0) of the first batch, if it beat the start reply
+    stopped: bool = False  # its stop reply came: the probes are over, going offline now loses nothing
+    incarnation: str | None = None  # the agent process running this run's probes (from its start reply)
+    online_incarnation: str | None = None  # the process of the last `online` status seen
     offline_since: int | None = None  # seen offline while its probes ran; lost if still so after the grace
+    grace_timer: asyncio.TimerHandle | None = None
     lost_at_ns: int | None = None  # when the agent went offline while its probes ran (controller clock)
     lost_at_wall_ns: int | None = None
+    lost_reason: str | None = None  # "offline" (past the grace) or "restarted" (a new agent process)
     time_sync: dict[str, Any] | None = None  # the host's clock discipline, as its agent read it at start
 
     def begin_stream(self, seq: int, n: int) -> None:
@@ -85,6 +91,17 @@ class HostLink:
         else:
             self.next_seq, self.cursor = seq, n
         self.stream_base = (seq, n)
+
+    @property
+    def probes_running(self) -> bool:
+        """This run's probes are running on the agent: the span in which its going away is a loss."""
+        return self.started and not self.stopped and self.lost_at_ns is None
+
+    def cancel_grace(self) -> None:
+        if self.grace_timer is not None:
+            self.grace_timer.cancel()
+            self.grace_timer = None
+        self.offline_since = None
 
     @property
     def offset_ns(self) -> int:
@@ -158,6 +175,9 @@ class AgentHub:
             ) from None
 
     async def stop(self) -> None:
+        # A grace period still running decides nothing any more: no loss (and no fault) after the hub stops.
+        for link in self.links.values():
+            link.cancel_grace()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -184,7 +204,11 @@ class AgentHub:
                 "rejected": self.rejections.as_dict(),
                 "streams": {host: link.stats() for host, link in self.links.items() if link.started},
                 "lost": {
-                    host: {"t_ns": link.lost_at_ns, "wall_ns": link.lost_at_wall_ns}
+                    host: {
+                        "t_ns": link.lost_at_ns,
+                        "wall_ns": link.lost_at_wall_ns,
+                        "reason": link.lost_reason,
+                    }
                     for host, link in self.links.items()
                     if link.lost_at_ns is not None
                 },
@@ -267,23 +291,37 @@ class AgentHub:
             elif leaf == "reply":
                 self._on_reply(link, body, t_rx)
             elif leaf == "status":
-                if body == b"online":
-                    link.online.set()
-                    if link.offline_since is not None:  # back within the grace: a broker outage, not a loss
-                        link.offline_since = None
-                elif body == b"offline":
-                    link.online.clear()
-                    if link.started and link.lost_at_ns is None and link.offline_since is None:
-                        link.offline_since = t_rx
-                        asyncio.get_running_loop().call_later(
-                            self.broker.agent_grace_s, self._still_offline, link, t_rx
-                        )
-                else:
-                    raise Rejected("malformed", "status must be online/offline")
+                self._on_status(link, body, t_rx)
             else:
                 raise Rejected("unauthorised", f"unexpected topic {topic_name}")
         except Rejected as r:
             self.rejections.add(r.kind, r.reason, topic_name)
+
+    def _on_status(self, link: HostLink, body: bytes, t_rx: int) -> None:
+        """`online ID` (retained) or `offline ID` (the last will), ID naming the agent process. The same
+        process offline and back within `agent_grace_s` is a broker outage; a new process is a restart: the
+        one running this run's probes is gone, with them and whatever it had not sent, however quickly its
+        successor came (systemd restarts a crashed agent in ~100 ms)."""
+        state, incarnation = parse_status(body)
+        if state == "online":
+            link.online_incarnation = incarnation
+            link.online.set()
+            if link.probes_running and link.incarnation is not None and incarnation != link.incarnation:
+                self._lost(link, t_rx if link.offline_since is None else link.offline_since, "restarted")
+            elif link.offline_since is not None:  # the same process back within the grace: not a loss
+                link.cancel_grace()
+            return
+        if link.online_incarnation is not None and incarnation != link.online_incarnation:
+            # The will of an earlier process whose connection the broker dropped only after its successor
+            # came online (a host back faster than the keepalive): it says nothing about the current one.
+            log.info("%s: ignored the stale last will of agent process %s", link.host, incarnation)
+            return
+        link.online.clear()
+        if link.probes_running and link.offline_since is None:
+            link.offline_since = t_rx
+            link.grace_timer = asyncio.get_running_loop().call_later(
+                self.broker.agent_grace_s, self._still_offline, link, t_rx
+            )
 
     def _on_batch(self, link: HostLink, body: bytes, t_rx: int) -> None:
         try:
@@ -330,6 +368,9 @@ class AgentHub:
             raise Rejected("malformed", f"reply: {e}") from None
         if reply.host != link.host:
             raise Rejected("unauthorised", f"reply from {reply.host!r} on {link.host}'s topic")
+        if link.probes_running and link.incarnation is not None and reply.incarnation != link.incarnation:
+            # A new agent process answering (its `online` may not have reached us yet): a restart.
+            self._lost(link, t_rx if link.offline_since is None else link.offline_since, "restarted")
         if reply.op == "ping" and reply.id in self._pings:
             self._pings[reply.id] = t_rx  # t4, stamped as the reply came off the socket
         sent_op = self._sent_ops.pop(reply.id, reply.op)
@@ -343,15 +384,19 @@ class AgentHub:
             fut.set_result(reply)
 
     def _still_offline(self, link: HostLink, since_ns: int) -> None:
-        if link.offline_since == since_ns and link.lost_at_ns is None:
-            self._lost(link, since_ns)
+        link.grace_timer = None
+        if link.offline_since == since_ns and link.probes_running:
+            self._lost(link, since_ns, "offline")
 
-    def _lost(self, link: HostLink, t_rx: int) -> None:
+    def _lost(self, link: HostLink, t_rx: int, reason: str) -> None:
         """An agent whose probes are running went offline (its connection dropped: the broker sent its last
-        will) and did not come back within `agent_grace_s` (a broker restart would have brought it back):
-        say so in its stream, where it stops, and tell the run. `t_rx` is when it was seen going."""
+        will) and did not come back within `agent_grace_s` (a broker restart would have brought it back), or
+        came back as a new process (`reason` "restarted"): say so in its stream, where it stops, and tell the
+        run. `t_rx` is when it was seen going (or, if that was missed, seen restarted)."""
+        link.cancel_grace()
         link.lost_at_ns = t_rx
         link.lost_at_wall_ns = time.time_ns() - (now_ns() - t_rx)
+        link.lost_reason = reason
         link.queue.put(
             Event(
                 t_ns=t_rx,
@@ -359,14 +404,26 @@ class AgentHub:
                 source=f"agent:{link.host}",
                 host=link.host,
                 value=link.delivered,
-                meta={"events_received": link.delivered, "batches": link.batches},
+                meta={
+                    "events_received": link.delivered,
+                    "batches": link.batches,
+                    "reason": reason,
+                    "incarnation": link.incarnation,
+                    **({"new_incarnation": link.online_incarnation} if reason == "restarted" else {}),
+                },
             )
         )
         if self.on_lost is not None:
             when = time.strftime("%H:%M:%S", time.gmtime(link.lost_at_wall_ns / 1e9))
+            if reason == "restarted":
+                what = (
+                    f"restarted at {when} UTC (a new agent process replaced the one running this run's "
+                    "probes; what that one had not sent yet is gone)"
+                )
+            else:
+                what = f"went offline at {when} UTC (its broker connection dropped)"
             self.on_lost(
-                f"agent {link.host} went offline at {when} UTC (its broker connection dropped) after "
-                f"{link.delivered} events; everything it sent before is kept"
+                f"agent {link.host} {what} after {link.delivered} events; everything it sent before is kept"
             )
 
     # -- send ---------------------------------------------------------------------------------------------
@@ -456,9 +513,19 @@ class AgentHub:
         while True:
             await asyncio.sleep(self.broker.clock_sync_interval_s)
             for host, link in self.links.items():
-                if link.started and link.online.is_set():
+                if link.probes_running and link.online.is_set():  # not a lost agent's successor
                     with contextlib.suppress(HardwareError):
                         await self.measure(host)
+
+    async def settle(self, host: str) -> None:
+        """Until an agent seen going offline is back or lost: at most what is left of its grace period."""
+        link = self.links[host]
+        if link.offline_since is None:
+            return
+        left_s = self.broker.agent_grace_s - (now_ns() - link.offline_since) / 1e9
+        with contextlib.suppress(TimeoutError):
+            # The grace timer runs first when both are due: a margin for the loop to get to it.
+            await asyncio.wait_for(link.online.wait(), max(0.0, left_s) + 0.05)
 
     async def wait_online(self, host: str, timeout_s: float = 10.0) -> None:
         try:
@@ -510,6 +577,7 @@ class RemoteProbe:
             self.link.begin_stream(reply.seq, reply.n)
         if reply.data is not None:
             self.link.time_sync = reply.data.get("time_sync")
+        self.link.incarnation = reply.incarnation
         self.link.started = True
         snapshot = self.hub.world_snapshot
         if snapshot is not None:
@@ -520,6 +588,10 @@ class RemoteProbe:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self.link.offline_since is not None:
+            # Offline within its grace: back (a broker outage) or lost, the grace decides; no stop request
+            # waiting out its own timeout for an agent that is gone.
+            await self.hub.settle(self.host)
         if self.link.lost_at_ns is not None:  # gone: nothing to stop, nothing more will come
             self.link.queue.close()
             return
@@ -531,6 +603,10 @@ class RemoteProbe:
         except HardwareError as e:
             log.warning("%s", e)
         else:
+            if self.link.lost_at_ns is not None:  # answered by a new agent process: its counts are not ours
+                self.link.queue.close()
+                return
+            self.link.stopped = True
             # Everything the agent sent precedes its reply on the broker; what never came is lost.
             assert reply.seq is not None and reply.n is not None
             self.link.missing_batches += max(0, reply.seq - self.link.next_seq)

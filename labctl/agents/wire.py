@@ -45,6 +45,7 @@ class Reply(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     seq: int | None = None  # batches sent so far
     n: int | None = None  # events sent so far
     data: dict[str, Any] | None = None  # what an `inspect` found
+    incarnation: str | None = None  # the answering agent process (`Agent.incarnation`): a restart shows
 
 
 class StartArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -104,6 +105,19 @@ def topic(lab: str, host: str, leaf: str) -> str:
 
 def world_topic(lab: str) -> str:
     return f"labctl/{lab}/_world"
+
+
+def status_body(state: str, incarnation: str) -> bytes:
+    """An agent's status message: `online ID` or `offline ID`, ID naming the agent process."""
+    return f"{state} {incarnation}".encode()
+
+
+def parse_status(body: bytes) -> tuple[str, str]:
+    """(state, incarnation) of a status message; Rejected if it is not one."""
+    state, _, incarnation = body.decode(errors="replace").partition(" ")
+    if state not in ("online", "offline") or not incarnation:
+        raise Rejected("malformed", "status must be 'online ID' or 'offline ID'")
+    return state, incarnation
 
 
 class Rejected(Exception):

@@ -25,13 +25,14 @@ import pytest
 from labctl.agents.agent import Agent
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.clock import OffsetSample, estimate_offset
-from labctl.agents.hub import AgentHub
-from labctl.agents.wire import Batch, Command, Signer, topic
+from labctl.agents.hub import AgentHub, HostLink, RemoteProbe
+from labctl.agents.wire import Batch, Command, Reply, Signer, topic
 from labctl.config import Secret
 from labctl.controller import run_experiment
 from labctl.errors import HardwareError
 from labctl.events import Event, read_events
 from labctl.inventory import load_inventory
+from labctl.sampling import ProbeSettings
 from tests.conftest import require
 
 HOSTS = ("h1", "h2", "h3", "h4")
@@ -267,10 +268,13 @@ def agent_procs(broker: Mosquitto, tmp_path: Path) -> Iterator[list[subprocess.P
             p.wait()
 
 
-def _spawn_agents(inv: Path, logs: Path, procs: list[subprocess.Popen[bytes]]) -> None:
-    """`labctl agent` per host, as on a real testbed (one process each)."""
-    for host in HOSTS:
-        with open(logs / f"agent-{host}.log", "wb") as log:
+def _spawn_agents(
+    inv: Path, logs: Path, procs: list[subprocess.Popen[bytes]], hosts: tuple[str, ...] = HOSTS
+) -> None:
+    """`labctl agent` per host, as on a real testbed (one process each); a restarted one logs after its
+    predecessor."""
+    for host in hosts:
+        with open(logs / f"agent-{host}.log", "ab") as log:
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "labctl.cli", "agent", "--host", host, "-i", str(inv)], stderr=log
@@ -340,6 +344,55 @@ async def test_an_agent_killed_mid_run_ends_the_run_with_who_and_when(
     # Before the fault, h3's samples were recorded like everyone's; the baseline was restored after it.
     assert any(e.host == "h3" and e.kind == "rx_power" and e.t_ns < gone.t_ns for e in events)
     assert [e for e in events if e.kind == "ocs.command" and e.t_ns > gone.t_ns], "baseline restored after"
+
+
+@pytest.mark.slow
+async def test_an_agent_restarted_at_once_ends_the_run_and_the_next_run_works(
+    broker: Mosquitto, tmp_path: Path, agent_procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """systemd's Restart=on-failure brings a crashed agent back in ~100 ms, well inside the grace that
+    tolerates a broker restart: the new process runs none of this run's probes, so the run must end at
+    once, naming the host and saying it restarted, not wait out every recovery timeout and call it
+    completed. The grace is set far longer than the test may take, so only the restart can end the run."""
+    inv_mqtt, exp = write_lab(tmp_path, broker_section(broker.url, "  agent_grace_s: 60\n"), repeat=20)
+    _spawn_agents(inv_mqtt, tmp_path, agent_procs)
+    victim = agent_procs[HOSTS.index("h3")]
+    run = asyncio.create_task(run_experiment(exp, inv_mqtt, out_dir=tmp_path / "runs", plots=False, seed=4))
+    events_file: Path | None = None
+    for _ in range(400):  # until the run is into its reconfigurations
+        runs = list((tmp_path / "runs").glob("*/events.jsonl"))
+        if runs and runs[0].read_bytes().count(b'"kind":"phase"') >= 2:
+            events_file = runs[0]
+            break
+        await asyncio.sleep(0.05)
+    assert events_file is not None, "the run never got going"
+    killed_at = time.time_ns()
+    victim.kill()
+    await asyncio.sleep(0.3)
+    _spawn_agents(inv_mqtt, tmp_path, agent_procs, ("h3",))  # a new process, as systemd would
+    outcome = await asyncio.wait_for(run, 45)
+    ended_after_s = (time.time_ns() - killed_at) / 1e9
+    assert outcome.status == "failed" and outcome.error is not None
+    assert outcome.error.startswith("agent h3 restarted at "), outcome.error
+    assert ended_after_s < 30, f"the run went on for {ended_after_s:.1f} s after the agent died"
+    meta = json.loads((outcome.run_dir / "run.json").read_text())
+    lost = meta["agents"]["lost"]
+    assert set(lost) == {"h3"} and lost["h3"]["reason"] == "restarted"
+    # The time recorded is when the old process was seen going (its last will), not when the new one came.
+    assert killed_at <= lost["h3"]["wall_ns"] <= killed_at + 500_000_000, (killed_at, lost)
+    events = list(read_events(outcome.run_dir / "events.jsonl"))
+    [gone] = [e for e in events if e.kind == "agent.lost"]
+    assert gone.host == "h3" and gone.meta["reason"] == "restarted"
+    assert gone.meta["incarnation"] != gone.meta["new_incarnation"]
+    assert any(e.kind == "run.fault" and "restarted" in str(e.value) for e in events)
+    assert [e for e in events if e.kind == "ocs.command" and e.t_ns > gone.t_ns], "baseline restored after"
+    # The next run uses the new process like any other.
+    short = tmp_path / "short.yaml"
+    short.write_text(EXPERIMENT.format(repeat=1))
+    again = await run_experiment(short, inv_mqtt, out_dir=tmp_path / "again", plots=False, seed=4)
+    assert again.status == "completed", again.error
+    streams = json.loads((again.run_dir / "run.json").read_text())["agents"]["streams"]
+    assert streams["h3"]["events"] > 0 and streams["h3"]["missing_events"] == 0, streams
 
 
 @pytest.mark.slow
@@ -532,3 +585,133 @@ async def test_malformed_and_unauthorised_messages_are_rejected_and_counted(
 async def _drain(queue: Any) -> AsyncIterator[Event]:
     while len(queue):
         yield queue._items.popleft()
+
+
+# -- agent loss, status by status (no broker: the hub's decisions on the messages it is given) ----------------
+GRACE_S = 0.3
+
+
+@pytest.fixture
+def lost() -> list[str]:
+    """The reasons the hub gave the run for its lost agents (what `Lab.fault` would get)."""
+    return []
+
+
+@pytest.fixture
+async def hub(tmp_path: Path, lost: list[str]) -> AsyncIterator[AgentHub]:
+    inv_path, _ = write_lab(tmp_path, broker_section("mqtt://127.0.0.1:1"))
+    inventory = load_inventory(inv_path)
+    settings = dataclasses.replace(BrokerSettings.from_inventory(inventory), agent_grace_s=GRACE_S)
+    hub = AgentHub(inventory, settings)  # never started: messages are handed to it as if they had come
+    hub.on_lost = lost.append
+    try:
+        yield hub
+    finally:
+        await hub.stop()
+
+
+def _status(hub: AgentHub, host: str, body: str, t_ns: int) -> None:
+    name = topic(hub.lab, host, "status")
+    hub._on_message(name, hub.signer.seal(name, body.encode()), t_ns)
+
+
+def _loss(link: HostLink) -> tuple[int | None, str | None]:
+    """When (the controller's clock) and why the hub declared the agent lost."""
+    return link.lost_at_ns, link.lost_reason
+
+
+def _running(hub: AgentHub, host: str, incarnation: str) -> HostLink:
+    """The agent `incarnation` is online and runs this run's probes (as after its start reply)."""
+    _status(hub, host, f"online {incarnation}", 1)
+    link = hub.links[host]
+    link.started, link.incarnation = True, incarnation
+    return link
+
+
+async def test_the_same_agent_process_back_within_the_grace_is_an_outage_not_a_loss(
+    hub: AgentHub, lost: list[str]
+) -> None:
+    """A broker restart: the agent's connection drops (its will says offline) and the same process comes
+    back. Past the grace nothing is declared lost; the same offline without a return is."""
+    link = _running(hub, "h1", "A")
+    _status(hub, "h1", "offline A", 10)
+    assert not link.online.is_set() and link.offline_since == 10
+    _status(hub, "h1", "online A", 20)
+    await asyncio.sleep(GRACE_S * 2)
+    assert link.lost_at_ns is None and link.online.is_set() and lost == []
+    other = _running(hub, "h2", "B")
+    _status(hub, "h2", "offline B", 30)
+    await asyncio.sleep(GRACE_S * 2)
+    assert _loss(other) == (30, "offline")
+    [reason] = lost
+    assert reason.startswith("agent h2 went offline at "), reason
+    assert hub.report()["agents"]["lost"]["h2"]["reason"] == "offline"
+
+
+async def test_a_new_agent_process_is_a_loss_at_once_however_quickly_it_came(
+    hub: AgentHub, lost: list[str]
+) -> None:
+    link = _running(hub, "h1", "A")
+    _status(hub, "h1", "offline A", 10)
+    _status(hub, "h1", "online B", 11)  # systemd restarted it: well inside the grace
+    assert _loss(link) == (10, "restarted"), "lost when it was seen going"
+    [reason] = lost
+    assert reason.startswith("agent h1 restarted at ") and "new agent process" in reason, reason
+    [event] = [e async for e in _drain(link.queue)]
+    assert event.kind == "agent.lost" and event.meta["reason"] == "restarted"
+    assert (event.meta["incarnation"], event.meta["new_incarnation"]) == ("A", "B")
+    await asyncio.sleep(GRACE_S * 2)
+    assert len(lost) == 1, "the grace timer must not report it a second time"
+    # Its last will missed (the controller was reconnecting): the new process's `online` says it all.
+    other = _running(hub, "h2", "C")
+    _status(hub, "h2", "online D", 40)
+    assert _loss(other) == (40, "restarted")
+
+
+async def test_a_reply_from_a_new_agent_process_is_a_loss(hub: AgentHub) -> None:
+    """Its `online` may come after its first reply (to a command the old one never saw)."""
+    link = _running(hub, "h1", "A")
+    name = topic(hub.lab, "h1", "reply")
+    same = msgspec.json.encode(Reply(host="h1", id=1, op="window", ok=True, incarnation="A"))
+    hub._on_message(name, hub.signer.seal(name, same), 5)
+    assert _loss(link) == (None, None)
+    new = msgspec.json.encode(Reply(host="h1", id=2, op="window", ok=True, incarnation="B"))
+    hub._on_message(name, hub.signer.seal(name, new), 6)
+    assert _loss(link) == (6, "restarted")
+
+
+async def test_status_without_an_agent_process_is_rejected_and_a_stale_will_ignored(hub: AgentHub) -> None:
+    _status(hub, "h1", "online", 1)  # an agent from before incarnations: cannot tell a restart
+    assert not hub.links["h1"].online.is_set() and hub.rejections.malformed == 1
+    link = _running(hub, "h1", "B")
+    # The will of an earlier process whose dead connection the broker noticed only after B came online.
+    _status(hub, "h1", "offline A", 2)
+    await asyncio.sleep(GRACE_S * 2)
+    assert link.online.is_set() and link.lost_at_ns is None and link.offline_since is None
+
+
+async def test_stopping_the_hub_cancels_a_grace_period_in_progress(hub: AgentHub, lost: list[str]) -> None:
+    """An agent seen offline just before the run ends: once the hub has stopped, the grace decides nothing
+    (no loss, no fault raised into a finished run, nothing written to a closed stream)."""
+    link = _running(hub, "h1", "A")
+    _status(hub, "h1", "offline A", 10)
+    assert link.grace_timer is not None
+    await hub.stop()
+    await asyncio.sleep(GRACE_S * 2)
+    assert link.lost_at_ns is None and link.grace_timer is None and lost == []
+    assert "lost" in hub.report()["agents"] and hub.report()["agents"]["lost"] == {}
+
+
+async def test_stopping_probes_of_an_offline_agent_waits_for_the_grace_not_the_stop_timeout(
+    hub: AgentHub,
+) -> None:
+    """The probes end (the run is over) while their agent is offline within its grace: the stop waits for
+    the grace to decide (back, or lost and said so), not the 10 s of a stop request nobody answers."""
+    inventory = hub.inventory
+    probe = RemoteProbe(hub, "h1", ["model-link"], ProbeSettings(), inventory.profile(), seed=1)
+    link = _running(hub, "h1", "A")
+    _status(hub, "h1", "offline A", time.monotonic_ns())
+    started = time.monotonic()
+    await asyncio.wait_for(probe.__aexit__(None, None, None), 10)
+    assert time.monotonic() - started < GRACE_S + 1.0
+    assert link.lost_reason == "offline" and link.queue._closed
