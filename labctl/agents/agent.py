@@ -45,7 +45,7 @@ from labctl.clock import now_ns
 from labctl.errors import InputError
 from labctl.events import Event
 from labctl.inventory import Inventory
-from labctl.labs import lab_kinds
+from labctl.labs import kinds_with_agents, lab_kinds
 from labctl.labs.base import ReconfigWindow
 from labctl.linux.timesync import clock_sync_state
 from labctl.models.fabric import SimFabric
@@ -108,10 +108,15 @@ class Agent:
         self.inventory = inventory
         self.kind = lab_kinds.get(inventory.kind)
         if self.kind.agent_context is None:
-            raise InputError(f"{inventory.path}: a {inventory.kind} lab runs no agents")
+            raise InputError(
+                f"{inventory.path}: a {inventory.kind} lab runs no agents "
+                f"(lab kinds that do: {', '.join(kinds_with_agents())})"
+            )
         self.agent_context = self.kind.agent_context
         self.allowed_probes = self.kind.agent_probes
         """The allow-list for `start`/`stop`: the probes its lab kind runs on agents."""
+        self.mirrors_world = not self.kind.agents_probe_interfaces
+        """Modeled probes: they read a mirror of the controller's behaviour model, fed by its world feed."""
         self.incarnation = f"{secrets.token_hex(8)}-pid{os.getpid()}-{time.time_ns()}"
         """This agent process, in its status and replies: the controller tells a restart (a new id) from a
         broker outage (the same id back), however quickly the new process came up."""
@@ -124,7 +129,9 @@ class Agent:
         self.all_sources = {p.source for p in inventory.ports}
         self.signer = Signer(broker.auth_key)
         self.rejections = Rejections()
-        self.mirror = FabricMirror(inventory, inventory.profile(), random.Random())
+        # The controller's behaviour model, replayed from its world feed, where the lab kind has one (the
+        # probes of a real lab read the host's own interfaces): built by each `start`.
+        self.mirror: FabricMirror | None = None
         self.world_offset_ns = 0
         self.seq = 0  # batches sent (or lost trying)
         self.sent_events = 0
@@ -175,6 +182,8 @@ class Agent:
                 t.cancel()
             await asyncio.gather(flusher, *self._replying, return_exceptions=True)
             await self._stop_probes(list(self._probes))
+            if self.mirror is not None:
+                self.mirror.cancel_pending()
 
     async def _session(self) -> None:
         status = self._topics["status"]
@@ -185,7 +194,8 @@ class Agent:
         ident = f"labctl-agent-{self.broker.lab}-{self.host}-{secrets.token_hex(3)}"
         async with self.broker.client(ident, will) as client:
             await client.subscribe(self._topics["cmd"], qos=1)
-            await client.subscribe(self._world, qos=1)
+            if self.mirrors_world:
+                await client.subscribe(self._world, qos=1)
             await client.publish(status, online, qos=1, retain=True)
             self._client = client
             self.connected.set()
@@ -250,6 +260,8 @@ class Agent:
                     world = decode(World, body)
                 except msgspec.DecodeError as e:
                     raise Rejected("malformed", f"world: {e}") from None
+                if self.mirror is None:  # no run started here yet: its `start` sends a snapshot
+                    return
                 for item in world.items:
                     self.mirror.apply(item, item.t_ns + self.world_offset_ns - self.skew_ns)
                 return
@@ -319,8 +331,10 @@ class Agent:
         await self._stop_probes(list(self._probes))
         await self.flush()  # whatever an earlier run left goes out first: this run's stream starts after it
         seq0, n0 = self.seq, self.sent_events
-        self.mirror.cancel_pending()
-        self.mirror = FabricMirror(self.inventory, profile, random.Random(args.seed))
+        if self.mirror is not None:
+            self.mirror.cancel_pending()
+        if self.mirrors_world:
+            self.mirror = FabricMirror(self.inventory, profile, random.Random(args.seed))
         self.world_offset_ns = args.world_offset_ns
         # This host's probes, built from the registry where its lab kind says they look (the mirror of the
         # controller's model, or the host's own interfaces).

@@ -43,6 +43,7 @@ from labctl.clock import now_ns
 from labctl.errors import HardwareError
 from labctl.events import Event, EventQueue, Kind
 from labctl.inventory import Inventory
+from labctl.labs.base import Lab, LabContext
 from labctl.profiles import Profile
 from labctl.sampling import ProbeSettings
 
@@ -640,3 +641,24 @@ class RemoteProbe:
         if self._window_open:
             self._window_open = False
             self.hub.post(self.host, "window", {})
+
+
+def run_probes_on_agents(lab: Lab, ctx: LabContext, probes: Sequence[str]) -> AgentHub:
+    """What every lab kind whose hosts run agents shares: one hub (started with the lab, stopped when it
+    closes, its report merged into run.json), a `RemoteProbe` running `probes` on each host that has
+    ports, and an agent lost mid-run raising the lab's fault. Returns the hub (a modeled lab feeds it)."""
+    hub = AgentHub(ctx.inventory, BrokerSettings.from_inventory(ctx.inventory))
+    lab.probes.extend(
+        RemoteProbe(hub, host, probes, ctx.probes, ctx.profile, ctx.rng.getrandbits(32))
+        for host in ctx.inventory.hosts
+        if hub.links[host].sources
+    )
+
+    async def stop_hub() -> None:
+        await hub.stop()
+        lab.meta.update(hub.report())
+
+    hub.on_lost = lab.fault.raise_  # a host's agent gone mid-run ends the run, with the host and when
+    lab.start_hooks.append(hub.start)
+    lab.async_close_hooks.append(stop_hub)
+    return hub

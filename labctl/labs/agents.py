@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 from labctl.agents.broker import BrokerSettings
-from labctl.agents.hub import AgentHub, RemoteProbe
+from labctl.agents.hub import run_probes_on_agents
 from labctl.agents.wire import WorldItem
 from labctl.clock import now_ns
 from labctl.events import Kind
@@ -28,10 +28,11 @@ PROBES = ("model-link", "rx-power", "model-traffic")
 
 
 def agent_context(
-    inventory: Inventory, host: str, settings: ProbeSettings, mirror: SimFabric
+    inventory: Inventory, host: str, settings: ProbeSettings, mirror: SimFabric | None
 ) -> ProbeContext:
     """An agent's probes read its mirror of the controller's model: this host's NIC ports, a transceiver
     per port that the mirror's light drives; the traffic probe knows every port as a possible peer."""
+    assert mirror is not None, "modeled probes: the agent mirrors the controller's world"
     sites = model_sites(mirror, inventory.ports)
     mine = [site for site in sites if site.port.host == host]
     return ProbeContext(settings, ports=mine, peers=sites, world=mirror)
@@ -46,10 +47,11 @@ def check(inventory: Inventory) -> None:
 
 def build(ctx: LabContext) -> Lab:
     inv = ctx.inventory
-    broker = BrokerSettings.from_inventory(inv)
     models = switch_models(ctx)
     fabric = SimFabric(inv, models, ctx.profile, ctx.rng)
-    hub = AgentHub(inv, broker)
+    lab = Lab(close_hooks=[fabric.cancel_pending])
+    drive_models(ctx, models, lab)
+    hub = run_probes_on_agents(lab, ctx, PROBES)
     by_rx = {(p.switch, p.rx): p for p in inv.ports}
 
     def light_item(port: NicPort) -> WorldItem:
@@ -83,21 +85,6 @@ def build(ctx: LabContext) -> Lab:
         model.add_listener(functools.partial(on_light, name))
     fabric.add_listener(on_transition)
     hub.world_snapshot = snapshot
-    lab = Lab(close_hooks=[fabric.cancel_pending])
-    drive_models(ctx, models, lab)
-    lab.probes = [
-        RemoteProbe(hub, host, PROBES, ctx.probes, ctx.profile, ctx.rng.getrandbits(32))
-        for host in inv.hosts
-        if hub.links[host].sources
-    ]
-
-    async def stop_hub() -> None:
-        await hub.stop()
-        lab.meta.update(hub.report())
-
-    hub.on_lost = lab.fault.raise_  # a host's agent gone mid-run ends the run, with the host and when
-    lab.start_hooks.append(hub.start)
-    lab.async_close_hooks.append(stop_hub)
     return lab
 
 

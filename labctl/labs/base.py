@@ -34,9 +34,10 @@ class ReconfigWindow(Protocol):
     def close_window(self) -> None: ...
 
 
-class LabFault:
-    """A fault the lab notices outside any driver call (an agent gone): the controller stops the sequence,
-    restores the baseline and records the reason. The first reason wins."""
+class FaultLatch:
+    """Where a lab reports a fault it notices outside any driver call (an agent gone): the controller waits
+    on it, stops the sequence, restores the baseline and fails the run with the reason (raising
+    labctl.errors.LabFault). Latched: the first reason wins."""
 
     def __init__(self) -> None:
         self.reason: str | None = None
@@ -65,7 +66,7 @@ class Lab:
     """Run in reverse order by `aclose()`, after the switches have closed."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Merged into run.json at the end of the run (e.g. agents' `clock_offsets`)."""
-    fault: LabFault = field(default_factory=LabFault)
+    fault: FaultLatch = field(default_factory=FaultLatch)
 
     @property
     def circuit_probes(self) -> list[CircuitProbe]:
@@ -114,6 +115,7 @@ class LabKind:
     """Whether those probes read the host's own NIC interfaces (netlink, module EEPROM), so that `labctl lab
     check` inspects them there. False where agents run modeled probes: the inventory's ports are then names
     in the model, not interfaces a host has."""
-    agent_context: Callable[[Inventory, str, ProbeSettings, SimFabric], ProbeContext] | None = None
+    agent_context: Callable[[Inventory, str, ProbeSettings, SimFabric | None], ProbeContext] | None = None
     """Where an agent's probes look, on its host: (inventory, host, settings, the agent's mirror of the
-    controller's behaviour model) → their ProbeContext."""
+    controller's behaviour model, fed by its `_world` messages; None where the probes read the host's own
+    interfaces, `agents_probe_interfaces`) → their ProbeContext."""

@@ -13,7 +13,7 @@ counts every event lost on the way. Nothing here models anything: `profile` is n
 from __future__ import annotations
 
 from labctl.agents.broker import BrokerSettings
-from labctl.agents.hub import AgentHub, RemoteProbe
+from labctl.agents.hub import run_probes_on_agents
 from labctl.inventory import Inventory
 from labctl.labs.base import Lab, LabContext, LabKind
 from labctl.models.fabric import SimFabric
@@ -45,30 +45,18 @@ def check(inventory: Inventory) -> None:
 
 
 def build(ctx: LabContext) -> Lab:
-    inv = ctx.inventory
-    hub = AgentHub(inv, BrokerSettings.from_inventory(inv))
-    lab = Lab(switches={name: open_switch(name, spec, ctx.emit) for name, spec in inv.switches.items()})
-    lab.probes = [
-        RemoteProbe(hub, host, PROBES, ctx.probes, ctx.profile, ctx.rng.getrandbits(32))
-        for host in inv.hosts
-        if hub.links[host].sources
-    ]
-
-    async def stop_hub() -> None:
-        await hub.stop()
-        lab.meta.update(hub.report())
-
-    hub.on_lost = lab.fault.raise_  # a host's agent gone mid-run ends the run, with the host and when
-    lab.start_hooks.append(hub.start)
-    lab.async_close_hooks.append(stop_hub)
+    lab = Lab(
+        switches={name: open_switch(name, spec, ctx.emit) for name, spec in ctx.inventory.switches.items()}
+    )
+    run_probes_on_agents(lab, ctx, PROBES)
     return lab
 
 
 def agent_context(
-    inventory: Inventory, host: str, settings: ProbeSettings, mirror: SimFabric
+    inventory: Inventory, host: str, settings: ProbeSettings, mirror: SimFabric | None
 ) -> ProbeContext:
     """An agent runs in its host's own network namespace: the ports are its interfaces, each reached at
-    its inventory address; every port of the lab is a possible traffic peer. (The mirror goes unused.)"""
+    its inventory address; every port of the lab is a possible traffic peer. (No mirror: nothing modeled.)"""
     addresses = inventory.port_addresses("the traffic probe")
     sites = [PortSite(port, ip=str(addresses[port].ip)) for port in inventory.ports]
     return ProbeContext(settings, ports=[site for site in sites if site.port.host == host], peers=sites)

@@ -33,7 +33,7 @@ from labctl.errors import HardwareError
 from labctl.events import Event, read_events
 from labctl.inventory import load_inventory
 from labctl.sampling import ProbeSettings
-from tests.conftest import require
+from tests.conftest import REPO, require
 
 HOSTS = ("h1", "h2", "h3", "h4")
 
@@ -715,3 +715,16 @@ async def test_stopping_probes_of_an_offline_agent_waits_for_the_grace_not_the_s
     await asyncio.wait_for(probe.__aexit__(None, None, None), 10)
     assert time.monotonic() - started < GRACE_S + 1.0
     assert link.lost_reason == "offline" and link.queue._closed
+
+
+def test_agents_build_a_world_mirror_only_for_modeled_probes(tmp_path: Path) -> None:
+    """A real lab's agents read their host's interfaces: no mirror of a behaviour model, no world feed.
+    Each agent is its own process to the controller: a fresh incarnation per agent."""
+    inv_path, _ = write_lab(tmp_path, broker_section("mqtt://127.0.0.1:1"))
+    modeled = load_inventory(inv_path)
+    settings = BrokerSettings.from_inventory(modeled)
+    one, two = Agent(modeled, "h1", settings), Agent(modeled, "h1", settings)
+    assert one.mirrors_world and one.incarnation != two.incarnation
+    real = load_inventory(REPO / "experiments" / "inventories" / "rehearsal.yaml")
+    on_host = Agent(real, "h1", BrokerSettings.from_inventory(real))
+    assert not on_host.mirrors_world and on_host.mirror is None
