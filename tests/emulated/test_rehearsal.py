@@ -3,7 +3,8 @@
 The kernel fabric with a management network, the switch emulator as its own process moving the fabric's
 light, mosquitto, one `labctl agent` per host inside its namespace, and `labctl run` on the real lab
 kind: the breakdown must hold every mark this fabric can produce, causal row by row, and an agent killed
-mid-run must end the run with who and when, every event before it on disk.
+mid-run (and one killed and restarted at once, as systemd would) must end the run with who and when, every
+event before it on disk.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from labctl.emulators.fabric import managed_prefix
 from labctl.events import read_events
+from labctl.inventory import load_inventory
 from tests.conftest import REPO, require
 
 pytestmark = [pytest.mark.emulated, pytest.mark.slow]
@@ -35,8 +38,12 @@ STATE = Path("/run/labctl/rehearsal-opus-testbed-rehearsal.json")
 
 
 def _namespaces() -> set[str]:
+    """The rehearsal fabric's network namespaces (other tests on this machine may have their own)."""
+    prefix = managed_prefix(load_inventory(INVENTORY))
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
+    return {
+        name for line in out.splitlines() if line.strip() and (name := line.split()[0]).startswith(prefix)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +52,13 @@ def rehearsal() -> Iterator[dict[str, str]]:
     require(
         shutil.which("ip") is not None and shutil.which("mosquitto") is not None, "needs iproute2, mosquitto"
     )
+    require(not STATE.exists(), f"a rehearsal is already up ({STATE}): not ours to take down")
     env = {**os.environ, "LABCTL_REHEARSAL_PASSWORD": secrets.token_urlsafe(12)}
-    before = _namespaces()
-    up = subprocess.run(
-        [sys.executable, str(SCRIPT), "up"], env=env, capture_output=True, text=True, timeout=120
-    )
     try:
+        # Inside the try: a timeout kills `up` before its own clean-up, and `down` must still run.
+        up = subprocess.run(
+            [sys.executable, str(SCRIPT), "up"], env=env, capture_output=True, text=True, timeout=120
+        )
         assert up.returncode == 0, up.stderr
         yield env
     finally:
@@ -58,8 +66,24 @@ def rehearsal() -> Iterator[dict[str, str]]:
             [sys.executable, str(SCRIPT), "down"], env=env, capture_output=True, text=True, timeout=120
         )
         assert down.returncode == 0, down.stderr
-        assert _namespaces() <= before, "the rehearsal left namespaces behind"
+        assert _namespaces() == set(), "the rehearsal left namespaces behind"
         assert not STATE.exists()
+
+
+@pytest.fixture(scope="module")
+def replacement_agents(rehearsal: dict[str, str]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Agents a test started in place of the rehearsal's own (which `down` does not know): stopped before
+    the rehearsal comes down."""
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _run(env: dict[str, str], experiment: Path, out: Path) -> subprocess.Popen[str]:
@@ -104,6 +128,25 @@ def test_the_main_experiment_runs_on_the_real_lab_kind(rehearsal: dict[str, str]
     assert {e.source for e in events if e.kind == "sampler.error"} == {
         f"nic:{p}" for p in rows.host.str.cat(rows.port, "/")
     }
+    # The link-state probe (ethtool LINKSTATE_GET, decision 0023) in every reconfiguration window: each
+    # moved port's link goes down and comes back up, after the switch finished (light, then the fabric's
+    # 100-150 ms firmware link-up) and with the carrier (the same transition, seen by a 100 Hz poll instead
+    # of a netlink event: both stamps carry scheduling noise).
+    link_states: dict[str, list[tuple[int, str]]] = {}
+    for e in events:
+        if e.kind == "link.state":
+            link_states.setdefault(e.source, []).append((e.t_ns, str(e.value)))
+    first_command = rows.groupby("reconfig").t0_command_ns.min()
+    starts = {int(str(k)): int(t) for k, t in first_command.items()}  # reconfiguration → its first command
+    run_end = max(e.t_ns for e in events)
+    for row in rows.to_dict("records"):
+        reconfig, source = int(row["reconfig"]), str(row["source"])
+        span = (int(row["t0_command_ns"]), starts.get(reconfig + 1, run_end + 1))
+        seen = [(t, v) for t, v in link_states.get(source, []) if span[0] <= t < span[1]]
+        assert [v for _, v in seen] == ["down", "up"], (reconfig, source, seen)
+        up_ns = seen[1][0]
+        assert up_ns >= int(row["t1_switch_done_ns"]) - slack, (reconfig, source)
+        assert abs(up_ns - int(row["t4_carrier_up_ns"])) <= 100_000_000, (reconfig, source)
 
 
 def _lab_check(
@@ -188,7 +231,7 @@ def test_lab_check_reports_each_failure_with_its_reason(rehearsal: dict[str, str
 
 
 def _netns_of(host: str) -> str:
-    [name] = [n for n in _namespaces() if n.endswith(f"-{host}") and n.startswith("lc-")]
+    [name] = [n for n in _namespaces() if n.endswith(f"-{host}")]
     return name
 
 
@@ -208,20 +251,81 @@ def test_the_hardware_tier_runs_against_the_rehearsal(rehearsal: dict[str, str])
     assert "2 passed, 1 deselected" in out.stdout
 
 
-def test_an_agent_killed_mid_run_gives_a_clear_outcome(rehearsal: dict[str, str], tmp_path: Path) -> None:
+def _long_experiment(tmp_path: Path) -> Path:
     experiment = tmp_path / "long.yaml"
     experiment.write_text(EXPERIMENT.read_text().replace("repeat: 2", "repeat: 20"))
-    out = tmp_path / "runs"
-    run = _run(rehearsal, experiment, out)
+    return experiment
+
+
+def _into_reconfigurations(out: Path) -> Path:
+    """The run's events.jsonl, once the run is into its reconfigurations."""
+    for _ in range(600):
+        found = list(out.glob("*/events.jsonl"))
+        if found and found[0].read_bytes().count(b'"kind":"phase"') >= 3:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError("the run never got going")
+
+
+def test_an_agent_restarted_at_once_fails_the_run_and_the_next_run_works(
+    rehearsal: dict[str, str], replacement_agents: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """systemd's Restart=on-failure (the README's unit) brings a crashed agent back in ~100 ms, well inside
+    the grace that tolerates a broker restart. The new process runs none of the run's probes: the run must
+    fail naming the host, not end `completed` with its recoveries timed out; the next run uses the new
+    agent. (Before the SIGKILL test below, which leaves h3 dead; this one leaves h2 a replacement.)"""
+    pid = json.loads(STATE.read_text())["pids"]["agent:h2"]
+    # The agent's own command line (`ip netns exec` exec'd it), to start its successor the same way.
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
+    assert argv[argv.index("--host") + 1] == "h2" and "agent" in argv, argv
+    run = _run(rehearsal, _long_experiment(tmp_path), tmp_path / "runs")
     try:
-        events_file = None
-        for _ in range(600):  # until the run is into its reconfigurations
-            found = list(out.glob("*/events.jsonl"))
-            if found and found[0].read_bytes().count(b'"kind":"phase"') >= 3:
-                events_file = found[0]
-                break
-            time.sleep(0.05)
-        assert events_file is not None, "the run never got going"
+        events_file = _into_reconfigurations(tmp_path / "runs")
+        killed_wall_ns = time.time_ns()
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.3)
+        with open(tmp_path / "agent-h2-successor.log", "wb") as log:
+            successor = subprocess.Popen(
+                ["ip", "netns", "exec", _netns_of("h2"), *argv],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=rehearsal,
+                cwd=REPO,
+                start_new_session=True,
+            )
+        replacement_agents.append(successor)
+        _, stderr = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 1, stderr
+    meta = json.loads((events_file.parent / "run.json").read_text())
+    assert meta["status"] == "failed" and meta["error"].startswith("agent h2 restarted at "), meta["error"]
+    lost = meta["agents"]["lost"]
+    assert list(lost) == ["h2"] and lost["h2"]["reason"] == "restarted"
+    # When the old process was seen going (its last will), not when its successor came (a second later).
+    assert killed_wall_ns <= lost["h2"]["wall_ns"] <= killed_wall_ns + 500_000_000, lost
+    events = list(read_events(events_file))
+    [gone] = [e for e in events if e.kind == "agent.lost"]
+    assert gone.host == "h2" and gone.meta["reason"] == "restarted"
+    assert any(e.kind == "run.fault" and str(e.value).startswith("agent h2 restarted") for e in events)
+    assert any(e.kind == "ocs.command" and e.t_ns > gone.t_ns for e in events), "the baseline was restored"
+    assert successor.poll() is None, "the successor agent must still run"
+
+    again = _run(rehearsal, EXPERIMENT, tmp_path / "again")
+    _, stderr = again.communicate(timeout=300)
+    assert again.returncode == 0, stderr
+    [again_dir] = list((tmp_path / "again").iterdir())
+    streams = json.loads((again_dir / "run.json").read_text())["agents"]["streams"]
+    assert streams["h2"]["events"] > 0 and streams["h2"]["missing_events"] == 0, streams
+
+
+def test_an_agent_killed_mid_run_gives_a_clear_outcome(rehearsal: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    run = _run(rehearsal, _long_experiment(tmp_path), out)
+    try:
+        events_file = _into_reconfigurations(out)
         pid = json.loads(STATE.read_text())["pids"]["agent:h3"]
         killed_wall_ns = time.time_ns()
         os.kill(pid, signal.SIGKILL)
@@ -235,6 +339,10 @@ def test_an_agent_killed_mid_run_gives_a_clear_outcome(rehearsal: dict[str, str]
     assert meta["status"] == "failed" and meta["error"].startswith("agent h3 went offline at "), meta["error"]
     lost = meta["agents"]["lost"]
     assert list(lost) == ["h3"] and killed_wall_ns <= lost["h3"]["wall_ns"] <= killed_wall_ns + 5 * 10**9
+    assert lost["h3"]["reason"] == "offline"
+    # Nothing the agent published before it died went missing on the way. (What it had sampled but not yet
+    # published died with it, uncounted: README, "Agents".)
+    assert meta["agents"]["streams"]["h3"]["missing_events"] == 0, meta["agents"]["streams"]
     events = list(read_events(events_file))
     [gone] = [e for e in events if e.kind == "agent.lost"]
     assert any(e.host == "h3" and e.kind == "carrier" and e.t_ns < gone.t_ns for e in events)
