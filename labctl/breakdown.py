@@ -22,6 +22,7 @@ import pandas as pd
 
 from labctl.errors import InputError
 from labctl.events import Event, Kind
+from labctl.fileio import atomic_path
 
 COLUMNS = [
     "reconfig",
@@ -280,8 +281,6 @@ def read_breakdown_csv(path: Path) -> pd.DataFrame:
 
 
 def write_breakdown(frame: pd.DataFrame, run_dir: Path) -> None:
-    from labctl.store import atomic_path
-
     with atomic_path(run_dir / "breakdown.csv") as tmp:
         frame.to_csv(tmp, index=False)
     with atomic_path(run_dir / "breakdown.parquet") as tmp:

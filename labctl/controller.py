@@ -24,6 +24,7 @@ from labctl.errors import LabctlError
 from labctl.errors import LabFault as LabFaultError
 from labctl.events import Event, EventLog, Kind
 from labctl.experiment import Plan, RailPhase, build_plan, load_experiment
+from labctl.fileio import write_json_atomic
 from labctl.inventory import Inventory, NicPort
 from labctl.labs import build_lab, load
 from labctl.labs.base import Lab, LabContext
@@ -32,7 +33,7 @@ from labctl.looplag import LoopLagMonitor
 from labctl.mapping import Mapping, MappingDiff, diff_mapping
 from labctl.probes import ProbeContext, probe_kinds
 from labctl.sampling import Probe
-from labctl.store import RunDir, new_run_id, read_run_json, versions, write_json_atomic
+from labctl.store import RunDir, new_run_id, read_run_json, versions
 from labctl.topology import peers_of, rail_scope
 
 log = logging.getLogger("labctl.controller")

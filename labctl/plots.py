@@ -11,7 +11,6 @@ import matplotlib
 from labctl.events import Kind
 
 matplotlib.use("Agg")
-matplotlib.rcParams["svg.fonttype"] = "none"  # SVG text stays text: searchable, editable for a paper
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -19,7 +18,9 @@ from matplotlib.patches import Rectangle
 
 from labctl.breakdown import DURATIONS, EventIndex, Series, compute_breakdown
 from labctl.errors import InputError
-from labctl.store import atomic_path
+from labctl.fileio import atomic_path
+
+matplotlib.rcParams["svg.fonttype"] = "none"  # SVG text stays text: searchable, editable for a paper
 
 ZOOM_S = 0.7
 NO_LIGHT_DBM = -40.0

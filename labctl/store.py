@@ -7,14 +7,12 @@ and events.jsonl is readable up to its last flush.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
 import secrets
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ import pandas as pd
 
 from labctl.errors import InputError
 from labctl.events import Event, read_events, torn_tail
+from labctl.fileio import write_json_atomic
 
 RUN_JSON = "run.json"
 EVENTS = "events.jsonl"
@@ -35,27 +34,6 @@ STATUSES = ("running", "completed", "failed", "aborted")
 def new_run_id(name: str) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return f"{stamp}-{name}-{secrets.token_hex(2)}"
-
-
-@contextlib.contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary name to write `path` under; renamed over `path` only if the block finishes, so a reader
-    (or a crash) never sees a half-written file. Writers that infer a format from the name must be told it:
-    the temporary name ends in `.tmp`."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    with atomic_path(path) as tmp, open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=False, default=str)
-        f.write("\n")
 
 
 def versions() -> dict[str, str]:

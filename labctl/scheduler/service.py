@@ -141,7 +141,7 @@ class Scheduler:
             recovery = {"ok": False, "events": str(events_path), "error": f"{type(e).__name__}: {e}"}
             log.error("run %d: baseline NOT restored: %s", row.id, recovery["error"])
         if run_dir is not None and (run_dir / "run.json").is_file():
-            from labctl.store import write_json_atomic
+            from labctl.fileio import write_json_atomic
 
             try:
                 meta = json.loads((run_dir / "run.json").read_text())

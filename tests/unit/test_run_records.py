@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from labctl.controller import run_experiment
+from labctl.fileio import atomic_path
 from labctl.plots import plot_run
-from labctl.store import atomic_path, load_run
+from labctl.store import load_run
 
 LABCTL = [sys.executable, "-m", "labctl.cli"]
 SHORT = """\
