@@ -104,7 +104,10 @@ class BrokerSpec(ConfigModel):
 class InventoryModel(ConfigModel):
     lab: str = Field(min_length=1)
     switches: dict[str, SwitchSpec] = Field(min_length=1)
-    hosts: dict[str, HostSpec] = Field(min_length=1)
+    hosts: dict[str, HostSpec] = Field(
+        default_factory=dict,
+        description="hosts and their NIC ports (a switch-only inventory, for `labctl ocs`, has none)",
+    )
     profile: str = DEFAULT_PROFILE
     profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
     kind: str = Field(

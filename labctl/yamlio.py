@@ -209,7 +209,9 @@ def _without_union_tags(data: Any, loc: Loc) -> Loc:
 
 def pydantic_error_line(src: SourcedYaml, exc: Any) -> str:
     """First error of a pydantic ValidationError as `file:line: field.path: message`."""
-    err = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    # A typo'd key (`ifnam:`) also makes the real one "missing": name the unknown key first, it is the cause.
+    err = min(errors, key=lambda e: e["type"] != "extra_forbidden")
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     loc = _without_union_tags(src.data, loc)
     msg = err["msg"]

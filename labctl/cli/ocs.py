@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from rich.markup import escape
 
 from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt, JsonOpt, out
 from labctl.errors import InputError
@@ -185,7 +186,10 @@ def load_mapping_file(path: Path) -> tuple[list[Patch], list[int] | None]:
 @ocs_app.command("apply")
 def apply(
     file: Annotated[
-        Path, typer.Argument(help="Mapping file: `patches: [[in, out], ...]`, optional `scope:`.")
+        Path,
+        typer.Argument(
+            help=escape("Mapping file: `patches: [[in, out], ...]`, optional `scope: [port, ...]`.")
+        ),
     ],
     switch: SwitchOpt = None,
     inventory: InventoryOpt = DEFAULT_INVENTORY,

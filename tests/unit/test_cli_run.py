@@ -281,3 +281,29 @@ def test_a_file_permission_error_names_the_file_not_a_capability(
     stderr = capsys.readouterr().err
     assert stderr.count("\n") == 1 and str(target) in stderr and "CAP_NET_ADMIN" not in stderr, stderr
     assert f"belongs to uid {os.getuid()}" in stderr
+
+
+def test_no_help_text_loses_its_brackets() -> None:
+    """Rich reads `[in, out]` as a markup tag and drops it: `patches: [[in, out], ...]` became `[, ...]`."""
+    import re
+
+    import typer.main
+    from typer.testing import CliRunner
+
+    from labctl.cli import app
+
+    runner = CliRunner()
+    commands: list[list[str]] = []
+
+    def walk(command: object, path: list[str]) -> None:
+        commands.append(path)
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    assert len(commands) > 20
+    for path in commands:
+        text = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"}).output
+        assert not re.search(r"\[\s*,|\[\]", text), (path, text)
+    apply_help = runner.invoke(app, ["ocs", "apply", "--help"], env={"COLUMNS": "200"}).output
+    assert "patches: [[in, out], ...]" in apply_help

@@ -217,3 +217,24 @@ def test_secret_resolves_from_environment_and_never_prints(
     assert "s3cret-value" not in repr(secret) and "s3cret-value" not in str(secret)
     assert "s3cret-value" not in str(inv.snapshot())
     assert inv.snapshot()["switches"]["ocs1"]["password"] == "${OCS_PW}"
+
+
+def test_a_typod_key_is_reported_before_the_field_it_leaves_missing(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        GOOD.replace(
+            "{ifname: eth0, rail: 0, switch: ocs1, tx: 1", "{ifnam: eth0, rail: 0, switch: ocs1, tx: 1"
+        ),
+    )
+    with pytest.raises(InputError) as err:
+        load_inventory(path)
+    assert str(err.value) == f"{path}:7: hosts.a.nics[0].ifnam: unknown field (and 1 more error)"
+
+
+def test_a_switch_only_inventory_is_valid_for_driving_switches(tmp_path: Path) -> None:
+    """`labctl ocs` needs switches only: a bench with an OCS and no hosts must not be told to list any."""
+    path = write(
+        tmp_path, "lab: bench\nswitches:\n  ocs1: {driver: polatis-tl1, address: 192.0.2.7, user: admin}\n"
+    )
+    inv = load_inventory(path)
+    assert inv.hosts == [] and inv.ports == [] and list(inv.switches) == ["ocs1"]
