@@ -129,7 +129,10 @@ def _module_check(subject: str, module: dict[str, Any]) -> Check:
     if not lanes or len(monitored) < len(lanes):
         return Check(subject, "module, Rx power", False, f"{identifier} module has no Rx power monitor")
     shown = ", ".join(_dbm_text(mw) for mw in monitored)
-    return Check(subject, "module, Rx power", True, f"{identifier}: {len(lanes)} lane(s): {shown}")
+    identity = module.get("identity") or {}
+    made = " ".join(filter(None, (identity.get(k) for k in ("vendor_name", "part_number", "serial_number"))))
+    what = f"{identifier} {made}" if made else str(identifier)
+    return Check(subject, "module, Rx power", True, f"{what}: {len(lanes)} lane(s): {shown}")
 
 
 def _dbm_text(mw: float) -> str:

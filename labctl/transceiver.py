@@ -30,6 +30,7 @@ with page index b*256 + p.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 from collections.abc import Callable, Mapping, Sequence
@@ -186,6 +187,78 @@ class LaneDom:
 
 
 @dataclass(frozen=True)
+class ModuleIdentity:
+    """Who made the module and which one it is: what a lab records beside every measurement through it."""
+
+    vendor_name: str
+    vendor_oui: str  # "00:02:c9"
+    part_number: str
+    revision: str
+    serial_number: str
+    date_code: str  # as written: YYMMDD plus an optional vendor lot code
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+# Where each memory map keeps the identity (start of the vendor name ... end of the date code), and each
+# field's (offset, length) within that span. SFF-8472 A0h 20-91; SFF-8636 upper page 00h 148-219; CMIS
+# upper page 00h 129-189 (ethtool's sfpid.c, qsfp.h and cmis.h name the same offsets).
+_IDENTITY_LAYOUT: dict[str, tuple[int, int, dict[str, tuple[int, int]]]] = {
+    "sff8472": (
+        20,
+        72,
+        {"name": (20, 16), "oui": (37, 3), "pn": (40, 16), "rev": (56, 4), "sn": (68, 16), "date": (84, 8)},
+    ),
+    "sff8636": (
+        148,
+        72,
+        {
+            "name": (148, 16),
+            "oui": (165, 3),
+            "pn": (168, 16),
+            "rev": (184, 2),
+            "sn": (196, 16),
+            "date": (212, 8),
+        },
+    ),
+    "cmis": (
+        129,
+        61,
+        {
+            "name": (129, 16),
+            "oui": (145, 3),
+            "pn": (148, 16),
+            "rev": (164, 2),
+            "sn": (166, 16),
+            "date": (182, 8),
+        },
+    ),
+}
+
+
+def read_identity(mem: ModuleEeprom, kind: ModuleKind) -> ModuleIdentity | None:
+    """Vendor name, OUI, part number, revision, serial number and date code; None if the bytes cannot be
+    read (a truncated image, a module that NAKs its upper page)."""
+    start, length, fields = _IDENTITY_LAYOUT[kind.value]
+    try:
+        data = mem.read(A0H, 0, 0, start, length)
+    except (OSError, DomDecodeError):
+        return None
+    if len(data) < length:
+        return None
+
+    def text(name: str) -> str:
+        at, width = fields[name]
+        raw = data[at - start : at - start + width]
+        return raw.decode("ascii", errors="replace").replace("\x00", " ").strip()
+
+    at, _ = fields["oui"]
+    oui = ":".join(f"{b:02x}" for b in data[at - start : at - start + 3])
+    return ModuleIdentity(text("name"), oui, text("pn"), text("rev"), text("sn"), text("date"))
+
+
+@dataclass(frozen=True)
 class DomReading:
     module: ModuleKind
     identifier: int
@@ -196,12 +269,14 @@ class DomReading:
     calibration: str | None  # SFF-8472: "internal" | "external"
     lanes: tuple[LaneDom, ...]
     latched_flags_read: bool = False
+    identity: ModuleIdentity | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "module": self.module.value,
             "identifier": f"{self.identifier:#04x}",
             "identifier_name": self.identifier_name,
+            "identity": self.identity.to_dict() if self.identity is not None else None,
             "temperature_c": _r(self.temperature_c, 3),
             "supply_v": _r(self.supply_v, 4),
             "rx_power_type": self.rx_power_type,
@@ -419,10 +494,12 @@ def read_dom(mem: ModuleEeprom, info: ModuleInfo | None = None, *, latched: bool
     """Every monitor the module has. `latched=True` also reads (and so clears) latched LOS/LOL flags."""
     info = info or module_info(mem)
     if info.module is ModuleKind.SFF8472:
-        return _dom_sff8472(mem, info)
-    if info.module is ModuleKind.SFF8636:
-        return _dom_sff8636(mem, info, latched)
-    return _dom_cmis(mem, info, latched)
+        reading = _dom_sff8472(mem, info)
+    elif info.module is ModuleKind.SFF8636:
+        reading = _dom_sff8636(mem, info, latched)
+    else:
+        reading = _dom_cmis(mem, info, latched)
+    return dataclasses.replace(reading, identity=read_identity(mem, info.module))
 
 
 def _dom_sff8472(mem: ModuleEeprom, info: ModuleInfo) -> DomReading:

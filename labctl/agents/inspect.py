@@ -64,6 +64,7 @@ def inspect_port(port: NicPort) -> dict[str, Any]:
         facts["module"] = {
             "present": True,
             "identifier": reading.identifier_name,
+            "identity": reading.identity.to_dict() if reading.identity is not None else None,
             # mW, not dBm: dBm is None both for "not monitored" and "no light"; here None is "not
             # monitored" and 0.0 is "no light", which the check must tell apart (the probe refuses the first)
             "rx_power_mw": [lane.rx_power_mw for lane in reading.lanes],

@@ -571,3 +571,95 @@ async def test_poller_over_a_model_driven_module() -> None:
         lit = await asyncio.wait_for(_collect(probe, 4), 5)
     assert [e.value for e in lit] == pytest.approx([-4.0] * 4, abs=1e-3)
     assert module.module.lower[3] == 0x0F  # the dark period stayed latched for the flags' owner
+
+
+# -- identity: vendor, part number, serial (recorded with every module) --------------------------------------
+
+
+def ascii_field(text: str, width: int) -> str:
+    """A space-padded ASCII field as the specs define them, in hex."""
+    return text.ljust(width).encode("ascii").hex(" ")
+
+
+def test_identity_of_each_memory_map() -> None:
+    sfp = sfp_internal()
+    put(sfp, 20, ascii_field("FINISAR CORP.", 16))  # SFF-8472 A0h 20-35 vendor name
+    put(sfp, 37, "00 90 65")  # 37-39 OUI
+    put(sfp, 40, ascii_field("FTLX8571D3BCL", 16))  # 40-55 part number
+    put(sfp, 56, ascii_field("A", 4))  # 56-59 revision
+    put(sfp, 68, ascii_field("ALM0N2B", 16))  # 68-83 serial
+    put(sfp, 84, ascii_field("20120301", 8))  # 84-91 date code YYMMDD + lot
+    q = qsfp28()
+    put(q, 148, ascii_field("Mellanox", 16))  # SFF-8636 page 00h 148-163
+    put(q, 165, "00 02 c9")  # 165-167
+    put(q, 168, ascii_field("MMA1B00-C100D", 16))  # 168-183
+    put(q, 184, ascii_field("B2", 2))  # 184-185
+    put(q, 196, ascii_field("MT2043FT01234", 16))  # 196-211
+    put(q, 212, ascii_field("201023", 8))  # 212-219
+    pages = cmis_pages()
+    lower = bytearray(pages[(0x50, 0, 0)])
+    put(lower, 129, ascii_field("NVIDIA", 16))  # CMIS page 00h 129-144
+    put(lower, 145, "48 b0 2d")  # 145-147
+    put(lower, 148, ascii_field("MMS4X00-NS", 16))  # 148-163
+    put(lower, 164, ascii_field("A5", 2))  # 164-165
+    put(lower, 166, ascii_field("MT2230FT00001", 16))  # 166-181
+    put(lower, 182, ascii_field("220725XY", 8))  # 182-189
+    pages[(0x50, 0, 0)] = bytes(lower)
+    got = {
+        "sfp": decode_image(bytes(sfp)).identity,
+        "qsfp": decode_image(bytes(q)).identity,
+        "cmis": read_dom(PagedImage(pages)).identity,
+    }
+    assert {k: v.to_dict() if v else None for k, v in got.items()} == {
+        "sfp": {
+            "vendor_name": "FINISAR CORP.",
+            "vendor_oui": "00:90:65",
+            "part_number": "FTLX8571D3BCL",
+            "revision": "A",
+            "serial_number": "ALM0N2B",
+            "date_code": "20120301",
+        },
+        "qsfp": {
+            "vendor_name": "Mellanox",
+            "vendor_oui": "00:02:c9",
+            "part_number": "MMA1B00-C100D",
+            "revision": "B2",
+            "serial_number": "MT2043FT01234",
+            "date_code": "201023",
+        },
+        "cmis": {
+            "vendor_name": "NVIDIA",
+            "vendor_oui": "48:b0:2d",
+            "part_number": "MMS4X00-NS",
+            "revision": "A5",
+            "serial_number": "MT2230FT00001",
+            "date_code": "220725XY",
+        },
+    }
+
+
+def test_cli_decode_prints_the_identity(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    path = tmp_path / "module.bin"
+    path.write_bytes(EmulatedQsfp28(vendor="ACME OPTICS", part_number="QSFP-X", serial="SN42").image())
+    out = subprocess.run(
+        [sys.executable, "-m", "labctl.cli", "dom", "decode", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    identity = json.loads(out.stdout)["identity"]
+    assert (identity["vendor_name"], identity["part_number"], identity["serial_number"]) == (
+        "ACME OPTICS",
+        "QSFP-X",
+        "SN42",
+    )
+
+
+def test_an_image_without_its_upper_page_decodes_without_identity() -> None:
+    lower_only = bytearray(128)
+    put(lower_only, 0, "18 40 80")  # QSFP-DD, CMIS 4.0, flat memory: nothing past byte 127 in this file
+    d = decode_image(bytes(lower_only))
+    assert d.module is ModuleKind.CMIS and d.identity is None and d.to_dict()["identity"] is None

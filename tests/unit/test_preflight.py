@@ -218,3 +218,15 @@ async def test_check_and_run_agree_on_a_ports_transceiver(
         assert "has no Rx power monitor" in row.detail
     else:
         assert row.detail == "QSFP28: 4 lane(s): -0.97 dBm, -10.00 dBm, no light, 0.00 dBm"
+
+
+async def test_the_module_row_names_vendor_part_and_serial(monkeypatch: pytest.MonkeyPatch) -> None:
+    from labctl.models.module_eeprom import EmulatedQsfp28
+
+    module = EmulatedQsfp28(rx_power_mw=0.5, vendor="ACME OPTICS", part_number="QSFP-X", serial="SN42")
+    monkeypatch.setattr(inspect, "read_module", lambda ifname: read_dom(module))
+    port = NicPort("h1", "lo", 0, None, "ocs1", 1, 9, 100, None)
+    facts = await asyncio.to_thread(inspect_port, port)
+    assert facts["module"]["identity"]["serial_number"] == "SN42"
+    [row] = [c for c in _port_checks(port.label, None, facts) if c.item.startswith("module")]
+    assert row.ok and row.detail.startswith("QSFP28 ACME OPTICS QSFP-X SN42: 4 lane(s): -3.01 dBm")
