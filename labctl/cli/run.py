@@ -193,13 +193,16 @@ def run(
         raise typer.Exit(EXIT_ABORTED) from None
     finally:
         progress.stop()
-    out.print(
-        _summary_table(
-            outcome.summary,
-            f"link-up breakdown ({outcome.summary.get('reconfigurations', 0)} "
-            f"reconfigurations, {outcome.summary.get('rows', 0)} port rows)",
+    if outcome.summary.get("rows"):
+        out.print(
+            _summary_table(
+                outcome.summary,
+                f"link-up breakdown ({outcome.summary.get('reconfigurations', 0)} "
+                f"reconfigurations, {outcome.summary.get('rows', 0)} port rows)",
+            )
         )
-    )
+    else:  # a run that failed before its first reconfiguration: an all-dash table says nothing
+        out.print("no reconfiguration was measured")
     if outcome.summary.get("timed_out"):
         out.print(f"[red]{outcome.summary['timed_out']} port recoveries timed out[/]")
     for caveat in outcome.summary.get("clock_caveats", []):

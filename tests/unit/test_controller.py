@@ -342,3 +342,40 @@ async def test_a_kernel_lab_without_root_is_refused_before_any_run_directory(
             short_experiment, inventory, profile="fast", out_dir=tmp_path / "runs", plots=False
         )
     assert not (tmp_path / "runs").exists()
+
+
+def _agents_inventory(default: Path, tmp_path: Path, broker_port: int) -> Path:
+    """The default lab as an `agents` lab whose broker is at `broker_port`."""
+    path = tmp_path / "agents.yaml"
+    text = default.read_text().replace(
+        "lab: opus-testbed",
+        f"lab: opus-testbed\nkind: agents\nbroker: {{url: 'mqtt://127.0.0.1:{broker_port}'}}",
+        1,
+    )
+    path.write_text(text)
+    return path
+
+
+async def test_a_broker_that_is_not_there_fails_the_run_with_its_cause(
+    short_experiment: Path, inventory_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from labctl.agents.hub import AgentHub
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    inventory = _agents_inventory(inventory_path, tmp_path, port)
+    monkeypatch.setattr(
+        AgentHub.start, "__defaults__", (0.5,)
+    )  # the connect deadline: 10 s is long for a test
+    outcome = await run_experiment(
+        short_experiment, inventory, profile="fast", out_dir=tmp_path / "runs", seed=9, plots=False
+    )
+    assert outcome.status == "failed"
+    assert outcome.error == f"MQTT broker 127.0.0.1:{port} not reachable within 0.5 s"
+    meta = json.loads((outcome.run_dir / "run.json").read_text())
+    assert meta["error"] == outcome.error
+    kinds = [e.kind for e in read_events(outcome.run_dir / "events.jsonl")]
+    assert "phase" not in kinds and kinds[-1] == "run.end"
