@@ -69,6 +69,18 @@ async def restore_baseline(row: RunRow, events_path: Path) -> dict[str, Any]:
     return held
 
 
+def _only_in_process_switches(row: RunRow) -> bool:
+    """Whether every switch of the run's lab lived inside its process (the `sim` driver, or a driver whose
+    emulator the lab served itself), so a crash took the switch state with it."""
+    from labctl.labs import load
+
+    try:
+        switches = load(row.inventory).switches.values()
+    except Exception:  # the recovery itself already succeeded; this is only a remark on it
+        return False
+    return all(sw.driver == "sim" or getattr(sw, "emulate", False) for sw in switches)
+
+
 # -- serve -----------------------------------------------------------------------------------------------
 class Scheduler:
     """The `serve` engine. All database writes go through one writer task."""
@@ -137,6 +149,11 @@ class Scheduler:
         try:
             held = await restore_baseline(row, events_path)
             recovery: dict[str, Any] = {"ok": True, "events": str(events_path), "held": held}
+            if _only_in_process_switches(row):
+                recovery["note"] = (
+                    "every switch of this lab was a model in the crashed run's process and ended with it: "
+                    "the baseline was applied to fresh models; no physical switch needed restoring"
+                )
         except Exception as e:  # whatever broke, the row must still end consistent
             recovery = {"ok": False, "events": str(events_path), "error": f"{type(e).__name__}: {e}"}
             log.error("run %d: baseline NOT restored: %s", row.id, recovery["error"])

@@ -367,6 +367,8 @@ def test_killed_serve_leaves_consistent_queue_and_restart_restores_baseline(
     assert interrupted.state == "interrupted"
     recovery = json.loads(interrupted.recovery or "{}")
     assert recovery["ok"] is True
+    # A simulated lab's switch died with the run: the record says the restore had nothing physical to do.
+    assert "no physical switch needed restoring" in recovery["note"]
     baseline = sorted(map(tuple, interrupted.baseline["ocs1"]["mapping"]))
     assert sorted(map(tuple, recovery["held"]["ocs1"])) == baseline
     # The recovery went through the switch driver: its events show the baseline applied and read back.
