@@ -36,6 +36,7 @@ EXPERIMENT = REPO / "experiments" / "reconfig-timeline.yaml"
 SCRIPT = REPO / "experiments" / "rehearsal.py"
 LABCTL = [sys.executable, "-m", "labctl.cli"]
 STATE = Path("/run/labctl/rehearsal-opus-testbed-rehearsal.json")
+FIRMWARE_UP_MIN_NS = 100_000_000  # the rehearsal inventory's firmware_up_ms lower bound
 
 
 def _namespaces() -> set[str]:
@@ -117,7 +118,10 @@ def test_the_main_experiment_runs_on_the_real_lab_kind(rehearsal: dict[str, str]
     slack = max(int(est["uncertainty_ns"]) for est in meta["clock_offsets"].values())
     assert set(meta["clock_offsets"]) == {"h1", "h2", "h3", "h4"}
     assert (rows.t1_switch_done_ns >= rows.t0_command_ns).all()
-    assert (rows.t4_carrier_up_ns + slack >= rows.t1_switch_done_ns).all()
+    # The carrier comes up no sooner than the fabric's firmware link-up after the command moved the light.
+    # Not checked against t1: that is when the controller read the switch's completion, which on a loaded
+    # machine came after the carrier (by 1 ms on one row of 128 in a full-suite run).
+    assert (rows.t4_carrier_up_ns + slack >= rows.t0_command_ns + FIRMWARE_UP_MIN_NS).all()
     assert (rows.t5_traffic_ns >= rows.t4_carrier_up_ns - slack).all()
     streams = meta["agents"]["streams"]
     assert all(s["missing_events"] == 0 and s["events"] > 0 for s in streams.values()), streams
