@@ -20,8 +20,7 @@ from typing import Any, Literal, Protocol
 
 from labctl.breakdown import EventIndex, clock_caveats, compute_breakdown, summarize, write_breakdown
 from labctl.clock import Timebase, now_ns
-from labctl.errors import LabctlError
-from labctl.errors import LabFault as LabFaultError
+from labctl.errors import LabctlError, LabFault
 from labctl.events import Event, EventLog, Kind
 from labctl.experiment import Plan, RailPhase, build_plan, load_experiment
 from labctl.fileio import write_json_atomic
@@ -356,7 +355,8 @@ class Controller:
         return GpuStep.from_settings(self.plan.spec.gpu, self.events, self.progress.message)
 
     async def _sequence_unless_faulted(self) -> None:
-        """The sequence, stopped early by a fault the lab reports (LabFault), or by our own cancellation."""
+        """The sequence, stopped early by a fault the lab reports (`lab.fault`, a FaultLatch), or by our own
+        cancellation."""
         work = asyncio.create_task(self.sequence(), name="sequence")
         fault = asyncio.create_task(self.lab.fault.wait(), name="lab-fault")
         try:
@@ -371,7 +371,7 @@ class Controller:
         reason = self.lab.fault.reason
         if reason is not None:
             self.events.emit(now_ns(), Kind.RUN_FAULT, "controller", reason)
-            raise LabFaultError(reason)
+            raise LabFault(reason)
         work.result()
 
     async def restore_baseline(self) -> None:
@@ -484,6 +484,10 @@ class Controller:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        # A fault the lab reported while it was stopping (an agent lost after the last step) still means the
+        # run's data cannot be trusted to be complete.
+        if status == "completed" and self.lab.fault.reason is not None:
+            status, error = "failed", self.lab.fault.reason
         # Probes have stopped: drain what their queues still hold, then close the lab's models.
         self._record_drops()
         self.lab.close()

@@ -78,7 +78,7 @@ def _only_in_process_switches(row: RunRow) -> bool:
         switches = load(row.inventory).switches.values()
     except Exception:  # the recovery itself already succeeded; this is only a remark on it
         return False
-    return all(sw.driver == "sim" or getattr(sw, "emulate", False) for sw in switches)
+    return all(sw.over_model for sw in switches)
 
 
 # -- serve -----------------------------------------------------------------------------------------------

@@ -379,3 +379,22 @@ async def test_a_broker_that_is_not_there_fails_the_run_with_its_cause(
     assert meta["error"] == outcome.error
     kinds = [e.kind for e in read_events(outcome.run_dir / "events.jsonl")]
     assert "phase" not in kinds and kinds[-1] == "run.end"
+
+
+async def test_a_fault_reported_while_the_lab_stops_still_fails_the_run(
+    short_experiment: Path, inventory_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E.g. an agent lost after the last step, while its probes were being stopped: the data may be short."""
+    from labctl.controller import Controller
+
+    read_final_state = Controller._read_final_state
+
+    async def agent_lost_meanwhile(self: Controller) -> None:
+        self.lab.fault.raise_("agent h3 lost: offline")
+        await read_final_state(self)
+
+    monkeypatch.setattr(Controller, "_read_final_state", agent_lost_meanwhile)
+    outcome = await run_experiment(
+        short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=10, plots=False
+    )
+    assert (outcome.status, outcome.error) == ("failed", "agent h3 lost: offline")
