@@ -50,6 +50,20 @@ from labctl.sampling import ProbeSettings
 log = logging.getLogger("labctl.agents")
 
 
+# CONNACK codes that mean "you may not", not "not now": MQTT 3.1.1 4 and 5, MQTT 5 134, 135 and 138.
+_REFUSALS = frozenset({4, 5, 134, 135, 138})
+
+
+def _is_refusal(error: aiomqtt.MqttError) -> bool:
+    rc = getattr(error, "rc", None)
+    return isinstance(error, aiomqtt.MqttCodeError) and int(getattr(rc, "value", rc) or 0) in _REFUSALS
+
+
+def _connack_reason(error: aiomqtt.MqttError | None) -> str:
+    rc = getattr(error, "rc", None)
+    return str(rc).lower() if rc is not None else "refused"
+
+
 @dataclass
 class HostLink:
     """What the controller knows about one agent's stream."""
@@ -159,6 +173,8 @@ class AgentHub:
         self._world_pending: list[WorldItem] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._client: aiomqtt.Client | None = None
+        self._last_error: aiomqtt.MqttError | None = None
+        self._refused = asyncio.Event()  # the broker answered and said no: waiting longer cannot help
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     async def start(self, timeout_s: float = 10.0) -> None:
@@ -167,13 +183,23 @@ class AgentHub:
             asyncio.create_task(self._sender(), name="hub:sender"),
             asyncio.create_task(self._sync_clocks(), name="hub:clock-sync"),
         ]
+        waits = [asyncio.ensure_future(self.connected.wait()), asyncio.ensure_future(self._refused.wait())]
         try:
-            await asyncio.wait_for(self.connected.wait(), timeout_s)
-        except TimeoutError:
-            await self.stop()
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        if self.connected.is_set():
+            return
+        await self.stop()
+        where = f"MQTT broker {self.broker.hostname}:{self.broker.port}"
+        if self._refused.is_set():
             raise HardwareError(
-                f"MQTT broker {self.broker.hostname}:{self.broker.port} not reachable within {timeout_s:g} s"
-            ) from None
+                f"{where} refused the controller: {_connack_reason(self._last_error)} (check the inventory's "
+                "broker username/password and the broker's ACL)"
+            )
+        last = f" (last error: {self._last_error})" if self._last_error is not None else ""
+        raise HardwareError(f"{where} not reachable within {timeout_s:g} s{last}")
 
     async def stop(self) -> None:
         # A grace period still running decides nothing any more: no loss (and no fault) after the hub stops.
@@ -224,12 +250,21 @@ class AgentHub:
                     for leaf in ("events", "reply", "status"):
                         await client.subscribe(topic(self.lab, "+", leaf), qos=1)
                     self._client = client
+                    self._last_error = None
                     self.connected.set()
                     async for message in client.messages:
                         t_rx = now_ns()
                         self._on_message(str(message.topic), message.payload, t_rx)
             except aiomqtt.MqttError as e:
-                log.warning("controller: broker connection lost: %s", e)
+                if _is_refusal(e):
+                    self._refused.set()
+                # Once per outage at warning level; the retries of a long outage only at debug.
+                (log.debug if self._last_error is not None else log.warning)(
+                    "controller: broker connection lost: %s", e
+                )
+                self._last_error = e
+            else:
+                self._last_error = None
             finally:
                 self._client = None
                 self.connected.clear()

@@ -728,3 +728,26 @@ def test_agents_build_a_world_mirror_only_for_modeled_probes(tmp_path: Path) -> 
     real = load_inventory(REPO / "experiments" / "inventories" / "rehearsal.yaml")
     on_host = Agent(real, "h1", BrokerSettings.from_inventory(real))
     assert not on_host.mirrors_world and on_host.mirror is None
+
+
+async def test_a_broker_that_refuses_the_login_is_named_as_refusing_not_unreachable(tmp_path: Path) -> None:
+    """mosquitto with anonymous access off and no credentials in the inventory: CONNACK 'Not authorized'.
+    The run fails at once, saying so, instead of retrying for the connect deadline and calling the broker
+    unreachable."""
+    require(shutil.which("mosquitto") is not None, "mosquitto is not installed (apt-get install mosquitto)")
+    closed = Mosquitto(tmp_path)
+    closed.conf.write_text(closed.conf.read_text().replace("allow_anonymous true", "allow_anonymous false"))
+    closed.start()
+    try:
+        inv, exp = write_lab(tmp_path, broker_section(closed.url))
+        started = time.monotonic()
+        outcome = await run_experiment(exp, inv, out_dir=tmp_path / "runs", seed=1, plots=False)
+        elapsed = time.monotonic() - started
+    finally:
+        closed.stop()
+    assert outcome.status == "failed"
+    assert outcome.error == (
+        f"MQTT broker 127.0.0.1:{closed.port} refused the controller: not authorized (check the inventory's "
+        "broker username/password and the broker's ACL)"
+    )
+    assert elapsed < 8  # refused is final: no waiting out the 10 s connect deadline
