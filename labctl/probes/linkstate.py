@@ -84,6 +84,7 @@ class LinkStateProbe(QueueProbe):
         self._last: dict[str, tuple[bool | None, int | None, int | None]] = {}
         self._last_t: dict[str, int] = {}
         self._window: frozenset[str] | None = None  # the sources a reconfiguration holds (None: no window)
+        self._final_read: frozenset[str] = frozenset()  # a window just closed: read these once more
         self._wake = asyncio.Event()
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None  # where reads run
         self._round: concurrent.futures.Future[list[Reading]] | None = None  # the latest poll round
@@ -160,7 +161,12 @@ class LinkStateProbe(QueueProbe):
         self._wake.set()
 
     def close_window(self) -> None:
+        # One more read of the window's ports when it closes: a change after the last poll (the link coming
+        # up in the last period) would otherwise be seen only at the next window, filed under the wrong one.
+        if self._window is not None:
+            self._final_read = self._window
         self._window = None
+        self._wake.set()
 
     def _polling(self) -> list[str]:
         window = self._window
@@ -222,15 +228,19 @@ class LinkStateProbe(QueueProbe):
         if self.readers:
             await self._poll(list(self.readers))
         while True:
-            if not self._polling():
+            if not self._polling() and not self._final_read:
                 await self._wake.wait()
             self._wake.clear()
-            async with contextlib.aclosing(ticks(self.period_ns)) as schedule:
-                async for _ in schedule:
-                    polling = self._polling()
-                    if not polling:
-                        break
-                    await self._poll(polling)
+            if self._polling():
+                async with contextlib.aclosing(ticks(self.period_ns)) as schedule:
+                    async for _ in schedule:
+                        polling = self._polling()
+                        if not polling:
+                            break
+                        await self._poll(polling)
+            final, self._final_read = self._final_read, frozenset()
+            if final:
+                await self._poll([s for s in self.readers if s in final])
 
 
 def _reason(error: OSError) -> str:

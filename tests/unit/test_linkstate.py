@@ -237,3 +237,27 @@ def test_the_readers_socket_timeout_is_a_netlink_error_naming_the_interface() ->
         assert info.value.errno == errno.ETIMEDOUT
     finally:
         reader.close()
+
+
+async def test_closing_a_window_reads_its_ports_once_more() -> None:
+    """The link comes up between the window's last poll and its close: one more read as the window closes
+    records it in this reconfiguration, not at the start of the next window."""
+    target = LinkTarget("nic:h1/a", "h1", "a")
+    script = Script([reply(1), reply(0, (0, 1)), reply(1)])  # before; in the window; at the close
+    probe = LinkStateProbe([target], hz=5, open_reader=lambda t: script)  # 200 ms: no second poll in time
+    seen: list[Event] = []
+    async with probe:
+
+        async def pump() -> None:
+            async for event in probe.events():
+                seen.append(event)
+
+        pumping = asyncio.create_task(pump())
+        await _until(lambda: len(seen) == 1)
+        probe.open_window()
+        await _until(lambda: len(seen) == 2)
+        probe.close_window()
+        await _until(lambda: len(seen) == 3, within_s=1)  # at the window's next tick, which finds it closed
+    await pumping
+    assert [e.value for e in seen] == ["up", "autoneg/no_partner_detected", "up"]
+    assert script.reads == 3
