@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-from collections.abc import AsyncIterator
+import shutil
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.mosquitto import Mosquitto
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -71,3 +74,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run tests/hardware against this lab (an inventory of real switches and hosts with agents); "
         "without it those tests are skipped",
     )
+
+
+@pytest.fixture(scope="session")
+def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
+    """One broker for the whole session; tests keep apart by lab name (their topics)."""
+    require(shutil.which("mosquitto") is not None, "mosquitto is not installed (apt-get install mosquitto)")
+    broker = Mosquitto(tmp_path_factory.mktemp("mosquitto"))
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()

@@ -9,7 +9,6 @@ import itertools
 import json
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from labctl.events import Event, read_events
 from labctl.inventory import load_inventory
 from labctl.sampling import ProbeSettings
 from tests.conftest import REPO, require
+from tests.mosquitto import Mosquitto
 
 HOSTS = ("h1", "h2", "h3", "h4")
 
@@ -90,61 +90,6 @@ EXACT_SLACK_NS = 500_000  # on top of the recorded offset uncertainty (event-loo
 SAMPLED_MEDIAN_TOLERANCE_NS = 150_000_000
 SWITCHING_NS = 2_500_000  # the fixed profile's switching_ms
 TRANSPORT_NS = 15_000_000  # and its transport_after_carrier_ms
-
-
-class Mosquitto:
-    """A mosquitto on 127.0.0.1 on a free port, with its own config; restartable on the same port."""
-
-    def __init__(self, workdir: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.conf = workdir / "mosquitto.conf"
-        self.conf.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\n"
-            # Without it the broker's Nagle + the client's delayed ACK add ~40 ms to small messages.
-            "set_tcp_nodelay true\n"
-        )
-        self.log = workdir / "mosquitto.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"mqtt://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(["mosquitto", "-c", str(self.conf)], stdout=log, stderr=log)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mosquitto exited: {self.log.read_text()[-500:]}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.02)
-        raise RuntimeError("mosquitto did not start listening")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-
-@pytest.fixture(scope="session")
-def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
-    require(shutil.which("mosquitto") is not None, "mosquitto is not installed (apt-get install mosquitto)")
-    broker = Mosquitto(tmp_path_factory.mktemp("mosquitto"))
-    broker.start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 @pytest.fixture
@@ -310,6 +255,20 @@ async def test_four_agent_processes_match_the_one_process_run(
     assert_breakdowns_match(breakdown(one.run_dir), breakdown(again.run_dir), again.run_dir)
 
 
+def _phases_on_disk(runs: Path) -> int:
+    found = list(runs.glob("*/events.jsonl"))
+    return found[0].read_bytes().count(b'"kind":"phase"') if found else 0
+
+
+async def _reconfiguring(runs: Path) -> None:
+    """Until the run in `runs` is into its reconfigurations (its second phase event is on disk)."""
+    for _ in range(400):
+        if _phases_on_disk(runs) >= 2:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the run never got going")
+
+
 @pytest.mark.slow
 async def test_an_agent_killed_mid_run_ends_the_run_with_who_and_when(
     broker: Mosquitto, tmp_path: Path, agent_procs: list[subprocess.Popen[bytes]]
@@ -321,14 +280,7 @@ async def test_an_agent_killed_mid_run_ends_the_run_with_who_and_when(
     _spawn_agents(inv_mqtt, tmp_path, agent_procs)
     victim = agent_procs[HOSTS.index("h3")]
     run = asyncio.create_task(run_experiment(exp, inv_mqtt, out_dir=tmp_path / "runs", plots=False, seed=3))
-    events_file: Path | None = None
-    for _ in range(400):  # until the run is into its reconfigurations
-        runs = list((tmp_path / "runs").glob("*/events.jsonl"))
-        if runs and runs[0].read_bytes().count(b'"kind":"phase"') >= 2:
-            events_file = runs[0]
-            break
-        await asyncio.sleep(0.05)
-    assert events_file is not None, "the run never got going"
+    await _reconfiguring(tmp_path / "runs")
     killed_at = time.time_ns()
     victim.kill()
     outcome = await asyncio.wait_for(run, 60)
@@ -358,14 +310,7 @@ async def test_an_agent_restarted_at_once_ends_the_run_and_the_next_run_works(
     _spawn_agents(inv_mqtt, tmp_path, agent_procs)
     victim = agent_procs[HOSTS.index("h3")]
     run = asyncio.create_task(run_experiment(exp, inv_mqtt, out_dir=tmp_path / "runs", plots=False, seed=4))
-    events_file: Path | None = None
-    for _ in range(400):  # until the run is into its reconfigurations
-        runs = list((tmp_path / "runs").glob("*/events.jsonl"))
-        if runs and runs[0].read_bytes().count(b'"kind":"phase"') >= 2:
-            events_file = runs[0]
-            break
-        await asyncio.sleep(0.05)
-    assert events_file is not None, "the run never got going"
+    await _reconfiguring(tmp_path / "runs")
     killed_at = time.time_ns()
     victim.kill()
     await asyncio.sleep(0.3)

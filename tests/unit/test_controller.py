@@ -232,6 +232,17 @@ async def test_switch_power_monitor_as_a_second_rx_power_source(tmp_path: Path, 
     assert not bd["source"].str.startswith("ocs:").any()
 
 
+def _assert_failed(outcome: Any, error: str, run_end: str = "failed") -> list[Event]:
+    """The run failed with `error`, run.json says the same, and the events end with run.end (`run_end`:
+    analysis comes after it, so a run whose analysis failed ended its events as completed)."""
+    assert (outcome.status, outcome.error) == ("failed", error)
+    meta = json.loads((outcome.run_dir / "run.json").read_text())
+    assert (meta["status"], meta["error"]) == ("failed", error)
+    events = list(read_events(outcome.run_dir / "events.jsonl"))
+    assert (events[-1].kind, events[-1].value) == ("run.end", run_end)
+    return events
+
+
 def _final_patches(run_dir: Path) -> list[list[int]]:
     reads = [e for e in read_events(run_dir / "events.jsonl") if e.kind == "ocs.read"]
     return reads[-1].meta["patches"]
@@ -257,11 +268,9 @@ async def test_an_unexpected_error_mid_run_restores_the_baseline_and_records_its
     outcome = await run_experiment(
         short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=3, plots=False
     )
-    assert outcome.status == "failed"
-    assert outcome.error == "internal error: OverflowError: cannot convert float infinity to integer"
-    meta = json.loads((outcome.run_dir / "run.json").read_text())
-    assert meta["status"] == "failed" and meta["error"] == outcome.error
-    events = list(read_events(outcome.run_dir / "events.jsonl"))
+    events = _assert_failed(
+        outcome, "internal error: OverflowError: cannot convert float infinity to integer"
+    )
     assert [e.kind for e in events].count("run.fault") == 1
     phases = [(e.value, e.meta["measured"]) for e in events if e.kind == "phase"]
     assert phases == [("dp", True), ("pp", True), ("dp", False)]  # the restore followed the fault
@@ -269,7 +278,6 @@ async def test_an_unexpected_error_mid_run_restores_the_baseline_and_records_its
     spec, src = load_experiment(short_experiment)
     baseline = set().union(*(rp.mapping for rp in build_plan(spec, inventory, src).phases["dp"].values()))
     assert baseline and {tuple(p) for p in _final_patches(outcome.run_dir)} == baseline
-    assert events[-1].kind == "run.end" and events[-1].value == "failed"
 
 
 async def test_a_switch_that_cannot_connect_fails_the_run_with_its_cause(
@@ -285,12 +293,9 @@ async def test_a_switch_that_cannot_connect_fails_the_run_with_its_cause(
     outcome = await run_experiment(
         short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=4, plots=False
     )
-    assert outcome.status == "failed"
-    assert outcome.error == "ocs1: cannot connect to 192.0.2.1:3082: timed out after 10 s"
-    meta = json.loads((outcome.run_dir / "run.json").read_text())
-    assert meta["error"] == outcome.error  # the cause is in run.json, not only on stderr
-    kinds = [e.kind for e in read_events(outcome.run_dir / "events.jsonl")]
-    assert "phase" not in kinds and kinds[-1] == "run.end"  # nothing touched, nothing to restore
+    # The cause is in run.json, not only on stderr; nothing was touched, so nothing was restored.
+    events = _assert_failed(outcome, "ocs1: cannot connect to 192.0.2.1:3082: timed out after 10 s")
+    assert not [e for e in events if e.kind == "phase"]
 
 
 async def test_a_failed_analysis_fails_the_run_and_keeps_its_events(
@@ -305,12 +310,8 @@ async def test_a_failed_analysis_fails_the_run_and_keeps_its_events(
     outcome = await run_experiment(
         short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=5, plots=False
     )
-    assert outcome.status == "failed"
-    assert outcome.error == "analysis failed: ZeroDivisionError: division by zero"
-    meta = json.loads((outcome.run_dir / "run.json").read_text())
-    assert meta["status"] == "failed" and meta["error"] == outcome.error
-    kinds = [e.kind for e in read_events(outcome.run_dir / "events.jsonl")]
-    assert kinds.count("phase") == 3 and kinds[-1] == "run.end"
+    events = _assert_failed(outcome, "analysis failed: ZeroDivisionError: division by zero", "completed")
+    assert [e.kind for e in events].count("phase") == 3
 
 
 async def test_steps_and_the_baseline_hold_before_the_next_reconfiguration(

@@ -82,12 +82,7 @@ async def test_a_window_records_the_inside_of_the_firmware_phase() -> None:
     probe = LinkStateProbe([target], hz=1000, open_reader=lambda t: replay)
     seen: list[Event] = []
     async with probe:
-
-        async def pump() -> None:
-            async for event in probe.events():
-                seen.append(event)
-
-        reader = asyncio.create_task(pump())
+        reader = asyncio.create_task(_collect(probe, seen))
         await asyncio.sleep(0.05)
         assert [e.value for e in seen] == ["up"], "outside a window only the first reading"
         probe.open_window(["nic:h1/ens1f0np0"])
@@ -148,6 +143,11 @@ class Script:
         self.closed = True
 
 
+async def _collect(probe: LinkStateProbe, seen: list[Event]) -> None:
+    async for event in probe.events():
+        seen.append(event)
+
+
 async def _until(condition: Callable[[], bool], within_s: float = 5.0) -> None:
     for _ in range(round(within_s / 0.005)):
         if condition():
@@ -173,12 +173,7 @@ async def test_a_read_that_times_out_is_counted_per_port_and_polling_goes_on() -
     probe = LinkStateProbe(targets, hz=1000, open_reader=lambda t: readers[t.source])
     seen: list[Event] = []
     async with probe:
-
-        async def pump() -> None:
-            async for event in probe.events():
-                seen.append(event)
-
-        pumping = asyncio.create_task(pump())
+        pumping = asyncio.create_task(_collect(probe, seen))
         await _until(lambda: len(seen) == 2)
         probe.open_window()
         await _until(lambda: [e.value for e in seen if e.source == "nic:h1/a"][-1:] == ["up"] and a.reads > 2)
@@ -247,12 +242,7 @@ async def test_closing_a_window_reads_its_ports_once_more() -> None:
     probe = LinkStateProbe([target], hz=5, open_reader=lambda t: script)  # 200 ms: no second poll in time
     seen: list[Event] = []
     async with probe:
-
-        async def pump() -> None:
-            async for event in probe.events():
-                seen.append(event)
-
-        pumping = asyncio.create_task(pump())
+        pumping = asyncio.create_task(_collect(probe, seen))
         await _until(lambda: len(seen) == 1)
         probe.open_window()
         await _until(lambda: len(seen) == 2)

@@ -7,9 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import shutil
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -29,8 +28,7 @@ from labctl.probes.rxpower import ModulePort, RxPowerProbe
 from labctl.profiles import resolve_profile
 from labctl.switches import emulate_switch
 from labctl.transceiver import FlatImage, ModuleEeprom, PagedImage, read_dom
-from tests.conftest import require
-from tests.unit.test_agents import Mosquitto
+from tests.mosquitto import Mosquitto
 from tests.unit.test_dom import cmis_pages, put, qsfp28
 
 FAST = resolve_profile("fast")
@@ -68,17 +66,6 @@ async def test_the_switch_check_reports_the_patches_converge_refuses_to_remove(
 
 # -- hosts: agents online, and interfaces only where the agents' probes read real ones ---------------------------
 PASSWORD_ENV = "LABCTL_TEST_PREFLIGHT_PW"
-
-
-@pytest.fixture(scope="module")
-def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
-    require(shutil.which("mosquitto") is not None, "mosquitto is not installed (apt-get install mosquitto)")
-    broker = Mosquitto(tmp_path_factory.mktemp("mosquitto"))
-    broker.start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 def lab(tmp_path: Path, kind: str, broker_url: str, switch: str, nics: dict[str, str]) -> Inventory:
