@@ -16,3 +16,17 @@ def test_every_directory_of_modules_is_a_package(repo: Path) -> None:
         and not (d / "__init__.py").exists()
     )
     assert not missing, f"directories of modules without __init__.py (not shipped): {missing}"
+
+
+def test_every_path_the_readme_names_exists(repo: Path) -> None:
+    """A new user follows the README: a file it names that the repository does not hold (a tests/ tier, a
+    design document) is a dead end on the first day."""
+    import re
+
+    text = (repo / "README.md").read_text()
+    named = set(re.findall(r"(?<![\w/.~-])((?:tests|docs|experiments|bench|\.ci)/[\w./-]*[\w/])", text))
+    assert len(named) > 10
+    missing = [p for p in sorted(named) if not (repo / p).exists() and not list(repo.glob(p + "*"))]
+    assert not missing, f"README names paths the repository does not have: {missing}"
+    for doc in re.findall(r"\b([A-Z]+\.md)\b", text):
+        assert (repo / doc).exists() or list(repo.glob(f"docs/**/{doc}")), f"README names {doc}"
