@@ -49,6 +49,7 @@ class Kind:
     OCS_SESSION: Final = "ocs.session"  # a driver session: connected, lost, reconnected, noise, ack
     OCS_REPORT: Final = "ocs.report"  # an autonomous message from a switch (e.g. TL1 REPT)
     RX_POWER: Final = "rx_power"  # dBm, None = no light
+    RX_UPDATE: Final = "rx_power.update"  # a module's estimated DOM update interval, ns
     LINK_FIRMWARE: Final = "link.firmware"  # NIC firmware link state, where observable
     LINK_STATE: Final = "link.state"  # the driver's link state for ethtool: up, down, or why down
     CARRIER: Final = "carrier"
@@ -89,7 +90,7 @@ class EventLog:
     file, so a killed process leaves a file that is readable up to the last flush.
     """
 
-    def __init__(self, path: Path | None, timebase: Timebase, *, batch: int = 8192) -> None:
+    def __init__(self, path: Path | None, timebase: Timebase, *, batch: int = 1024) -> None:
         self.path = path
         self.timebase = timebase
         self.reconfig: int | None = None

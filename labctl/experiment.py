@@ -95,6 +95,19 @@ class ExperimentSpec(_Model):
     gpu: GpuSettings | None = None
 
     @model_validator(mode="after")
+    def _probes_know_the_threshold(self) -> ExperimentSpec:
+        """The Rx-power probe reports every crossing of the analysis threshold (so the optical mark is the
+        first sample at or above it); the threshold is written once, under `analysis:`."""
+        threshold = self.analysis.rx_power_threshold_dbm
+        if self.probes.rx_power_threshold_dbm not in (None, threshold):
+            raise ValueError(
+                "probes.rx_power_threshold_dbm: set analysis.rx_power_threshold_dbm instead (probes use it)"
+            )
+        probes = self.probes.model_copy(update={"rx_power_threshold_dbm": threshold})
+        object.__setattr__(self, "probes", probes)
+        return self
+
+    @model_validator(mode="after")
     def _bounded_plan(self) -> ExperimentSpec:
         n = self.repeat * len(self.cycle)
         if n > MAX_RECONFIGURATIONS:

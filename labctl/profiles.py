@@ -44,6 +44,9 @@ class Profile(BaseModel):
     """Peak-to-peak noise on lit Rx power readings."""
     rtt_us: Range = (8.0, 14.0)
     """Ping-pong round trip on a working circuit."""
+    dom_update_ms: Range = (0.0, 0.0)
+    """How often each transceiver refreshes its DOM registers (one draw per module; 0: on every read).
+    Real modules refresh every few to ~100 ms; a poller faster than that reads the same value repeatedly."""
 
     @model_validator(mode="after")
     def _ranges_ordered(self) -> Profile:

@@ -72,6 +72,13 @@ class ProbeSettings(BaseModel):
         description="ethtool link-state polls per port while a reconfiguration holds it (each is a firmware "
         "register read on mlx5)",
     )
+    rx_power_threshold_dbm: float | None = Field(
+        default=None,
+        ge=-60,
+        le=30,
+        description="set from the experiment's analysis.rx_power_threshold_dbm: crossing it is always "
+        "reported",
+    )
     switch_power_hz: float = Field(
         default=0.0,
         ge=0,
@@ -193,49 +200,3 @@ class ReportGate:
     def forget(self, keys: Iterable[str]) -> None:
         for key in keys:
             self._last_t.pop(key, None)
-
-
-class LightWindow:
-    """Dense Rx-power reports while a port's light is being moved.
-
-    A fast switch's dark gap (2-3 ms) can fall between two samples; the power before and after is the same,
-    so on-change reporting says nothing until the next heartbeat (100 ms), and the breakdown's fallback for
-    t2 (the first report at or above threshold after the switch acknowledged) would be that late. From
-    `open()` until the port's light has been seen gone and back (or `max_ns`), its heartbeat is
-    `interval_ns` instead: a few extra events per port and reconfiguration.
-    """
-
-    def __init__(self, interval_ns: int, max_ns: int = 1_000_000_000) -> None:
-        self.interval_ns = interval_ns
-        self.max_ns = max_ns
-        self._until: dict[str, int] = {}
-        self._seen_dark: set[str] = set()
-
-    def open(self, keys: Iterable[str], t_ns: int) -> None:
-        for key in keys:
-            self._until[key] = t_ns + self.max_ns
-            self._seen_dark.discard(key)
-
-    def close(self) -> None:
-        self._until.clear()
-        self._seen_dark.clear()
-
-    def interval(self, key: str, lit: bool, t_ns: int) -> int | None:
-        """The heartbeat for this sample: dense while the window holds the port, else None (the gate's)."""
-        until = self._until.get(key)
-        if until is None:
-            return None
-        if t_ns >= until or (lit and key in self._seen_dark):
-            del self._until[key]  # light seen back (or given up): back to on-change reporting
-            self._seen_dark.discard(key)
-            return None
-        if not lit:
-            self._seen_dark.add(key)
-        return self.interval_ns
-
-
-def power_moved(prev_dbm: float | None, now_dbm: float | None, deadband_db: float) -> bool:
-    """Optical power changed enough to report: light appeared or vanished, or moved by the deadband."""
-    if prev_dbm is None or now_dbm is None:
-        return (prev_dbm is None) != (now_dbm is None)
-    return abs(now_dbm - prev_dbm) >= deadband_db

@@ -34,6 +34,15 @@ class ReconfigWindow(Protocol):
     def close_window(self) -> None: ...
 
 
+@runtime_checkable
+class SwitchAware(Protocol):
+    """A probe told the moment a switch acknowledged a change (t1), for the ports it moved: the Rx-power
+    poller reports each one's next sample, so a dark gap that fell between samples still gets its optical
+    mark right after t1 (without reporting every port densely until then)."""
+
+    def switched(self, sources: Collection[str]) -> None: ...
+
+
 class FaultLatch:
     """Where a lab reports a fault it notices outside any driver call (an agent gone): the controller waits
     on it, stops the sequence, restores the baseline and fails the run with the reason (raising
@@ -72,6 +81,10 @@ class Lab:
     def circuit_probes(self) -> list[CircuitProbe]:
         """Probes that must be told which peer each port should reach (traffic)."""
         return [p for p in self.probes if isinstance(p, CircuitProbe)]
+
+    @property
+    def switch_aware_probes(self) -> list[SwitchAware]:
+        return [p for p in self.probes if isinstance(p, SwitchAware)]
 
     @property
     def window_probes(self) -> list[ReconfigWindow]:

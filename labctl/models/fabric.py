@@ -11,15 +11,18 @@ A newer change of the link invalidates transitions still pending for the old one
 
 from __future__ import annotations
 
-import asyncio
 import functools
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from labctl.events import Kind
 from labctl.inventory import Inventory, NicPort
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
+from labctl.models.timeline import Scheduled, Timeline
 from labctl.profiles import Profile
 
 TRANSPORT = "transport"
@@ -31,17 +34,80 @@ TransitionListener = Callable[[NicPort, str, int, int], None]
 DARK_RAMP_DB = 30.0  # Rx power rises from ~30 dB below its level while the optics settle
 
 
-@dataclass
+class PortArrays:
+    """The per-port state the vectorized readers need, one numpy array per field (index: the port's slot).
+
+    Probes of hundreds of ports sample every port every millisecond; reading a Python object per port per
+    sample saturates a core at 512 ports, so the optical state lives here and a whole lab is read with a
+    few array operations (`SimFabric.rx_power_mw`, `SimFabric.traffic_ok`)."""
+
+    def __init__(self, n: int) -> None:
+        self.lit_from = np.full(n, -1, np.int64)  # slot of the port whose light reaches this one; -1 dark
+        self.level_dbm = np.zeros(n)
+        self.light_t_ns = np.zeros(n, np.int64)
+        self.settle_ns = np.zeros(n, np.int64)
+        self.transport = np.zeros(n, bool)
+        self.before_mw = np.zeros(n)  # power before the last light change: what a stale module still shows
+        self.update_ns = np.zeros(n, np.int64)  # the module's DOM refresh interval (0: current on every read)
+        self.update_phase_ns = np.zeros(n, np.int64)
+
+
 class PortState:
-    port: NicPort
-    rx_level_dbm: float
-    light_from: NicPort | None = None
-    light_t_ns: int = 0
-    settle_ns: int = 0
-    firmware: int = 0
-    carrier: int = 0
-    transport: int = 0
-    generation: int = 0
+    """One NIC port of the model. The optical fields are views of the fabric's `PortArrays`."""
+
+    __slots__ = ("_fabric", "carrier", "firmware", "generation", "port", "slot")
+
+    def __init__(self, fabric: SimFabric, port: NicPort, slot: int) -> None:
+        self._fabric = fabric
+        self.port = port
+        self.slot = slot
+        self.firmware = 0
+        self.carrier = 0
+        self.generation = 0
+
+    @property
+    def light_from(self) -> NicPort | None:
+        i = int(self._fabric.arrays.lit_from[self.slot])
+        return self._fabric.port_at[i] if i >= 0 else None
+
+    @light_from.setter
+    def light_from(self, source: NicPort | None) -> None:
+        a = self._fabric.arrays
+        was_lit = a.lit_from[self.slot] >= 0
+        a.before_mw[self.slot] = 10.0 ** (a.level_dbm[self.slot] / 10.0) if was_lit else 0.0
+        a.lit_from[self.slot] = self._fabric.slot[source] if source is not None else -1
+
+    @property
+    def rx_level_dbm(self) -> float:
+        return float(self._fabric.arrays.level_dbm[self.slot])
+
+    @rx_level_dbm.setter
+    def rx_level_dbm(self, dbm: float) -> None:
+        self._fabric.arrays.level_dbm[self.slot] = dbm
+
+    @property
+    def light_t_ns(self) -> int:
+        return int(self._fabric.arrays.light_t_ns[self.slot])
+
+    @light_t_ns.setter
+    def light_t_ns(self, t_ns: int) -> None:
+        self._fabric.arrays.light_t_ns[self.slot] = t_ns
+
+    @property
+    def settle_ns(self) -> int:
+        return int(self._fabric.arrays.settle_ns[self.slot])
+
+    @settle_ns.setter
+    def settle_ns(self, ns: int) -> None:
+        self._fabric.arrays.settle_ns[self.slot] = ns
+
+    @property
+    def transport(self) -> int:
+        return int(self._fabric.arrays.transport[self.slot])
+
+    @transport.setter
+    def transport(self, value: int) -> None:
+        self._fabric.arrays.transport[self.slot] = bool(value)
 
 
 @dataclass
@@ -52,7 +118,7 @@ class _Pending:
     generation: int
     kind: str
     value: int
-    handle: asyncio.TimerHandle | None = None
+    handle: Scheduled | None = None
 
 
 class SimFabric:
@@ -65,18 +131,31 @@ class SimFabric:
         self.rng = rng
         self.listeners: list[TransitionListener] = []
         self.ports: dict[NicPort, PortState] = {}
+        self.port_at: list[NicPort] = list(inventory.ports)
+        self.slot: dict[NicPort, int] = {port: i for i, port in enumerate(self.port_at)}
+        self.arrays = PortArrays(len(self.port_at))
+        # Sample noise and module refresh phases draw from their own stream: how often the probes read
+        # must not change the link delays a seed draws.
+        self.noise = np.random.default_rng(rng.getrandbits(64))
         self._by_rx: dict[tuple[str, int], NicPort] = {}
         self._by_tx: dict[tuple[str, int], NicPort] = {}
         self._pending: dict[NicPort, list[_Pending]] = {}
+        self.timeline = Timeline()
         for port in inventory.ports:
             # Per-port spread of received power, as fibers and connectors differ.
             level = profile.rx_power_dbm + rng.uniform(-0.8, 0.8)
-            self.ports[port] = PortState(port, rx_level_dbm=level)
+            st = self.ports[port] = PortState(self, port, self.slot[port])
+            st.rx_level_dbm = level
             self._by_rx[(port.switch, port.rx)] = port
             self._by_tx[(port.switch, port.tx)] = port
             switches[port.switch].transmitting[port.tx] = level + INSERTION_LOSS_DB
         for name, model in switches.items():
             model.add_listener(functools.partial(self._on_light, name))
+        low, high = profile.dom_update_ms
+        if high > 0:
+            a = self.arrays
+            a.update_ns[:] = np.rint(self.noise.uniform(low, high, len(self.port_at)) * 1e6)
+            a.update_phase_ns[:] = np.rint(self.noise.uniform(0, 1, len(self.port_at)) * a.update_ns)
 
     def add_listener(self, listener: TransitionListener) -> None:
         self.listeners.append(listener)
@@ -139,7 +218,7 @@ class SimFabric:
 
     def _schedule(self, port: NicPort, generation: int, kind: str, value: int, t_ns: int) -> None:
         pending = _Pending(t_ns, generation, kind, value)
-        pending.handle = asyncio.get_running_loop().call_at(t_ns / 1e9, self._fire, port, pending)
+        pending.handle = self.timeline.at(t_ns, self._fire, port, pending)
         self._pending.setdefault(port, []).append(pending)
 
     def _fire(self, port: NicPort, pending: _Pending) -> None:
@@ -165,27 +244,51 @@ class SimFabric:
             listener(port, kind, value, t_ns)
 
     def cancel_pending(self) -> None:
-        for pendings in self._pending.values():
-            for pending in pendings:
-                if pending.handle is not None:
-                    pending.handle.cancel()
+        self.timeline.cancel_all()
         self._pending.clear()
 
     # -- what probes read ------------------------------------------------------------------------------------
+    def rx_power_mw(self, slots: np.ndarray, t_ns: int) -> np.ndarray:
+        """What each port's module reports at t_ns, in mW (0: no light), for ports by slot.
+
+        A module refreshes its DOM registers every `update_ns` (the profile's `dom_update_ms`; 0: on every
+        read), so a read returns the power at the module's last refresh, which may predate the latest
+        light change (then it still shows the power from before it). Values are quantized to the
+        register's 0.1 µW and saturate at 6.5535 mW, as an SFF-8636 Rx power word does."""
+        a = self.arrays
+        t = np.full(slots.size, t_ns, np.int64)
+        update = a.update_ns[slots]
+        stale = update > 0
+        if stale.any():
+            period = update[stale]
+            t[stale] -= (t[stale] - a.update_phase_ns[slots][stale]) % period
+        since = t - a.light_t_ns[slots]
+        settle = a.settle_ns[slots]
+        noise = (self.noise.random(slots.size) - 0.5) * self.profile.rx_noise_db
+        dbm = a.level_dbm[slots] + noise
+        ramping = (since >= 0) & (since < settle)
+        if ramping.any():
+            dbm[ramping] -= DARK_RAMP_DB * (1 - since[ramping] / settle[ramping])
+        mw = np.where(a.lit_from[slots] >= 0, 10.0 ** (dbm / 10.0), 0.0)
+        mw = np.where(stale & (since < 0), a.before_mw[slots], mw)  # refreshed before the change
+        return np.minimum(np.rint(mw * 1e4), 0xFFFF) / 1e4
+
     def rx_power_dbm(self, port: NicPort, t_ns: int) -> float | None:
-        """Received power at time t_ns; None when no light reaches the port (never a made-up floor)."""
-        st = self.ports[port]
-        if st.light_from is None:
-            return None
-        level = st.rx_level_dbm + self.rng.uniform(-0.5, 0.5) * self.profile.rx_noise_db
-        since = t_ns - st.light_t_ns
-        if since < st.settle_ns:
-            return level - DARK_RAMP_DB * (1 - since / st.settle_ns)
-        return level
+        """Received power of one port at time t_ns; None when no light reaches it (never a made-up floor)."""
+        mw = float(self.rx_power_mw(np.array([self.slot[port]]), t_ns)[0])
+        return 10.0 * math.log10(mw) if mw > 0 else None
+
+    def traffic_ok(self, slots: np.ndarray, peer_slots: np.ndarray) -> np.ndarray:
+        """Whether a ping-pong from each port to its peer (by slot) would get through now."""
+        a = self.arrays
+        ok: np.ndarray = a.transport[slots] & (a.lit_from[slots] == peer_slots) & a.transport[peer_slots]
+        return ok
+
+    def rtt_ns(self) -> int:
+        """The round trip of one ping-pong on a working circuit."""
+        return self.profile.draw_ns(self.rng, "rtt_us")
 
     def traffic_rtt_ns(self, port: NicPort, peer: NicPort) -> int | None:
         """RTT of one ping-pong from `port` to `peer` now, or None if it would be lost."""
-        st = self.ports[port]
-        if not st.transport or st.light_from != peer or not self.ports[peer].transport:
-            return None
-        return self.profile.draw_ns(self.rng, "rtt_us")
+        ok = self.traffic_ok(np.array([self.slot[port]]), np.array([self.slot[peer]]))
+        return self.rtt_ns() if ok[0] else None

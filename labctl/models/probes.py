@@ -18,13 +18,15 @@ import contextlib
 import functools
 from collections.abc import Sequence
 
+import numpy as np
+
 from labctl.clock import now_ns
 from labctl.events import Event, Kind
 from labctl.inventory import NicPort
 from labctl.models.fabric import SimFabric
 from labctl.models.module_eeprom import ModelDrivenQsfp28
 from labctl.probes import PortSite, ProbeContext, ProbeKind
-from labctl.sampling import Probe, QueueProbe, ReportGate, ticks
+from labctl.sampling import Probe, QueueProbe, ticks
 
 
 class SimLinkProbe(QueueProbe):
@@ -62,6 +64,11 @@ class SimLinkProbe(QueueProbe):
 
 
 class SimTrafficProbe(QueueProbe):
+    """A ping-pong per port with a circuit, every `interval_us`, through the model: one vectorized check of
+    every circuit per tick (`SimFabric.traffic_ok`), so hundreds of ports cost one tick, not one task or
+    one Python call each. Events as a real traffic probe writes them: on change and as a heartbeat, each
+    with the time of the port's previous ping (`meta.prev_ns`: the mark's bracket)."""
+
     name = "model-traffic"
     counters = ("pings",)
 
@@ -79,22 +86,30 @@ class SimTrafficProbe(QueueProbe):
         self.by_source = {p.source: p for p in ports}
         self.period_ns = interval_us * 1000
         self.timeout_ns = (timeout_us if timeout_us is not None else 2 * interval_us) * 1000
-        self.gate = ReportGate(report_interval_ns)
+        self.report_interval_ns = report_interval_ns
         self.peers: dict[NicPort, NicPort] = {}
         self.pings = 0
-        self._was_ok: dict[NicPort, bool] = {}  # the last outcome per port, and pings since it was reported
-        self._count: dict[NicPort, int] = {}
+        n = len(fabric.port_at)
+        # Per fabric slot: the last outcome (-1: none yet), pings since it was reported, last report and ping.
+        self._was_ok = np.full(n, -1, np.int8)
+        self._count = np.zeros(n, np.int64)
+        self._reported_t = np.full(n, np.iinfo(np.int64).min // 2, np.int64)
+        self._pinged_t = np.full(n, -1, np.int64)
+        self._src = self._dst = np.zeros(0, np.int64)
 
     def set_circuits(self, peers: dict[str, str | None]) -> None:
         for source, peer in peers.items():
             port = self.by_source.get(source)
             if port is None:
                 continue
-            self.gate.forget([source])
+            self._reported_t[self.fabric.slot[port]] = np.iinfo(np.int64).min // 2  # report the next ping
             if peer is None:
                 self.peers.pop(port, None)
             else:
                 self.peers[port] = self.by_source[peer]
+        slot = self.fabric.slot
+        self._src = np.array([slot[p] for p in self.peers], np.int64)
+        self._dst = np.array([slot[q] for q in self.peers.values()], np.int64)
 
     async def _run(self) -> None:
         async with contextlib.aclosing(ticks(self.period_ns)) as schedule:
@@ -102,26 +117,36 @@ class SimTrafficProbe(QueueProbe):
                 self._ping_all(t)
 
     def _ping_all(self, t: int) -> None:
-        for port, peer in list(self.peers.items()):
-            rtt = self.fabric.traffic_rtt_ns(port, peer)
-            self.pings += 1
-            ok = rtt is not None
-            changed = self._was_ok.get(port) is not ok
-            self._count[port] = 1 if changed else self._count.get(port, 0) + 1
-            self._was_ok[port] = ok
-            if not self.gate.due(port.source, changed, t):
-                continue
-            meta = {"peer": peer.source, "n": self._count[port]}
-            self._count[port] = 0
-            if not ok:
+        src, dst = self._src, self._dst
+        if not src.size:
+            return
+        ok = self.fabric.traffic_ok(src, dst)
+        self.pings += int(src.size)
+        changed = self._was_ok[src] != ok
+        self._count[src] = np.where(changed, 1, self._count[src] + 1)
+        self._was_ok[src] = ok
+        prev = self._pinged_t[src]
+        self._pinged_t[src] = t
+        due = np.flatnonzero(changed | (t - self._reported_t[src] >= self.report_interval_ns))
+        port_at = self.fabric.port_at
+        for i in due.tolist():
+            s, d = int(src[i]), int(dst[i])
+            port, peer = port_at[s], port_at[d]
+            meta: dict[str, object] = {"peer": peer.source, "n": int(self._count[s])}
+            if prev[i] >= 0:
+                meta["prev_ns"] = int(prev[i])
+            self._count[s] = 0
+            self._reported_t[s] = t
+            good = bool(ok[i])
+            if not good:
                 meta["detected_ns"] = t + self.timeout_ns  # when a real probe would give up on it
             self.queue.put(
                 Event(
                     t_ns=t,
-                    kind=Kind.TRAFFIC_OK if ok else Kind.TRAFFIC_LOST,
+                    kind=Kind.TRAFFIC_OK if good else Kind.TRAFFIC_LOST,
                     source=port.source,
                     host=port.host,
-                    value=rtt,
+                    value=self.fabric.rtt_ns() if good else None,
                     meta=meta,
                 )
             )
@@ -136,9 +161,17 @@ def _module(fabric: SimFabric, port: NicPort) -> ModelDrivenQsfp28:
 
 
 def model_sites(fabric: SimFabric, ports: Sequence[NicPort]) -> list[PortSite]:
-    """Ports whose transceiver is an emulated QSFP28 lit by the model (every lane alike: report lane 1)."""
+    """Ports whose transceiver is an emulated QSFP28 lit by the model (every lane alike: report lane 1).
+    The poller identifies each module through its EEPROM, then reads the power of all of them at once
+    from the model (`rx_batch`)."""
     return [
-        PortSite(port, open_eeprom=functools.partial(_module, fabric, port), rx_lanes=(1,)) for port in ports
+        PortSite(
+            port,
+            open_eeprom=functools.partial(_module, fabric, port),
+            rx_lanes=(1,),
+            rx_batch=(fabric, fabric.slot[port]),
+        )
+        for port in ports
     ]
 
 

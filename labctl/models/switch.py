@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from labctl.clock import now_ns
 from labctl.errors import HardwareError
 from labctl.mapping import Mapping, MappingDiff, PortSpace, apply_diff
+from labctl.models.timeline import Timeline
 from labctl.profiles import Profile
 
 # egress port, ingress port whose light now reaches it (None: dark), model time
@@ -38,7 +39,7 @@ class SwitchModel:
         self.lit: dict[int, int] = {}  # egress → ingress whose light reaches it now
         self.transmitting: dict[int, float] = {}  # ingress → launch power (dBm) of the attached transmitter
         self.listeners: list[LightListener] = []
-        self._timers: set[asyncio.TimerHandle] = set()
+        self.timeline = Timeline()
         self.commands = 0
         self.refusals = 0
         """Fault injection: refuse this many of the next changes (each leaves the patches unchanged)."""
@@ -54,20 +55,15 @@ class SwitchModel:
         self.listeners.append(listener)
 
     def _at(self, t_ns: int, egress: int, ingress: int | None) -> None:
-        loop = asyncio.get_running_loop()
+        self.timeline.at(t_ns, self._light, t_ns, egress, ingress)
 
-        def fire() -> None:
-            self._timers.discard(handle)
-            if ingress is None:
-                self.lit.pop(egress, None)
-            else:
-                self.lit[egress] = ingress
-            for listener in self.listeners:
-                listener(egress, ingress, t_ns)
-
-        # loop.time() is CLOCK_MONOTONIC, the run timebase, so model times map directly onto it.
-        handle = loop.call_at(t_ns / 1e9, fire)
-        self._timers.add(handle)
+    def _light(self, t_ns: int, egress: int, ingress: int | None) -> None:
+        if ingress is None:
+            self.lit.pop(egress, None)
+        else:
+            self.lit[egress] = ingress
+        for listener in self.listeners:
+            listener(egress, ingress, t_ns)
 
     async def execute(self, diff: MappingDiff) -> tuple[int, int]:
         """Carry out a diff. Returns (command received, switching done) in model ns; sleeps until done."""
@@ -102,9 +98,7 @@ class SwitchModel:
         return self.transmitting[ingress] - INSERTION_LOSS_DB
 
     def cancel_pending(self) -> None:
-        for handle in self._timers:
-            handle.cancel()
-        self._timers.clear()
+        self.timeline.cancel_all()
 
     def ports_lit(self) -> Iterable[int]:
         return self.lit.keys()

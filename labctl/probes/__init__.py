@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 from labctl.errors import InputError
 from labctl.inventory import NicPort
@@ -32,6 +35,18 @@ class PortSite:
     """None: the live module behind the interface (ethtool)."""
     rx_lanes: tuple[int, ...] | None = None
     """Lanes to report Rx power for (None: all the module has)."""
+    rx_batch: tuple[RxPowerBatch, int] | None = None
+    """A model that reports this port's Rx power (at this slot) together with its other ports' in one
+    vectorized read; None: read the port's module on its own."""
+
+
+@runtime_checkable
+class RxPowerBatch(Protocol):
+    """Rx power of many modeled modules in one call (labctl.models.fabric.SimFabric)."""
+
+    def rx_power_mw(self, slots: np.ndarray, t_ns: int) -> np.ndarray:
+        """mW per slot at t_ns (0: no light), as each module's register reads."""
+        ...
 
 
 @dataclass(frozen=True)

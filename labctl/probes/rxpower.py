@@ -24,16 +24,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
+
+import numpy as np
 
 from labctl.clock import now_ns
 from labctl.events import Event, Kind
 from labctl.linux.ethtool import ModuleEepromError, open_module_eeprom
-from labctl.probes import ProbeContext, ProbeKind
-from labctl.sampling import LightWindow, Probe, QueueProbe, ReportGate, power_moved, ticks
+from labctl.probes import ProbeContext, ProbeKind, RxPowerBatch
+from labctl.sampling import Probe, QueueProbe, ticks
 from labctl.transceiver import (
     A0H,
     A2H,
@@ -43,7 +46,6 @@ from labctl.transceiver import (
     ModuleInfo,
     ModuleKind,
     module_info,
-    mw_to_dbm,
 )
 
 Read = tuple[int, int, int, int, int]  # i2c address, page, bank, offset, length
@@ -59,6 +61,9 @@ class ModulePort:
     host: str
     open_eeprom: Callable[[], ModuleEeprom]
     lanes: tuple[int, ...] | None = None
+    batch: tuple[RxPowerBatch, int] | None = None
+    """A model that reads this port's power with others' in one call (identification still reads the
+    EEPROM); None: each sample reads the module."""
 
     @classmethod
     def of_interface(
@@ -112,18 +117,14 @@ class _Polled:
     reads: list[Read]
     los: LosPlan | None
     los_reads: list[Read]
-    keys: list[str] = field(init=False)
-    reported: list[bool] = field(init=False)
-    last: list[float | None] = field(init=False)
     streak: int = 0
     read_errors: int = 0
     failed: str | None = None
     """Why this port is no longer sampled (too many consecutive failed reads)."""
-
-    def __post_init__(self) -> None:
-        self.keys = [f"{self.port.source}#{self.info.lanes[i]}" for i in self.lanes]
-        self.reported = [False] * len(self.lanes)
-        self.last = [None] * len(self.lanes)
+    batched: bool = False
+    """Sampled through its model's batch read, not its EEPROM."""
+    los_now: list[bool] | None = None
+    """The latched LOS bits of the reported lanes, as last read (consume_latched_flags)."""
 
 
 def _close(mem: ModuleEeprom) -> None:
@@ -132,8 +133,24 @@ def _close(mem: ModuleEeprom) -> None:
         close()
 
 
+UPDATE_REPORT_NS = 1_000_000_000  # how often module update-interval estimates are revisited
+UPDATE_MIN_CHANGES = 20  # value changes a module must show before its update interval is estimated
+
+
 class RxPowerProbe(QueueProbe):
-    """Polls every port's module at `hz` and emits `rx_power` per lane on change and as a heartbeat."""
+    """Polls every port's module at `hz` and emits `rx_power` per lane on change and as a heartbeat.
+
+    One tick reads every port (a model's ports in one vectorized read, live modules one read each) and
+    decides what to report with array operations over every lane, so the cost of a tick grows with the
+    number of reads, not with Python work per lane. Each report carries the time of the lane's previous
+    sample (`meta.prev_ns`): a change is known to have happened in (prev_ns, t_ns], the mark's bracket.
+    Crossing `threshold_dbm` always counts as a change, so the first report at or above it is the first
+    sample that saw it.
+
+    Each lane's module update interval is estimated from how often its value changes while lit (a module
+    refreshes its DOM every few to ~100 ms; between refreshes every read returns the same words) and
+    written as `rx_power.update` events: the breakdown widens the optical mark's bracket by it.
+    """
 
     name = "rx-power"
     counters = ("samples", "read_errors")
@@ -145,6 +162,7 @@ class RxPowerProbe(QueueProbe):
         hz: float = 1000.0,
         deadband_db: float = 0.5,
         report_interval_ns: int = 100_000_000,
+        threshold_dbm: float | None = None,
         consume_latched_flags: bool = False,
         max_error_streak_s: float = 1.0,
         queue_size: int = 65536,
@@ -153,8 +171,10 @@ class RxPowerProbe(QueueProbe):
         self.ports = list(ports)
         self.period_ns = round(1e9 / hz)
         self.deadband_db = deadband_db
-        self.gate = ReportGate(report_interval_ns)
-        self.window = LightWindow(max(2 * self.period_ns, 1_000_000))
+        self.report_interval_ns = report_interval_ns
+        self.window_interval_ns = max(2 * self.period_ns, 1_000_000)
+        self.window_max_ns = 1_000_000_000
+        self.threshold_dbm = -math.inf if threshold_dbm is None else threshold_dbm
         self.consume_latched_flags = consume_latched_flags
         self.max_error_streak = max(1, round(max_error_streak_s * hz))
         self.polled: list[_Polled] = []
@@ -162,6 +182,7 @@ class RxPowerProbe(QueueProbe):
         """Ports whose module could not be opened at start, and why."""
         self.samples = 0  # port samples: one read of one port's power words
         self.read_errors = 0
+        self._lanes: _Lanes | None = None
 
     def stats(self) -> dict[str, float | int]:
         out = super().stats()
@@ -170,6 +191,13 @@ class RxPowerProbe(QueueProbe):
         out["ports_without_module"] = len(self.unsampled)
         if "samples_per_s" in out and sampled:
             out["samples_per_s_per_port"] = round(out["samples_per_s"] / sampled, 1)
+        if self._lanes is not None:
+            estimates = self._lanes.update_estimates()
+            known = estimates[estimates > 0]
+            out["module_update_estimated"] = int(known.size)
+            if known.size:
+                out["module_update_ns_median"] = int(np.median(known))
+                out["module_update_ns_max"] = int(known.max())
         return out
 
     def _open(self, port: ModulePort) -> _Polled:
@@ -183,9 +211,14 @@ class RxPowerProbe(QueueProbe):
             raise
         lanes = [i for i, lane in enumerate(info.lanes) if port.lanes is None or lane in port.lanes]
         los = LosPlan.for_module(info) if self.consume_latched_flags else None
-        return _Polled(
+        polled = _Polled(
             port, mem, info, lanes, _reads(info.rx_power_reads), los, _reads(los.reads) if los else []
         )
+        # A batch models an SFF-8636 module reporting one lane; anything else reads its EEPROM each sample.
+        polled.batched = (
+            port.batch is not None and los is None and len(lanes) == 1 and info.module is ModuleKind.SFF8636
+        )
+        return polled
 
     async def __aenter__(self) -> Self:
         # Open and identify every module before the sampler starts. A port whose module cannot be read (no
@@ -212,6 +245,7 @@ class RxPowerProbe(QueueProbe):
         except BaseException:
             self._close_all()
             raise
+        self._lanes = _Lanes(self.polled)
         return await super().__aenter__()
 
     async def __aexit__(
@@ -232,22 +266,31 @@ class RxPowerProbe(QueueProbe):
         self.polled = []
 
     def open_window(self, sources: Collection[str] | None = None) -> None:
-        """A reconfiguration moves these ports' light: report densely until it is seen back (LightWindow)."""
-        t = now_ns()
-        for p in self.polled:
-            if sources is None or p.port.source in sources:
-                self.window.open(p.keys, t)
+        """A reconfiguration moves these ports' light: report densely until it is seen back (dark, then at
+        or above the threshold) or for `window_max_ns`."""
+        if self._lanes is not None:
+            self._lanes.open_window(sources, now_ns() + self.window_max_ns)
 
     def close_window(self) -> None:
-        self.window.close()
+        if self._lanes is not None:
+            self._lanes.window_until[:] = 0
 
-    def _sample(self, p: _Polled) -> None:
+    def switched(self, sources: Collection[str]) -> None:
+        """The switch acknowledged moving these ports' light: report each one's next sample (the first
+        after t1) and end its dense window, which only stood in for not knowing when that was."""
+        if self._lanes is not None:
+            self._lanes.switched(sources)
+
+    def _read(self, p: _Polled, lanes: _Lanes, t_ns: np.ndarray, mw: np.ndarray) -> None:
+        """One live (or unbatched) module's read into the tick's arrays; NaN where it failed."""
+        at = lanes.by_port[id(p)]
         try:
             chunks = [p.mem.read(*r) for r in p.reads]
             t = now_ns()  # observed: the words existed by the time the read returned
             los = p.los.decode(p.info, [p.mem.read(*r) for r in p.los_reads]) if p.los else None
             mws = p.info.decode_rx_power_mw(chunks)
         except (ModuleEepromError, DomDecodeError) as e:
+            mw[at] = math.nan
             self.read_errors += 1
             p.read_errors += 1
             p.streak += 1
@@ -255,6 +298,7 @@ class RxPowerProbe(QueueProbe):
                 # This module is gone (pulled, dead, a firmware that stopped answering): stop reading it,
                 # say so in the stream, and keep sampling the other ports. Exiting the probe raises it.
                 p.failed = f"{p.port.source}: {p.streak} consecutive failed reads, last: {e}"
+                lanes.live[at] = False
                 self.queue.put(
                     Event(
                         t_ns=now_ns(),
@@ -268,48 +312,195 @@ class RxPowerProbe(QueueProbe):
             return
         p.streak = 0
         self.samples += 1
-        for k, i in enumerate(p.lanes):
-            mw = mws[i]
-            dbm = mw_to_dbm(mw)
-            changed = not p.reported[k] or power_moved(p.last[k], dbm, self.deadband_db)
-            interval = self.window.interval(p.keys[k], dbm is not None, t)
-            if not self.gate.due(p.keys[k], changed, t, interval):
-                continue
-            p.reported[k] = True
-            p.last[k] = dbm
-            meta: dict[str, object] = {"lane": p.info.lanes[i], "mw": round(mw, 6)}
-            if los is not None:
-                meta["los"] = los[i]
-            if p.read_errors:
-                meta["read_errors"] = p.read_errors
+        t_ns[at] = t
+        mw[at] = [mws[i] for i in p.lanes]
+        if los is not None:
+            p.los_now = [los[i] for i in p.lanes]
+
+    def _tick(self, lanes: _Lanes) -> bool:
+        """Sample every live port once and report what changed; False when none is left to sample."""
+        n = lanes.n
+        t_ns = np.zeros(n, np.int64)
+        mw = np.full(n, math.nan)
+        any_live = False
+        for batch, slots, at in lanes.batches:
+            live = lanes.live[at]
+            if live.any():
+                any_live = True
+                t = now_ns()
+                mw[at] = batch.rx_power_mw(slots, t)
+                t_ns[at] = t
+                self.samples += int(live.sum())
+        for p in lanes.unbatched:
+            if p.failed is None:
+                any_live = True
+                self._read(p, lanes, t_ns, mw)
+        if not any_live:
+            return False
+        self._report(lanes, t_ns, mw)
+        return True
+
+    def _report(self, lanes: _Lanes, t_ns: np.ndarray, mw: np.ndarray) -> None:
+        read = ~np.isnan(mw) & lanes.live
+        lit = read & (mw > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            dbm = np.where(lit, 10.0 * np.log10(np.where(lit, mw, 1.0)), -math.inf)
+        above = dbm >= self.threshold_dbm
+        last = lanes.last_dbm
+        moved = (lit != (last > -math.inf)) | (above != (last >= self.threshold_dbm))
+        moved |= lit & (np.abs(dbm - np.where(last > -math.inf, last, 0.0)) >= self.deadband_db)
+        changed = read & (~lanes.reported | moved | lanes.force)
+        lanes.force &= ~read
+        # The dense window: while a port's light is being moved, report every window interval.
+        windowed = read & (lanes.window_until > 0)
+        done = windowed & ((t_ns >= lanes.window_until) | (above & lanes.seen_dark))
+        lanes.window_until[done] = 0
+        lanes.seen_dark[done] = False
+        windowed &= ~done
+        lanes.seen_dark |= windowed & ~above
+        interval = np.where(windowed, self.window_interval_ns, self.report_interval_ns)
+        due = changed | (read & (t_ns - lanes.reported_t >= interval))
+        # Module update interval: how often the value changes while the light is steady.
+        steady = read & lit & (lanes.last_mw > 0) & (lanes.sampled_t > 0)
+        lanes.steady_ns[steady] += t_ns[steady] - lanes.sampled_t[steady]
+        lanes.value_changes[steady & (mw != lanes.last_mw)] += 1
+        prev_t = lanes.sampled_t.copy()
+        lanes.sampled_t[read] = t_ns[read]
+        lanes.last_mw[read] = mw[read]
+        for k in np.flatnonzero(due).tolist():
+            self._emit(lanes, k, int(t_ns[k]), float(mw[k]), float(dbm[k]), int(prev_t[k]))
+        lanes.reported[due] = True
+        lanes.reported_t[due] = t_ns[due]
+        last[due] = dbm[due]
+        t = int(t_ns.max())
+        if t - lanes.update_checked_t >= UPDATE_REPORT_NS:
+            lanes.update_checked_t = t
+            self._report_update_intervals(lanes, t)
+
+    def _emit(self, lanes: _Lanes, k: int, t: int, mw: float, dbm: float, prev_t: int) -> None:
+        p, lane = lanes.owner[k]
+        meta: dict[str, object] = {"lane": p.info.lanes[p.lanes[lane]], "mw": round(mw, 6)}
+        if prev_t > 0:
+            meta["prev_ns"] = prev_t
+        if p.los_now is not None:
+            meta["los"] = p.los_now[lane]
+        if p.read_errors:
+            meta["read_errors"] = p.read_errors
+        self.queue.put(
+            Event(
+                t_ns=t,
+                kind=Kind.RX_POWER,
+                source=p.port.source,
+                host=p.port.host,
+                value=None if dbm == -math.inf else round(dbm, 3),
+                meta=meta,
+            )
+        )
+
+    def _report_update_intervals(self, lanes: _Lanes, t: int) -> None:
+        """An `rx_power.update` event per lane whose update-interval estimate is new or moved by > 25%."""
+        estimates = lanes.update_estimates()
+        moved = np.abs(estimates - lanes.update_reported) > 0.25 * lanes.update_reported
+        report = (estimates > 0) & ((lanes.update_reported == 0) | moved)
+        for k in np.flatnonzero(report).tolist():
+            p, lane = lanes.owner[k]
+            lanes.update_reported[k] = estimates[k]
             self.queue.put(
                 Event(
                     t_ns=t,
-                    kind=Kind.RX_POWER,
+                    kind=Kind.RX_UPDATE,
                     source=p.port.source,
                     host=p.port.host,
-                    value=None if dbm is None else round(dbm, 3),
-                    meta=meta,
+                    value=int(estimates[k]),
+                    meta={
+                        "lane": p.info.lanes[p.lanes[lane]],
+                        "changes": int(lanes.value_changes[k]),
+                        "steady_ns": int(lanes.steady_ns[k]),
+                        "sampling_period_ns": self.period_ns,
+                    },
                 )
             )
 
     async def _run(self) -> None:
+        lanes = self._lanes
+        assert lanes is not None
         async with contextlib.aclosing(ticks(self.period_ns)) as schedule:
             async for _tick in schedule:
-                live = [p for p in self.polled if p.failed is None]
-                if not live:
+                if not self._tick(lanes):
                     return  # every module failed: nothing left to sample (each said why in the stream)
-                for p in live:
-                    self._sample(p)
 
     @property
     def failures(self) -> list[str]:
         return [p.failed for p in self.polled if p.failed is not None]
 
 
+class _Lanes:
+    """Every reported lane of every polled port as rows of arrays (what the last sample and report were,
+    the dense window), and how each row is read: in a model's batch, or by its own module read."""
+
+    def __init__(self, polled: Sequence[_Polled]) -> None:
+        self.owner: list[tuple[_Polled, int]] = [(p, i) for p in polled for i in range(len(p.lanes))]
+        self.n = n = len(self.owner)
+        self.by_port: dict[int, np.ndarray] = {}
+        self.by_source: dict[str, np.ndarray] = {}
+        k = 0
+        for p in polled:
+            self.by_port[id(p)] = self.by_source[p.port.source] = np.arange(k, k + len(p.lanes))
+            k += len(p.lanes)
+        groups: dict[int, tuple[RxPowerBatch, list[int], list[int]]] = {}
+        self.unbatched = [p for p in polled if not p.batched]
+        for p in polled:
+            if p.batched and p.port.batch is not None:
+                batch, slot = p.port.batch
+                entry = groups.setdefault(id(batch), (batch, [], []))
+                entry[1].append(slot)
+                entry[2].append(int(self.by_port[id(p)][0]))
+        self.batches = [
+            (batch, np.array(slots, np.int64), np.array(at, np.int64)) for batch, slots, at in groups.values()
+        ]
+        self.live = np.ones(n, bool)
+        self.reported = np.zeros(n, bool)
+        self.reported_t = np.zeros(n, np.int64)
+        self.last_dbm = np.full(n, -math.inf)
+        self.last_mw = np.full(n, -1.0)
+        self.sampled_t = np.zeros(n, np.int64)
+        self.window_until = np.zeros(n, np.int64)
+        self.seen_dark = np.zeros(n, bool)
+        self.force = np.zeros(n, bool)  # report the next sample whatever it shows
+        self.steady_ns = np.zeros(n, np.int64)
+        self.value_changes = np.zeros(n, np.int64)
+        self.update_reported = np.zeros(n)
+        self.update_checked_t = 0
+
+
+    def rows_of(self, sources: Collection[str] | None) -> np.ndarray:
+        """The lane rows of these port sources (None: every row)."""
+        if sources is None:
+            return np.arange(self.n)
+        found = [self.by_source[s] for s in sources if s in self.by_source]
+        return np.concatenate(found) if found else np.zeros(0, np.int64)
+
+    def open_window(self, sources: Collection[str] | None, until_ns: int) -> None:
+        at = self.rows_of(sources)
+        self.window_until[at] = until_ns
+        self.seen_dark[at] = False
+
+    def switched(self, sources: Collection[str]) -> None:
+        at = self.rows_of(sources)
+        self.force[at] = True
+        self.window_until[at] = 0
+        self.seen_dark[at] = False
+
+    def update_estimates(self) -> np.ndarray:
+        """Each lane's module update interval (ns): steady lit time per value change; 0 where too few
+        changes were seen to say (a constant value, or not lit long enough)."""
+        enough = self.value_changes >= UPDATE_MIN_CHANGES
+        return np.where(enough, self.steady_ns / np.maximum(self.value_changes, 1), 0.0)
+
+
 def _build(ctx: ProbeContext) -> Probe:
     ports = [
-        ModulePort(site.port.source, site.port.host, site.open_eeprom, site.rx_lanes)
+        ModulePort(site.port.source, site.port.host, site.open_eeprom, site.rx_lanes, site.rx_batch)
         if site.open_eeprom is not None
         else ModulePort.of_interface(site.port.host, site.port.ifname, netns=site.netns, lanes=site.rx_lanes)
         for site in ctx.ports
@@ -317,6 +508,7 @@ def _build(ctx: ProbeContext) -> Probe:
     return RxPowerProbe(
         ports,
         hz=ctx.settings.rx_power_hz,
+        threshold_dbm=ctx.settings.rx_power_threshold_dbm,
         deadband_db=ctx.settings.rx_power_deadband_db,
         report_interval_ns=ctx.report_interval_ns,
     )

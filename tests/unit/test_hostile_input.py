@@ -139,6 +139,7 @@ FULL_INVENTORY: dict[str, Any] = {
             "rx_power_dbm": -2.5,
             "rx_noise_db": 0.05,
             "rtt_us": [8.0, 14.0],
+            "dom_update_ms": [0.0, 0.0],
         }
     },
     "switches": {

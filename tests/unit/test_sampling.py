@@ -64,38 +64,6 @@ async def test_a_long_stall_skips_missed_ticks_instead_of_bursting(clock: FakeCl
     assert sum(g == 0 for g in gaps) == 0  # never two ticks at the same instant
 
 
-def test_light_window_reports_densely_until_the_light_is_seen_back() -> None:
-    gate, window = sampling.ReportGate(100_000_000), sampling.LightWindow(2_000_000, max_ns=50_000_000)
-
-    def reported(samples: list[tuple[int, float | None]], key: str = "p") -> list[int]:
-        out, last = [], samples[0][1]
-        for t, dbm in samples:
-            changed = sampling.power_moved(last, dbm, 0.5)
-            if gate.due(key, changed, t, window.interval(key, dbm is not None, t)):
-                out.append(t)
-                last = dbm
-        return out
-
-    ms = 1_000_000
-    assert reported([(0, -3.0)]) == [0]
-    # Outside a window a steady port is quiet until its heartbeat.
-    assert reported([(t * ms, -3.0) for t in range(1, 20)]) == []
-    # A reconfiguration whose dark gap fell between samples: same power before and after, yet the window
-    # reports every 2 ms, so the first report after the switch acknowledged comes soon.
-    window.open(["p"], 20 * ms)
-    assert reported([(t * ms, -3.0) for t in range(20, 30)]) == [t * ms for t in (20, 22, 24, 26, 28)]
-    # Seen dark, then lit again: back to on-change reporting.
-    assert reported([(30 * ms, None), (31 * ms, None), (33 * ms, -3.0)]) == [30 * ms, 33 * ms]
-    assert reported([(t * ms, -3.0) for t in range(34, 60)]) == []
-    # A window that never sees the light go dense for at most max_ns; close() ends every window.
-    window.open(["p"], 100 * ms)
-    dense = reported([(t * ms, -3.0) for t in range(100, 200)])
-    assert dense and max(dense) < 150 * ms
-    window.open(["p"], 300 * ms)
-    window.close()
-    assert reported([(t * ms, -3.0) for t in range(300, 320)]) == [300 * ms]  # the 100 ms heartbeat only
-
-
 async def _drain(probe: sampling.QueueProbe) -> list[object]:
     return [e async for e in probe.events()]
 

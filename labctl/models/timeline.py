@@ -1,0 +1,80 @@
+"""Model transitions at their model times, delivered through the event loop by one timer per model.
+
+A reconfiguration of a 512-port switch schedules ~2,500 transitions (light lost and back per egress, then
+firmware, carrier and transport per NIC port). One asyncio timer each costs a TimerHandle, a heap push on
+the loop and a callback dispatch: milliseconds of loop time in one burst, during which every sampler of the
+run waits. A `Timeline` keeps its own heap and holds a single loop timer for its earliest entry; when it
+fires, every entry that is due runs, in model-time order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+
+class Scheduled:
+    """One entry of a timeline; `cancel()` keeps it from running."""
+
+    __slots__ = ("args", "callback", "cancelled", "t_ns")
+
+    def __init__(self, t_ns: int, callback: Callable[..., None], args: tuple[Any, ...]) -> None:
+        self.t_ns = t_ns
+        self.callback = callback
+        self.args = args
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Timeline:
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, Scheduled]] = []
+        self._seq = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_t: int | None = None
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def at(self, t_ns: int, callback: Callable[..., None], *args: Any) -> Scheduled:
+        """Run `callback(*args)` at model time t_ns (CLOCK_MONOTONIC ns, the loop's clock)."""
+        entry = Scheduled(t_ns, callback, args)
+        heapq.heappush(self._heap, (t_ns, next(self._seq), entry))
+        if self._timer_t is None or t_ns < self._timer_t:
+            self._arm(t_ns)
+        return entry
+
+    def _arm(self, t_ns: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_t = t_ns
+        # loop.time() is CLOCK_MONOTONIC, the run timebase, so model times map directly onto it.
+        self._timer = asyncio.get_running_loop().call_at(t_ns / 1e9, self._fire)
+
+    def _fire(self) -> None:
+        armed = self._timer_t or 0
+        self._timer = self._timer_t = None
+        # The loop runs a timer up to its clock resolution early: whatever it was armed for is due.
+        now = max(round(asyncio.get_running_loop().time() * 1e9), armed)
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)[2]
+            if not entry.cancelled:
+                entry.callback(*entry.args)
+        while heap and heap[0][2].cancelled:
+            heapq.heappop(heap)
+        if heap and self._timer_t is None:
+            self._arm(heap[0][0])
+
+    def cancel_all(self) -> None:
+        for _t, _seq, entry in self._heap:
+            entry.cancel()
+        self._heap.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._timer_t = None
