@@ -4,17 +4,25 @@ Marks (DESIGN.md): t0 `ocs.command` sent · t1 `ocs.complete` · t2 first Rx pow
 light was seen lost (or after t1 if the loss fell between samples) · t3 `link.firmware` up · t4 `carrier`
 up · t5 first `traffic.ok` after t4. Each mark is searched in the window from t0 to the next
 reconfiguration. A missing mark is empty (pandas <NA>, an empty CSV cell), never 0.
+
+Brackets: a sampled mark is the first sample that saw the new state; the sample before it (its event's
+`meta.prev_ns`) did not, so the change happened in (prev_ns, t]. `tN_resolution_ns` is that width (plus a
+module's DOM update interval for t2, where it is longer than the sampling period; 0 for marks stamped as
+they happen). A host's marks also carry its clock-offset uncertainty (`clock_uncertainty_ns`) against the
+controller's t0/t1. A phase whose end precedes its start by more than the brackets allow is physically
+impossible (`impossible` names it: a wrong clock, a mislabelled event); one that is negative within them
+is shorter than the marks resolve (`unresolved`, e.g. a starved sampler). Both are excluded from the
+summary, counted, and named by the report: a negative duration is never printed as a measurement.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -48,17 +56,43 @@ COLUMNS = [
     # added after the first release; append only
     "source",
     "peer",
+    "t2_resolution_ns",
+    "t3_resolution_ns",
+    "t4_resolution_ns",
+    "t5_resolution_ns",
+    "clock_uncertainty_ns",
+    "impossible",
+    "unresolved",
 ]
-DURATIONS = [c for c in COLUMNS if c.endswith("_ns") and not re.match(r"t\d_", c)]
-"""The phase durations (and the two down-side delays): every *_ns column that is not a mark t0..t5."""
+DURATIONS = [
+    "switch_ns",
+    "optical_ns",
+    "firmware_ns",
+    "carrier_ns",
+    "transport_ns",
+    "total_ns",
+    "carrier_down_ns",
+    "traffic_lost_ns",
+]
+"""The phase durations (and the two down-side delays)."""
+FLAG_COLUMNS = ("impossible", "unresolved")
 INT_COLUMNS = [c for c in COLUMNS if c.endswith("_ns")] + ["reconfig", "rail"]
 DEFAULT_THRESHOLD_DBM = -10.0
 CONTROL_KINDS = frozenset({Kind.PHASE, Kind.OCS_COMMAND, Kind.OCS_COMPLETE, Kind.RUN_TIMEOUT, Kind.RUN_START})
-SIGNAL_KINDS = (Kind.RX_POWER, Kind.LINK_FIRMWARE, Kind.CARRIER, Kind.TRAFFIC_OK, Kind.TRAFFIC_LOST)
+SIGNAL_KINDS = (
+    Kind.RX_POWER,
+    Kind.RX_UPDATE,
+    Kind.LINK_FIRMWARE,
+    Kind.CARRIER,
+    Kind.TRAFFIC_OK,
+    Kind.TRAFFIC_LOST,
+)
 
 
 class _LiteMeta(msgspec.Struct, frozen=True):
     peer: str | None = None
+    prev_ns: int | None = None
+    sampling_period_ns: int | None = None
 
 
 class _Lite(msgspec.Struct):
@@ -80,6 +114,8 @@ def _ok_to(peer: str) -> str:
 class Series:
     t: np.ndarray
     v: np.ndarray
+    prev: np.ndarray
+    """The time of the sample before each event's (-1: none known, a mark stamped as it happened)."""
 
 
 class EventIndex:
@@ -88,6 +124,9 @@ class EventIndex:
     def __init__(self) -> None:
         self._t: dict[tuple[str, str], list[int]] = defaultdict(list)
         self._v: dict[tuple[str, str], list[float]] = defaultdict(list)
+        self._p: dict[tuple[str, str], list[int]] = defaultdict(list)
+        self.update_ns: dict[str, int] = {}
+        """Per source: the module's estimated DOM update interval where it exceeds the sampling period."""
         self.control: list[Event] = []
         self._series: dict[tuple[str, str], Series] = {}
 
@@ -96,7 +135,23 @@ class EventIndex:
         """The latest time stamped on any indexed event (0 if none)."""
         return max([max(ts) for ts in self._t.values() if ts] + [e.t_ns for e in self.control], default=0)
 
-    def add(self, t_ns: int, source: str, kind: str, value: Any, peer: str | None = None) -> None:
+    def add(
+        self,
+        t_ns: int,
+        source: str,
+        kind: str,
+        value: Any,
+        peer: str | None = None,
+        prev_ns: int | None = None,
+        sampling_period_ns: int | None = None,
+    ) -> None:
+        if kind == Kind.RX_UPDATE:
+            # Longer than the sampling period: the module, not the poller, limits the optical mark.
+            if isinstance(value, int) and value > 1.5 * (sampling_period_ns or 0):
+                self.update_ns[source] = value
+            else:
+                self.update_ns.pop(source, None)
+            return
         v = -math.inf if value is None else float(value) if not isinstance(value, str) else 0.0
         keys = [(source, kind)]
         if kind == Kind.TRAFFIC_OK and peer:
@@ -104,6 +159,7 @@ class EventIndex:
         for key in keys:
             self._t[key].append(t_ns)
             self._v[key].append(v)
+            self._p[key].append(-1 if prev_ns is None else prev_ns)
 
     @classmethod
     def from_events(cls, events: Iterable[Event]) -> EventIndex:
@@ -112,7 +168,16 @@ class EventIndex:
             if e.kind in CONTROL_KINDS:
                 index.control.append(e)
             elif e.kind in SIGNAL_KINDS:
-                index.add(e.t_ns, e.source, e.kind, e.value, e.meta.get("peer"))
+                m = e.meta
+                index.add(
+                    e.t_ns,
+                    e.source,
+                    e.kind,
+                    e.value,
+                    m.get("peer"),
+                    m.get("prev_ns"),
+                    m.get("sampling_period_ns"),
+                )
         return index
 
     @classmethod
@@ -136,7 +201,8 @@ class EventIndex:
             if e.kind in CONTROL_KINDS:
                 index.control.append(full.decode(line))
             elif e.kind in SIGNAL_KINDS:
-                index.add(e.t_ns, e.source, e.kind, e.value, e.meta.peer)
+                m = e.meta
+                index.add(e.t_ns, e.source, e.kind, e.value, m.peer, m.prev_ns, m.sampling_period_ns)
         return index
 
     def series(self, source: str, kind: str) -> Series:
@@ -145,32 +211,69 @@ class EventIndex:
         if s is None:
             t = np.asarray(self._t.get(key, ()), dtype=np.int64)
             v = np.asarray(self._v.get(key, ()), dtype=np.float64)
+            p = np.asarray(self._p.get(key, ()), dtype=np.int64)
             order = np.argsort(t, kind="stable")
-            s = self._series[key] = Series(t[order], v[order])
+            s = self._series[key] = Series(t[order], v[order], p[order])
         return s
 
 
-def _first(s: Series, start: int, end: float, mask: np.ndarray | None = None) -> int | None:
-    """Time of the first sample in [start, end) (where mask holds), or None."""
+class Mark(NamedTuple):
+    """A mark's time and its bracket's width: the change happened in (t - resolution, t]."""
+
+    t: int
+    resolution: int
+
+
+def _find(s: Series, start: int | None, end: float, mask: np.ndarray | None = None) -> Mark | None:
+    """The first sample in [start, end) (where mask holds), with its bracket, or None."""
+    if start is None:
+        return None
     i = int(np.searchsorted(s.t, start, "left"))
     j = int(np.searchsorted(s.t, end, "left")) if end != math.inf else len(s.t)
     if i >= j:
         return None
-    if mask is None:
-        return int(s.t[i])
-    hits = np.flatnonzero(mask[i:j])
-    return int(s.t[i + hits[0]]) if hits.size else None
+    if mask is not None:
+        hits = np.flatnonzero(mask[i:j])
+        if not hits.size:
+            return None
+        i += int(hits[0])
+    t, prev = int(s.t[i]), int(s.prev[i])
+    return Mark(t, t - prev if 0 <= prev <= t else 0)
+
+
+def _at(mark: Mark | None) -> int | None:
+    return mark.t if mark is not None else None
 
 
 def _sub(a: int | None, b: int | None) -> int | None:
     return a - b if a is not None and b is not None else None
 
 
+# Each phase: (duration column, start mark, end mark, whether the marks are on different clocks: t0/t1
+# on the controller's, the others on the host that observed them).
+PHASES: tuple[tuple[str, str, str, bool], ...] = (
+    ("switch_ns", "t0", "t1", False),
+    ("optical_ns", "t0", "t2", True),
+    ("firmware_ns", "t2", "t3", False),
+    ("carrier_ns", "t3|t2", "t4", False),
+    ("transport_ns", "t4", "t5", False),
+    ("total_ns", "t0", "t5", True),
+    ("carrier_down_ns", "t0", "down", True),
+    ("traffic_lost_ns", "t0", "lost", True),
+)
+
+
 def compute_breakdown(
-    events: Iterable[Event] | EventIndex, threshold_dbm: float | None = None
+    events: Iterable[Event] | EventIndex,
+    threshold_dbm: float | None = None,
+    clock_uncertainty_ns: Mapping[str, int] | None = None,
 ) -> pd.DataFrame:
-    """One row per measured reconfiguration × affected port; columns as in COLUMNS."""
+    """One row per measured reconfiguration × affected port; columns as in COLUMNS.
+
+    `clock_uncertainty_ns`: per host, the uncertainty of its measured clock offset (agents' hosts); it
+    widens the brackets of phases that subtract a controller mark from one of that host's."""
     index = events if isinstance(events, EventIndex) else EventIndex.from_events(events)
+    uncertainty = clock_uncertainty_ns or {}
     control = sorted(index.control, key=lambda e: (e.t_ns, e.seq))
     if threshold_dbm is None:
         start = next((e for e in control if e.kind == Kind.RUN_START), None)
@@ -213,53 +316,90 @@ def compute_breakdown(
                 "t0_command_ns": t0,
                 "t1_switch_done_ns": t1,
                 "timed_out": source in timed_out.get(reconfig, ()),
+                "impossible": "",
+                "unresolved": "",
             }
             if t0 is None:
                 rows.append(row)
                 continue
-            rx = index.series(source, Kind.RX_POWER)
-            dark = rx.v < threshold_dbm
-            t_dark = _first(rx, t0, end, dark)
-            if t_dark is not None:
-                t2 = _first(rx, t_dark, end, ~dark)
-            else:
-                t2 = _first(rx, t1, end, ~dark) if t1 is not None else None
-            fw = index.series(source, Kind.LINK_FIRMWARE)
-            t3 = _first(fw, t0, end, fw.v == 1)
-            carrier = index.series(source, Kind.CARRIER)
-            t4 = _first(carrier, t0, end, carrier.v == 1)
-            t_carrier_down = _first(carrier, t0, end, carrier.v == 0)
-            lost = index.series(source, Kind.TRAFFIC_LOST)
-            t_lost = _first(lost, t0, end)
-            peer = p.get("peer")
-            to_peer = index.series(source, _ok_to(peer)) if peer else None
-            if to_peer is not None and to_peer.t.size:
-                # Traffic that reached the new peer: the old circuit can never be mistaken for it.
-                t5 = _first(to_peer, t4 if t4 is not None else t0, end)
-            else:
-                ok = index.series(source, Kind.TRAFFIC_OK)
-                if t4 is not None:
-                    t5 = _first(ok, t4, end)
-                else:  # carrier not observed: traffic back after it was seen lost
-                    t5 = _first(ok, t_lost, end) if t_lost is not None else None
+            marks = _marks(index, p, t0, t1, end, threshold_dbm)
+            u = int(uncertainty.get(p["host"], 0))
             row.update(
                 {
-                    "t2_rx_power_ns": t2,
-                    "t3_firmware_up_ns": t3,
-                    "t4_carrier_up_ns": t4,
-                    "t5_traffic_ns": t5,
-                    "switch_ns": _sub(t1, t0),
-                    "optical_ns": _sub(t2, t0),
-                    "firmware_ns": _sub(t3, t2),
-                    "carrier_ns": _sub(t4, t3 if t3 is not None else t2),
-                    "transport_ns": _sub(t5, t4),
-                    "total_ns": _sub(t5, t0),
-                    "carrier_down_ns": _sub(t_carrier_down, t0),
-                    "traffic_lost_ns": _sub(t_lost, t0),
+                    "t2_rx_power_ns": _at(marks["t2"]),
+                    "t3_firmware_up_ns": _at(marks["t3"]),
+                    "t4_carrier_up_ns": _at(marks["t4"]),
+                    "t5_traffic_ns": _at(marks["t5"]),
+                    "t2_resolution_ns": _res(marks["t2"], index.update_ns.get(source, 0)),
+                    "t3_resolution_ns": _res(marks["t3"]),
+                    "t4_resolution_ns": _res(marks["t4"]),
+                    "t5_resolution_ns": _res(marks["t5"]),
+                    "clock_uncertainty_ns": u,
                 }
             )
+            if marks["t2"] is not None and source in index.update_ns:
+                marks["t2"] = Mark(marks["t2"].t, marks["t2"].resolution + index.update_ns[source])
+            impossible: list[str] = []
+            unresolved: list[str] = []
+            for column, a_name, b_name, cross in PHASES:
+                a = marks.get(a_name) if "|" not in a_name else marks["t3"] or marks["t2"]
+                b = marks.get(b_name)
+                if a is None or b is None:
+                    row[column] = None
+                    continue
+                duration = b.t - a.t
+                row[column] = duration
+                if duration >= 0:
+                    continue
+                # The true start is at most a.resolution earlier than its mark, the true end no later than
+                # its mark; across clocks either may be off by the offset's uncertainty.
+                longest = duration + a.resolution + (u if cross else 0)
+                (impossible if longest < 0 else unresolved).append(column.removesuffix("_ns"))
+            row["impossible"] = ",".join(impossible)
+            row["unresolved"] = ",".join(unresolved)
             rows.append(row)
     return _frame(rows)
+
+
+def _marks(
+    index: EventIndex, p: dict[str, Any], t0: int, t1: int | None, end: float, threshold_dbm: float
+) -> dict[str, Mark | None]:
+    """Every mark of one port's row, searched from t0 to the next reconfiguration."""
+    source = p["source"]
+    rx = index.series(source, Kind.RX_POWER)
+    dark = rx.v < threshold_dbm
+    t_dark = _find(rx, t0, end, dark)
+    if t_dark is not None:
+        t2 = _find(rx, t_dark.t, end, ~dark)
+    else:
+        # The dark gap fell between samples: the first sample at or above the threshold after the switch
+        # acknowledged. Every sample since the command saw light (old or new), so the light came back
+        # somewhere after t0: that is the mark's bracket.
+        t2 = _find(rx, t1, end, ~dark)
+        if t2 is not None:
+            t2 = Mark(t2.t, t2.t - t0)
+    fw = index.series(source, Kind.LINK_FIRMWARE)
+    t3 = _find(fw, t0, end, fw.v == 1)
+    carrier = index.series(source, Kind.CARRIER)
+    t4 = _find(carrier, t0, end, carrier.v == 1)
+    down = _find(carrier, t0, end, carrier.v == 0)
+    lost = _find(index.series(source, Kind.TRAFFIC_LOST), t0, end)
+    peer = p.get("peer")
+    to_peer = index.series(source, _ok_to(peer)) if peer else None
+    if to_peer is not None and to_peer.t.size:
+        # Traffic that reached the new peer: the old circuit can never be mistaken for it.
+        t5 = _find(to_peer, t4.t if t4 is not None else t0, end)
+    else:
+        ok = index.series(source, Kind.TRAFFIC_OK)
+        # Carrier not observed: traffic back after it was seen lost.
+        after = t4 if t4 is not None else lost
+        t5 = _find(ok, after.t, end) if after is not None else None
+    exact = {"t0": Mark(t0, 0), "t1": Mark(t1, 0) if t1 is not None else None}
+    return {**exact, "t2": t2, "t3": t3, "t4": t4, "t5": t5, "down": down, "lost": lost}
+
+
+def _res(mark: Mark | None, extra: int = 0) -> int | None:
+    return mark.resolution + extra if mark is not None else None
 
 
 def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -269,14 +409,23 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     frame["timed_out"] = frame["timed_out"].fillna(False).astype(bool)
     for col in ("phase", "host", "port", "source", "peer"):
         frame[col] = frame[col].astype("string")
+    for col in FLAG_COLUMNS:
+        frame[col] = frame[col].fillna("").astype("string")
     return frame
 
 
 def read_breakdown_csv(path: Path) -> pd.DataFrame:
     frame = pd.read_csv(
-        path, dtype={c: "Int64" for c in INT_COLUMNS if c != "timed_out"} | {"phase": "string"}
+        path,
+        dtype={c: "Int64" for c in INT_COLUMNS if c != "timed_out"}
+        | {"phase": "string"}
+        | dict.fromkeys(FLAG_COLUMNS, "string"),
     )
     frame["timed_out"] = frame["timed_out"].astype(bool)
+    for col in FLAG_COLUMNS:  # breakdowns written before these columns existed have none flagged
+        frame[col] = (
+            frame[col].fillna("") if col in frame else pd.Series("", index=frame.index, dtype="string")
+        )
     return frame
 
 
@@ -287,36 +436,128 @@ def write_breakdown(frame: pd.DataFrame, run_dir: Path) -> None:
         frame.to_parquet(tmp, index=False)
 
 
-STAT_NAMES = ("count", "min", "p5", "median", "p95", "max")
+STAT_NAMES = ("n", "min", "p5", "median", "p95", "max")
+
+UNITS: dict[str, str] = {
+    "switch_ns": "rail command",
+    "optical_ns": "port",
+    "firmware_ns": "port",
+    "carrier_ns": "port",
+    "transport_ns": "circuit end",
+    "total_ns": "circuit end",
+    "carrier_down_ns": "port",
+    "traffic_lost_ns": "port",
+}
+"""What one value of each phase is: a rail's switch command moves all its ports at once (one switching
+time per command, however many ports); optical, firmware and carrier are each port's own; transport and
+total are per end of a new circuit (a port going dark has none)."""
+
+BOOTSTRAP_RESAMPLES = 2000
+CI_LEVEL = 0.95
+
+
+def phase_values(rows: pd.DataFrame, column: str) -> np.ndarray:
+    """The values of one phase over its own unit, flagged rows left out (integer ns)."""
+    name = column.removesuffix("_ns")
+    keep = rows[column].notna() & ~_flagged_for(rows, name)
+    if UNITS[column] == "rail command":
+        keep &= ~rows.duplicated(["reconfig", "rail"])
+    elif UNITS[column] == "circuit end":
+        keep &= rows["peer"].fillna("") != ""
+    return rows.loc[keep, column].to_numpy(dtype=np.int64)
+
+
+def _has(rows: pd.DataFrame, flag: str, phase: str) -> pd.Series:
+    """Rows whose flag column (a comma-separated list of phase names) names `phase`."""
+    if flag not in rows:
+        return pd.Series(False, index=rows.index)
+    return rows[flag].fillna("").str.split(",").apply(lambda names: phase in names).astype(bool)
+
+
+def _flagged_for(rows: pd.DataFrame, phase: str) -> pd.Series:
+    return _has(rows, "impossible", phase) | _has(rows, "unresolved", phase)
+
+
+def median_ci(values: np.ndarray, *, seed: int = 0) -> tuple[int, int] | None:
+    """A percentile-bootstrap confidence interval (CI_LEVEL) for the median, resampling values
+    independently (BOOTSTRAP_RESAMPLES times, a fixed seed: the same data gives the same interval)."""
+    if values.size < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    medians = np.empty(BOOTSTRAP_RESAMPLES)
+    chunk = max(1, 4_000_000 // values.size)  # bound the resample matrix's memory
+    for i in range(0, BOOTSTRAP_RESAMPLES, chunk):
+        k = min(chunk, BOOTSTRAP_RESAMPLES - i)
+        medians[i : i + k] = np.median(rng.choice(values, (k, values.size)), axis=1)
+    tail = (1 - CI_LEVEL) / 2 * 100
+    lo, hi = np.percentile(medians, [tail, 100 - tail])
+    return round(float(lo)), round(float(hi))
+
+
+def describe(values: np.ndarray, unit: str) -> dict[str, Any]:
+    """n, min/p5/median/p95/max and the median's CI of one phase's values (integer ns)."""
+    stats: dict[str, Any] = {"unit": unit, "n": int(values.size), "count": int(values.size)}
+    if values.size == 0:
+        return stats | dict.fromkeys(("min", "p5", "median", "p95", "max", "median_ci"))
+    p5, median, p95 = np.percentile(values, [5, 50, 95], method="linear")
+    return stats | {
+        "min": int(values.min()),
+        "p5": round(float(p5)),
+        "median": round(float(median)),
+        "p95": round(float(p95)),
+        "max": int(values.max()),
+        "median_ci": median_ci(values),
+    }
 
 
 def summarize(frame: pd.DataFrame, *, exclude_setup: bool = True) -> dict[str, Any]:
-    """min/p5/median/p95/max per phase duration (integer ns) over the measured reconfigurations."""
+    """Per phase, over its own unit (UNITS): n, min/p5/median/p95/max (integer ns), a bootstrap CI of the
+    median, and how many rows were left out as impossible or unresolved."""
     rows = frame[frame["reconfig"] > 0] if exclude_setup else frame
-    phases: dict[str, dict[str, int | None]] = {}
+    phases: dict[str, dict[str, Any]] = {}
     for col in DURATIONS:
-        values = rows[col].dropna().to_numpy(dtype=np.int64)
         name = col.removesuffix("_ns")
-        if values.size == 0:
-            phases[name] = {"count": 0, "min": None, "p5": None, "median": None, "p95": None, "max": None}
-            continue
-        p5, median, p95 = np.percentile(values, [5, 50, 95], method="linear")
-        phases[name] = {
-            "count": int(values.size),
-            "min": int(values.min()),
-            "p5": round(float(p5)),
-            "median": round(float(median)),
-            "p95": round(float(p95)),
-            "max": int(values.max()),
-        }
+        phases[name] = describe(phase_values(rows, col), UNITS[col])
+        for flag in FLAG_COLUMNS:
+            phases[name][flag] = int(_has(rows, flag, name).sum())
+    flagged = pd.Series(False, index=rows.index)
+    for flag in FLAG_COLUMNS:
+        if flag in rows:
+            flagged |= rows[flag].fillna("") != ""
     return {
         "unit": "ns",
+        "ci": f"{CI_LEVEL:.0%} percentile bootstrap of the median, {BOOTSTRAP_RESAMPLES} resamples",
         "reconfigurations": int(rows["reconfig"].nunique()),
         "rows": len(rows),
         "timed_out": int(rows["timed_out"].sum()),
         "incomplete": int(rows["t5_traffic_ns"].isna().sum()),
+        "flagged_rows": int(flagged.sum()),
+        "resolution": _resolution(rows),
         "phases": phases,
     }
+
+
+def _resolution(rows: pd.DataFrame) -> dict[str, Any]:
+    """The median and worst bracket of each sampled mark (ns), over the rows that have it."""
+    out: dict[str, Any] = {}
+    for col in ("t2_resolution_ns", "t3_resolution_ns", "t4_resolution_ns", "t5_resolution_ns"):
+        if col not in rows:
+            continue
+        values = rows[col].dropna().to_numpy(dtype=np.int64)
+        if values.size:
+            mark = col.removesuffix("_resolution_ns")
+            out[mark] = {"n": int(values.size), "median": int(np.median(values)), "max": int(values.max())}
+    return out
+
+
+def clock_uncertainties(offsets: Mapping[str, Any]) -> dict[str, int]:
+    """Per host, the largest uncertainty of its measured clock offset over the run (run.json's
+    `clock_offsets`, every re-measurement in its history)."""
+    out = {}
+    for host, estimate in offsets.items():
+        history = estimate.get("history") or [estimate]
+        out[host] = max(int(e.get("uncertainty_ns", 0)) for e in history)
+    return out
 
 
 # Phases that subtract a controller mark (t0: the command) from one stamped on a host (an agent's clock).
@@ -328,9 +569,7 @@ def clock_caveats(frame: pd.DataFrame, offsets: dict[str, Any]) -> list[str]:
     controller's clock to that host's: that phase is not resolved there (one line per host and phase)."""
     rows = frame[frame["reconfig"] > 0]
     out = []
-    for host, estimate in sorted(offsets.items()):
-        history = estimate.get("history") or [estimate]
-        uncertainty = max(int(e.get("uncertainty_ns", 0)) for e in history)
+    for host, uncertainty in sorted(clock_uncertainties(offsets).items()):
         mine = rows[rows["host"] == host]
         for col in CROSS_CLOCK:
             values = mine[col].dropna().to_numpy(dtype=np.int64)

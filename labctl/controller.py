@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from labctl.breakdown import EventIndex, clock_caveats, compute_breakdown, summarize, write_breakdown
+from labctl.breakdown import (
+    EventIndex,
+    clock_caveats,
+    clock_uncertainties,
+    compute_breakdown,
+    summarize,
+    write_breakdown,
+)
 from labctl.clock import Timebase, now_ns
 from labctl.errors import LabctlError, LabFault
 from labctl.events import Event, EventLog, Kind
@@ -28,7 +35,7 @@ from labctl.inventory import Inventory, NicPort
 from labctl.labs import build_lab, load
 from labctl.labs.base import Lab, LabContext
 from labctl.linux.timesync import clock_sync_state
-from labctl.looplag import LoopLagMonitor
+from labctl.looplag import LoopLagMonitor, frozen_heap
 from labctl.mapping import Mapping, MappingDiff, diff_mapping
 from labctl.probes import ProbeContext, probe_kinds
 from labctl.sampling import Probe
@@ -226,6 +233,8 @@ class Controller:
         # probed, so the moment its traffic stops is measured too.
         peers = peers_of(self.inventory, rp.rail, rp.mapping)
         circuits = {p.source: (q.source if q else None) for p, q in peers.items()}
+        for aware in self.lab.switch_aware_probes:
+            aware.switched(circuits.keys())
         for probe in self.lab.circuit_probes:
             probe.set_circuits(circuits)
 
@@ -444,6 +453,7 @@ class Controller:
             await stack.enter_async_context(probe)
             tasks.append(asyncio.create_task(self._pump(probe), name=f"pump:{probe.name}"))
         tasks.append(asyncio.create_task(self._flusher(), name="flusher"))
+        stack.enter_context(frozen_heap())
         await stack.enter_async_context(self.loop_lag)
 
     async def _run(self) -> tuple[str, str | None]:
@@ -612,10 +622,10 @@ async def run_experiment(
 def analyse(run_dir: Path, threshold_dbm: float | None = None, *, plots: bool = True) -> dict[str, Any]:
     """(Re)compute breakdown.csv/.parquet, summary.json and the plots of a run from its events.jsonl."""
     index = EventIndex.from_file(run_dir / "events.jsonl")
-    frame = compute_breakdown(index, threshold_dbm)
+    offsets = read_run_json(run_dir).get("clock_offsets") or {}
+    frame = compute_breakdown(index, threshold_dbm, clock_uncertainties(offsets))
     write_breakdown(frame, run_dir)
     summary = summarize(frame)
-    offsets = read_run_json(run_dir).get("clock_offsets") or {}
     summary["clock_caveats"] = clock_caveats(frame, offsets)
     write_json_atomic(run_dir / "summary.json", summary)
     if plots:

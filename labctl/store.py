@@ -138,7 +138,7 @@ def load_run(path: Path | str) -> Run:
 
     If the run never finished (killed), its breakdown is computed from the events on disk.
     """
-    from labctl.breakdown import compute_breakdown, read_breakdown_csv
+    from labctl.breakdown import clock_uncertainties, compute_breakdown, read_breakdown_csv
 
     run_path = resolve_run_path(path)
     meta = _json_object(run_path / RUN_JSON)
@@ -152,7 +152,7 @@ def load_run(path: Path | str) -> Run:
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             notes.append(f"{BREAKDOWN_CSV} is damaged ({reason}): recomputed from {EVENTS}")
     if breakdown is None:
-        breakdown = compute_breakdown(events)
+        breakdown = compute_breakdown(events, None, clock_uncertainties(meta.get("clock_offsets") or {}))
     summary: dict[str, Any] = {}
     if (run_path / SUMMARY).exists():
         try:
