@@ -461,7 +461,7 @@ def phase_values(rows: pd.DataFrame, column: str) -> np.ndarray:
     name = column.removesuffix("_ns")
     keep = rows[column].notna() & ~_flagged_for(rows, name)
     if UNITS[column] == "rail command":
-        keep &= ~rows.duplicated(["reconfig", "rail"])
+        keep &= ~rows.duplicated(["run_id", "reconfig", "rail"] if "run_id" in rows else ["reconfig", "rail"])
     elif UNITS[column] == "circuit end":
         keep &= rows["peer"].fillna("") != ""
     return rows.loc[keep, column].to_numpy(dtype=np.int64)
@@ -478,20 +478,30 @@ def _flagged_for(rows: pd.DataFrame, phase: str) -> pd.Series:
     return _has(rows, "impossible", phase) | _has(rows, "unresolved", phase)
 
 
-def median_ci(values: np.ndarray, *, seed: int = 0) -> tuple[int, int] | None:
-    """A percentile-bootstrap confidence interval (CI_LEVEL) for the median, resampling values
-    independently (BOOTSTRAP_RESAMPLES times, a fixed seed: the same data gives the same interval)."""
-    if values.size < 2:
-        return None
+def bootstrap_medians(values: np.ndarray, *, seed: int = 0) -> np.ndarray:
+    """BOOTSTRAP_RESAMPLES medians of resamples of `values` (drawn with replacement, a fixed seed: the same
+    data gives the same interval)."""
     rng = np.random.default_rng(seed)
     medians = np.empty(BOOTSTRAP_RESAMPLES)
-    chunk = max(1, 4_000_000 // values.size)  # bound the resample matrix's memory
+    chunk = max(1, 4_000_000 // max(values.size, 1))  # bound the resample matrix's memory
     for i in range(0, BOOTSTRAP_RESAMPLES, chunk):
         k = min(chunk, BOOTSTRAP_RESAMPLES - i)
         medians[i : i + k] = np.median(rng.choice(values, (k, values.size)), axis=1)
+    return medians
+
+
+def percentile_interval(samples: np.ndarray) -> tuple[int, int]:
     tail = (1 - CI_LEVEL) / 2 * 100
-    lo, hi = np.percentile(medians, [tail, 100 - tail])
+    lo, hi = np.percentile(samples, [tail, 100 - tail])
     return round(float(lo)), round(float(hi))
+
+
+def median_ci(values: np.ndarray, *, seed: int = 0) -> tuple[int, int] | None:
+    """A percentile-bootstrap confidence interval (CI_LEVEL) for the median, resampling values
+    independently; None for fewer than two values."""
+    if values.size < 2:
+        return None
+    return percentile_interval(bootstrap_medians(values, seed=seed))
 
 
 def describe(values: np.ndarray, unit: str) -> dict[str, Any]:

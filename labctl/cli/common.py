@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 
 out = Console(soft_wrap=True, emoji=False)
+if not out.is_terminal:  # a pipe or a CI log has no width to fit: rich's default 80 would truncate tables
+    out.width = max(out.width, 140)
 err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 EXIT_ABORTED = 130
@@ -52,6 +54,15 @@ def fmt_ns(value: float | int | None) -> str:
     if abs(v) >= 1e3:
         return f"{v / 1e3:.0f} µs"
     return f"{v:.0f} ns"
+
+
+def fmt_range_ns(low: float | int, high: float | int, like: float | int | None = None) -> str:
+    """A range in the unit `fmt_ns` picks for `like` (default: high): 20.6–21.8 ms."""
+    ref = abs(float(like if like is not None else high))
+    for scale, unit, digits in ((1e9, "s", 3), (1e6, "ms", 1), (1e3, "µs", 0)):
+        if ref >= scale:
+            return f"{low / scale:.{digits}f}–{high / scale:.{digits}f} {unit}"
+    return f"{low:.0f}–{high:.0f} ns"
 
 
 def bounded(low: float, high: float) -> Callable[[float | None], float | None]:

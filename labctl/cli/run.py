@@ -30,6 +30,7 @@ from labctl.cli.common import (
     ProfileOpt,
     err,
     fmt_ns,
+    fmt_range_ns,
     out,
 )
 from labctl.errors import InputError
@@ -94,16 +95,64 @@ def _rate_label(key: str) -> str:
     return key.replace("_per_s_per_port", " per port").replace("_per_s", "").replace("_", " ")
 
 
+UNIT_LABELS = {"rail command": "rail cmd", "circuit end": "circ. end"}
+
+
 def _summary_table(summary: dict[str, Any], title: str) -> Table:
+    """One row per phase: its unit and n (flagged values are not in n), the spread, and the median with
+    its 95% confidence interval."""
     table = Table(title=title, title_justify="left")
-    table.add_column("phase")
-    for col in ("count", "min", "p5", "median", "p95", "max"):
-        table.add_column(col, justify="right")
+    for col in ("phase", "unit", "n", "min", "median", "95% CI", "p95", "max", "flagged"):
+        table.add_column(col, justify="left" if col in ("phase", "unit") else "right", no_wrap=True)
     for name, stats in summary.get("phases", {}).items():
+        ci = stats.get("median_ci")
+        flagged = (stats.get("impossible") or 0) + (stats.get("unresolved") or 0)
+        unit = stats.get("unit", "port row")
         table.add_row(
-            name, str(stats["count"]), *(fmt_ns(stats[c]) for c in ("min", "p5", "median", "p95", "max"))
+            name,
+            UNIT_LABELS.get(unit, unit),
+            str(stats.get("n", stats.get("count", 0))),
+            fmt_ns(stats["min"]),
+            fmt_ns(stats["median"]),
+            fmt_range_ns(ci[0], ci[1], stats["median"]) if ci else "—",
+            fmt_ns(stats["p95"]),
+            fmt_ns(stats["max"]),
+            f"[red]{flagged}[/]" if flagged else "0",
         )
     return table
+
+
+def quality_lines(summary: dict[str, Any], probes: dict[str, Any] | None = None) -> list[str]:
+    """What limits the numbers above: flagged rows (never silently in the statistics), each sampled
+    mark's resolution, and the modules' DOM update interval where the poller measured one."""
+    lines = []
+    flagged = summary.get("flagged_rows") or 0
+    if flagged:
+        per_phase = ", ".join(
+            f"{name}: {stats.get('impossible', 0)} impossible, {stats.get('unresolved', 0)} unresolved"
+            for name, stats in summary.get("phases", {}).items()
+            if stats.get("impossible") or stats.get("unresolved")
+        )
+        lines.append(
+            f"[red]{flagged} port rows flagged: a phase ends before it starts ({per_phase}); left out of "
+            "the statistics (breakdown.csv columns impossible/unresolved name them)[/]"
+        )
+    names = {"t2": "optical (t2)", "t3": "firmware (t3)", "t4": "carrier (t4)", "t5": "traffic (t5)"}
+    marks = [
+        f"{names.get(mark, mark)} median {fmt_ns(r['median'])}, worst {fmt_ns(r['max'])}"
+        for mark, r in summary.get("resolution", {}).items()
+        if r.get("max")
+    ]
+    if marks:
+        lines.append("mark resolution (previous sample to mark): " + "; ".join(marks))
+    rx = (probes or {}).get("rx-power", {})
+    if rx.get("module_update_estimated"):
+        lines.append(
+            f"module DOM update interval: median {fmt_ns(rx['module_update_ns_median'])}, longest "
+            f"{fmt_ns(rx['module_update_ns_max'])} over {rx['module_update_estimated']} lanes (where longer "
+            "than the sampling period it widens the optical mark's resolution)"
+        )
+    return lines
 
 
 async def _run_with_signals(coro: Any, progress: RichProgress) -> Any:
@@ -205,6 +254,8 @@ def run(
         out.print("no reconfiguration was measured")
     if outcome.summary.get("timed_out"):
         out.print(f"[red]{outcome.summary['timed_out']} port recoveries timed out[/]")
+    for line in quality_lines(outcome.summary):
+        out.print(line, highlight=False)
     for caveat in outcome.summary.get("clock_caveats", []):
         out.print(f"[yellow]clock: {caveat}[/]", highlight=False)
     out.print(f"status: [bold]{outcome.status}[/]" + (f" ({outcome.error})" if outcome.error else ""))
@@ -247,16 +298,25 @@ def _dry_run(experiment: Path, inventory_path: Path, profile: str | None) -> Non
 
 
 def report(
-    run_path: Annotated[
-        Path, typer.Argument(metavar="RUN", help="A run directory, or runs/ for the newest run.")
+    run_paths: Annotated[
+        list[Path],
+        typer.Argument(
+            metavar="RUN...",
+            help="A run directory, or runs/ for the newest run. Several runs (same experiment, other seeds "
+            "or days): one table pooled over all of them, with each run's median.",
+        ),
     ],
     as_json: JsonOpt = False,
 ) -> None:
-    """Summarize a run: status, and min/p5/median/p95/max of each link-up phase."""
+    """Summarize a run: status, each link-up phase over its own unit (n, min, median with a 95% bootstrap CI,
+    p95, max), flagged rows, and what limits the marks' resolution. Several runs: pooled."""
+    if len(run_paths) > 1:
+        _report_many(run_paths, as_json)
+        return
     from labctl.breakdown import summarize
     from labctl.store import load_run
 
-    run_data = load_run(run_path)
+    run_data = load_run(run_paths[0])
     summary = run_data.summary or summarize(run_data.breakdown)
     meta = run_data.meta
     if as_json:
@@ -296,12 +356,113 @@ def report(
         if rates or dropped:
             out.print(f"probe {name}: {rates}{dropped}")
     out.print(_summary_table(summary, "link-up breakdown"))
+    for line in quality_lines(summary, meta.get("probes")):
+        out.print(line, highlight=False)
     for caveat in summary.get("clock_caveats", []):
         out.print(f"[yellow]clock: {caveat}[/]", highlight=False)
     for host, sync in meta.get("time_sync", {}).items():
         state = "synchronized" if sync.get("synchronized") else "NOT synchronized"
         daemons = ", ".join(sync.get("daemons") or []) or "no time daemon"
         out.print(f"time sync {host}: {state} ({daemons}; est. error {sync.get('est_error_us')} µs)")
+
+
+def _report_many(run_paths: list[Path], as_json: bool) -> None:
+    from labctl.compare import aggregate
+
+    summary = aggregate(run_paths)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    runs = summary["runs"]
+    if len(summary["experiments"]) > 1:
+        err.print(
+            f"[yellow]note: the runs are of different experiments: {', '.join(summary['experiments'])}[/]"
+        )
+    for run in runs:
+        out.print(
+            f"run {run['run_id']}  status: {run['status']}, seed {run['seed']}, profile {run['profile']}"
+        )
+    title = (
+        f"link-up breakdown pooled over {len(runs)} runs ({summary['reconfigurations']} reconfiguration "
+        f"numbers, {summary['rows']} port rows)"
+    )
+    out.print(_summary_table(summary, title))
+    for line in quality_lines(summary):
+        out.print(line, highlight=False)
+    table = Table(title="median of each run", title_justify="left")
+    table.add_column("phase")
+    for i in range(1, len(runs) + 1):
+        table.add_column(f"#{i}", justify="right", no_wrap=True)
+    for name, stats in summary["phases"].items():
+        table.add_row(name, *(fmt_ns(m) for m in stats["run_medians"]))
+    out.print(table)
+
+
+def _with_ci(value: int | None, ci: list[int] | tuple[int, int] | None) -> str:
+    return fmt_ns(value) + (f" [{fmt_range_ns(ci[0], ci[1], value)}]" if ci and value is not None else "")
+
+
+def compare(
+    runs: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="RUN... vs RUN...",
+            help="Two sets of run directories separated by the word vs, e.g. "
+            "`labctl compare runs/a* vs runs/b*`.",
+        ),
+    ],
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare two sets of runs phase by phase: each set's median with its 95% bootstrap CI, and the
+    difference of medians (second set minus first) with its own CI: the table a reviewer asks for."""
+    from labctl.compare import compare as compare_sets
+    from labctl.compare import split_sets
+
+    a, b = split_sets(runs)
+    result = compare_sets(a, b)
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    table = Table(
+        title=f"A: {len(result['a']['runs'])} runs  vs  B: {len(result['b']['runs'])} runs",
+        title_justify="left",
+    )
+    for col in (
+        "phase",
+        "unit",
+        "n A",
+        "median A [95% CI]",
+        "n B",
+        "median B [95% CI]",
+        "B − A [95% CI]",
+        "B/A",
+    ):
+        table.add_column(col, justify="left" if col in ("phase", "unit") else "right", no_wrap=True)
+    for name, entry in result["phases"].items():
+        sides = []
+        for side in ("a", "b"):
+            stats = entry[side]
+            ci = stats.get("median_ci")
+            text = fmt_ns(stats["median"]) + (
+                f" [{fmt_range_ns(ci[0], ci[1], stats['median'])}]" if ci else ""
+            )
+            sides.append((str(stats["n"]), text))
+        diff = entry.get("difference")
+        dci = entry.get("difference_ci")
+        table.add_row(
+            name,
+            UNIT_LABELS.get(entry["unit"], entry["unit"]),
+            sides[0][0],
+            sides[0][1],
+            sides[1][0],
+            sides[1][1],
+            (fmt_ns(diff) + (f" [{fmt_range_ns(dci[0], dci[1], diff)}]" if dci else ""))
+            if diff is not None
+            else "—",
+            f"{entry['ratio']:.3f}" if entry.get("ratio") else "—",
+        )
+    out.print(table)
+    out.print("intervals: 95% percentile bootstrap of the median over each phase's units, pooled per set")
 
 
 def plot(
@@ -337,5 +498,5 @@ def plot(
 
 
 def register(app: typer.Typer) -> None:
-    for command in (run, report, plot):
+    for command in (run, report, compare, plot):
         app.command()(command)
