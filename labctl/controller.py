@@ -28,7 +28,7 @@ from labctl.breakdown import (
 )
 from labctl.clock import Timebase, now_ns
 from labctl.errors import LabctlError, LabFault
-from labctl.events import Event, EventLog, Kind
+from labctl.events import Event, EventLog, EventQueue, Kind
 from labctl.experiment import Plan, RailPhase, build_plan, load_experiment
 from labctl.fileio import write_json_atomic
 from labctl.inventory import Inventory, NicPort
@@ -449,6 +449,8 @@ class Controller:
             stack.push_async_callback(sw.close)
             self._connected.append(sw)
         self.lab.probes.extend(self._switch_power_probes())
+        for aware in self.lab.switch_aware_probes:
+            aware.expect_switch_acks()
         for probe in self.lab.probes:
             await stack.enter_async_context(probe)
             tasks.append(asyncio.create_task(self._pump(probe), name=f"pump:{probe.name}"))
@@ -498,7 +500,13 @@ class Controller:
         # run's data cannot be trusted to be complete.
         if status == "completed" and self.lab.fault.reason is not None:
             status, error = "failed", self.lab.fault.reason
-        # Probes have stopped: drain what their queues still hold, then close the lab's models.
+        # Probes have stopped: drain what their queues still hold (what they said while stopping: final
+        # estimates, a last sample), then close the lab's models.
+        for probe in self.lab.probes:
+            queue = getattr(probe, "queue", None)
+            if isinstance(queue, EventQueue):
+                for event in queue.drain():
+                    self.events.record(event)
         self._record_drops()
         self.lab.close()
         return status, error

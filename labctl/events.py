@@ -237,6 +237,12 @@ class EventQueue:
     def __len__(self) -> int:
         return len(self._items)
 
+    def drain(self) -> list[Event]:
+        """Everything still queued, at once (a consumer's last read after the producer stopped)."""
+        items = list(self._items)
+        self._items.clear()
+        return items
+
     async def __aiter__(self) -> AsyncIterator[Event]:
         while True:
             while self._items:

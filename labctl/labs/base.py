@@ -40,6 +40,11 @@ class SwitchAware(Protocol):
     poller reports each one's next sample, so a dark gap that fell between samples still gets its optical
     mark right after t1 (without reporting every port densely until then)."""
 
+    def expect_switch_acks(self) -> None:
+        """Called once before the first reconfiguration: `switched` will follow every switch change, so
+        whatever the probe does in its place (dense reports while light moves) is not needed."""
+        ...
+
     def switched(self, sources: Collection[str]) -> None: ...
 
 

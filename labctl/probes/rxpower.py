@@ -183,14 +183,22 @@ class RxPowerProbe(QueueProbe):
         self.samples = 0  # port samples: one read of one port's power words
         self.read_errors = 0
         self._lanes: _Lanes | None = None
+        self.dense_window = True
+        self.ticks = 0
+        self._first_tick_ns = self._last_tick_ns = 0
+        """Report densely while light moves (`open_window`), unless told of switch acknowledgements."""
 
     def stats(self) -> dict[str, float | int]:
         out = super().stats()
         sampled = len(self.ports) - len(self.unsampled)
         out["ports_sampled"] = sampled
         out["ports_without_module"] = len(self.unsampled)
-        if "samples_per_s" in out and sampled:
-            out["samples_per_s_per_port"] = round(out["samples_per_s"] / sampled, 1)
+        if self.ticks > 1 and sampled:
+            # Over the sampling itself (first tick to last, plus one period): not the set-up before it.
+            span_s = (self._last_tick_ns - self._first_tick_ns + self.period_ns) / 1e9
+            out["sampling_s"] = round(span_s, 3)
+            out["ticks_per_s"] = round(self.ticks / span_s, 1)
+            out["samples_per_s_per_port"] = round(self.samples / span_s / sampled, 1)
         if self._lanes is not None:
             estimates = self._lanes.update_estimates()
             known = estimates[estimates > 0]
@@ -252,6 +260,8 @@ class RxPowerProbe(QueueProbe):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         failures = self.failures
+        if self._lanes is not None:  # the estimates as they stand at the end (a short run may have had none)
+            self._report_update_intervals(self._lanes, now_ns())
         try:
             await super().__aexit__(exc_type, exc, tb)
         finally:
@@ -269,11 +279,16 @@ class RxPowerProbe(QueueProbe):
         """A reconfiguration moves these ports' light: report densely until it is seen back (dark, then at
         or above the threshold) or for `window_max_ns`."""
         if self._lanes is not None:
-            self._lanes.open_window(sources, now_ns() + self.window_max_ns)
+            self._lanes.open_window(sources, now_ns() + self.window_max_ns, dense=self.dense_window)
 
     def close_window(self) -> None:
         if self._lanes is not None:
             self._lanes.window_until[:] = 0
+
+    def expect_switch_acks(self) -> None:
+        """The controller will call `switched` at each acknowledgement (an in-process probe): no dense
+        window is needed, which at hundreds of ports would be hundreds of events every 2 ms."""
+        self.dense_window = False
 
     def switched(self, sources: Collection[str]) -> None:
         """The switch acknowledged moving these ports' light: report each one's next sample (the first
@@ -358,6 +373,7 @@ class RxPowerProbe(QueueProbe):
         lanes.seen_dark[done] = False
         windowed &= ~done
         lanes.seen_dark |= windowed & ~above
+        lanes.dark_seen |= lanes.moving & read & ~above
         interval = np.where(windowed, self.window_interval_ns, self.report_interval_ns)
         due = changed | (read & (t_ns - lanes.reported_t >= interval))
         # Module update interval: how often the value changes while the light is steady.
@@ -425,7 +441,11 @@ class RxPowerProbe(QueueProbe):
         lanes = self._lanes
         assert lanes is not None
         async with contextlib.aclosing(ticks(self.period_ns)) as schedule:
-            async for _tick in schedule:
+            async for tick in schedule:
+                if not self.ticks:
+                    self._first_tick_ns = tick
+                self.ticks += 1
+                self._last_tick_ns = tick
                 if not self._tick(lanes):
                     return  # every module failed: nothing left to sample (each said why in the stream)
 
@@ -467,6 +487,8 @@ class _Lanes:
         self.window_until = np.zeros(n, np.int64)
         self.seen_dark = np.zeros(n, bool)
         self.force = np.zeros(n, bool)  # report the next sample whatever it shows
+        self.moving = np.zeros(n, bool)  # a reconfiguration is moving this lane's light (open_window)
+        self.dark_seen = np.zeros(n, bool)  # ...and a sample has seen it below the threshold since
         self.steady_ns = np.zeros(n, np.int64)
         self.value_changes = np.zeros(n, np.int64)
         self.update_reported = np.zeros(n)
@@ -480,14 +502,20 @@ class _Lanes:
         found = [self.by_source[s] for s in sources if s in self.by_source]
         return np.concatenate(found) if found else np.zeros(0, np.int64)
 
-    def open_window(self, sources: Collection[str] | None, until_ns: int) -> None:
+    def open_window(self, sources: Collection[str] | None, until_ns: int, *, dense: bool = True) -> None:
         at = self.rows_of(sources)
-        self.window_until[at] = until_ns
-        self.seen_dark[at] = False
+        self.moving[at] = True
+        self.dark_seen[at] = False
+        if dense:
+            self.window_until[at] = until_ns
+            self.seen_dark[at] = False
 
     def switched(self, sources: Collection[str]) -> None:
+        """Force the next sample of the moved lanes whose dark gap no sample saw (it fell between two):
+        for the others, the light coming back is a change and gets reported anyway."""
         at = self.rows_of(sources)
-        self.force[at] = True
+        self.force[at] |= ~self.dark_seen[at]
+        self.moving[at] = False
         self.window_until[at] = 0
         self.seen_dark[at] = False
 
@@ -516,7 +544,7 @@ def _build(ctx: ProbeContext) -> Probe:
 
 PROBE = ProbeKind(
     "rx-power",
-    (Kind.RX_POWER,),
+    (Kind.RX_POWER, Kind.RX_UPDATE),
     "optical Rx power per lane from each port's transceiver DOM (ethtool netlink, or a modeled module)",
     _build,
 )

@@ -196,3 +196,27 @@ def test_compare_without_two_sets_is_one_line_exit_2(tmp_path: Path) -> None:
         [sys.executable, "-m", "labctl.cli", "compare", "a", "vs"], capture_output=True, text=True
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+async def test_a_slow_module_refresh_is_measured_and_widens_the_optical_mark(tmp_path: Path) -> None:
+    # Modules that refresh their DOM every 20 ms (profile key dom_update_ms): the poller reads each value
+    # ~20 times, estimates the interval from how often it changes, and the optical mark's bracket grows.
+    inventory = (
+        (REPO / "inventory.yaml")
+        .read_text()
+        .replace(
+            "profile: opus-testbed",
+            "profile: slow-dom\nprofiles:\n  slow-dom: {extends: fast, dom_update_ms: [20, 20]}",
+        )
+    )
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(inventory)
+    exp = _experiment(tmp_path)
+    outcome = await run_experiment(exp, inv, out_dir=tmp_path / "runs", plots=False, seed=4)
+    assert outcome.status == "completed", outcome.error
+    rx = json.loads((outcome.run_dir / "run.json").read_text())["probes"]["rx-power"]
+    assert rx["module_update_estimated"] == 16
+    assert 15 * MS <= rx["module_update_ns_median"] <= 25 * MS
+    frame = read_breakdown_csv(outcome.run_dir / "breakdown.csv")
+    measured = frame[(frame["reconfig"] > 0) & frame["t2_rx_power_ns"].notna()]
+    assert (measured["t2_resolution_ns"] >= 15 * MS).all()

@@ -119,3 +119,19 @@ def test_a_constant_value_gives_no_update_estimate() -> None:
     events = _feed(probe, lanes, [(t * MS, [0.5]) for t in range(1, 3000)])
     assert not [e for e in events if e.kind == Kind.RX_UPDATE]
     assert lanes.value_changes[0] < UPDATE_MIN_CHANGES
+
+
+def test_the_switch_ack_forces_the_next_sample_only_where_the_dark_gap_went_unseen() -> None:
+    probe, lanes, _ = _probe(n=2)
+    probe.expect_switch_acks()  # in-process: acknowledgements will come, no dense window
+    lit = 0.5
+    _feed(probe, lanes, [(0, [lit, lit])])
+    probe.open_window(None)
+    # p0's light is seen gone (a change: reported); p1's dark gap falls between two samples.
+    assert [e.source for e in _feed(probe, lanes, [(MS, [0.0, lit])])] == ["nic:h1/p0"]
+    assert _feed(probe, lanes, [(t * MS, [0.0, lit]) for t in range(2, 5)]) == []  # no dense reports
+    probe.switched(["nic:h1/p0", "nic:h1/p1"])
+    events = _feed(probe, lanes, [(5 * MS, [lit, lit])])
+    # p0: light back is a change; p1: forced, the first sample after the acknowledgement.
+    assert sorted(e.source for e in events) == ["nic:h1/p0", "nic:h1/p1"]
+    assert _feed(probe, lanes, [(6 * MS, [lit, lit])]) == []  # forced once only
