@@ -31,7 +31,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON 
 OutOpt = Annotated[Path, typer.Option("--out", help="Where run directories are created.")]
 NoPlotsOpt = Annotated[
     bool,
-    typer.Option("--no-plots", help="Skip timeline.png/.svg and distributions.png (analysis still runs)."),
+    typer.Option("--no-plots", help="Skip the timeline and distributions figures (analysis still runs)."),
 ]
 ProfileOpt = Annotated[
     str | None,

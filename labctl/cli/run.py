@@ -212,8 +212,9 @@ def run(
 ) -> None:
     """Run an experiment: sequence the OCS phases, time every affected port's recovery, write runs/<id>/.
 
-    Writes run.json, events.jsonl, breakdown.csv/.parquet, summary.json, timeline.png/.svg and
-    distributions.png. Ctrl-C stops cleanly: the baseline mapping is restored and the run is marked aborted.
+    Writes run.json, events.jsonl, breakdown.csv/.parquet, summary.json, timeline and distributions as
+    .png/.svg/.pdf (matplotlib style: $LABCTL_MPLSTYLE, see `labctl plot --help`). Ctrl-C stops cleanly:
+    the baseline mapping is restored and the run is marked aborted.
     """
     from labctl.controller import run_experiment
 
@@ -473,15 +474,23 @@ def plot(
         int | None,
         typer.Option(
             min=0,
-            help="Draw this reconfiguration (0: the baseline) as timeline-reconfig-N.png/.svg "
-            "(default: the first after the baseline as timeline.png/.svg, plus distributions.png).",
+            help="Draw this reconfiguration (0: the baseline) as timeline-reconfig-N.png/.svg/.pdf "
+            "(default: the first after the baseline as timeline.*, plus distributions.*).",
         ),
     ] = None,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Directory for the images (default: the run directory).")
     ] = None,
+    style: Annotated[
+        str | None,
+        typer.Option(
+            help="A matplotlib style name or .mplstyle file, applied over labctl's own (e.g. a file with "
+            "`font.size: 7` and `figure.figsize: 7, 3` for a two-column paper). Default: $LABCTL_MPLSTYLE.",
+        ),
+    ] = None,
 ) -> None:
-    """(Re)draw a run's timeline and phase distributions from its events.jsonl."""
+    """(Re)draw a run's timeline and phase distributions from its events.jsonl: PNG, and SVG/PDF that drop
+    into LaTeX (text stays text, TrueType fonts)."""
     from labctl.plots import plot_run
     from labctl.store import damage_notes, resolve_run_path
 
@@ -493,7 +502,7 @@ def plot(
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise InputError(f"{out_dir}: cannot create the output directory: {e.strerror}") from None
-    for p in plot_run(path, reconfig=reconfig, out_dir=out_dir):
+    for p in plot_run(path, reconfig=reconfig, out_dir=out_dir, style=style):
         out.print(str(p))
 
 
