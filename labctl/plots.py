@@ -31,7 +31,14 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from labctl.breakdown import DEFAULT_THRESHOLD_DBM, DURATIONS, EventIndex, Series, compute_breakdown
+from labctl.breakdown import (
+    DEFAULT_THRESHOLD_DBM,
+    DURATIONS,
+    EventIndex,
+    Series,
+    compute_breakdown,
+    phase_values,
+)
 from labctl.errors import InputError
 from labctl.fileio import atomic_path
 
@@ -597,7 +604,8 @@ def _draw_distributions(frame: pd.DataFrame) -> Any:
         for flag, rows in _left_out(measured, col.removesuffix("_ns")).items():
             left_out[flag] += int((keep & rows).sum())
             keep = keep & ~rows
-        values = _ns_values(measured[keep], col) / 1e6
+        # Each phase over its own unit, as summary.json counts it (one switching time per rail command).
+        values = phase_values(measured[keep], col) / 1e6
         if values.size:
             names.append(col.removesuffix("_ns"))
             data.append(np.maximum(values, 1e-4))  # ms; a log axis has no 0 (100 ns floor)

@@ -39,7 +39,13 @@ def synth_events(
     and completion per rail, and per port light lost and back, firmware, carrier and traffic down and up.
     Reconfiguration 0 is the baseline. With recover=False the last reconfiguration never comes back."""
     ports = [
-        {"source": f"nic:h{i}/r{rail}p0", "host": f"h{i}", "port": f"r{rail}p0", "rail": rail, "peer": ""}
+        {
+            "source": f"nic:h{i}/r{rail}p0",
+            "host": f"h{i}",
+            "port": f"r{rail}p0",
+            "rail": rail,
+            "peer": f"nic:h{i ^ 1}/r{rail}p0",  # a circuit end: transport and total count per circuit end
+        }
         for rail in range(rails)
         for i in range(ports_per_rail)
     ]
