@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 from collections import defaultdict
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -151,11 +152,15 @@ class NicPort:
     rx: int
     gbps: int
     address: str | None
+    source: str = dataclass_field(init=False, compare=False, repr=False)
+    """The event `source` of every signal observed on this port: nic:<host>/<ifname>."""
 
-    @property
-    def source(self) -> str:
-        """The event `source` of every signal observed on this port."""
-        return f"nic:{self.host}/{self.ifname}"
+    def __post_init__(self) -> None:
+        # Computed once: hundreds of ports are looked up by source at every reconfiguration.
+        object.__setattr__(self, "source", f"nic:{self.host}/{self.ifname}")
+
+    def __hash__(self) -> int:
+        return hash((self.host, self.ifname))  # a host has one port per ifname; equal ports hash alike
 
     @property
     def label(self) -> str:

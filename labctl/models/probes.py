@@ -98,15 +98,17 @@ class SimTrafficProbe(QueueProbe):
         self._src = self._dst = np.zeros(0, np.int64)
 
     def set_circuits(self, peers: dict[str, str | None]) -> None:
+        changed = []
         for source, peer in peers.items():
             port = self.by_source.get(source)
             if port is None:
                 continue
-            self._reported_t[self.fabric.slot[port]] = np.iinfo(np.int64).min // 2  # report the next ping
+            changed.append(self.fabric.slot[port])
             if peer is None:
                 self.peers.pop(port, None)
             else:
                 self.peers[port] = self.by_source[peer]
+        self._reported_t[changed] = np.iinfo(np.int64).min // 2  # report each one's next ping
         slot = self.fabric.slot
         self._src = np.array([slot[p] for p in self.peers], np.int64)
         self._dst = np.array([slot[q] for q in self.peers.values()], np.int64)
