@@ -64,17 +64,8 @@ COLUMNS = [
     "impossible",
     "unresolved",
 ]
-DURATIONS = [
-    "switch_ns",
-    "optical_ns",
-    "firmware_ns",
-    "carrier_ns",
-    "transport_ns",
-    "total_ns",
-    "carrier_down_ns",
-    "traffic_lost_ns",
-]
-"""The phase durations (and the two down-side delays)."""
+DURATIONS = COLUMNS[COLUMNS.index("switch_ns") : COLUMNS.index("traffic_lost_ns") + 1]
+"""The phase durations (and the two down-side delays): switch_ns .. traffic_lost_ns."""
 FLAG_COLUMNS = ("impossible", "unresolved")
 INT_COLUMNS = [c for c in COLUMNS if c.endswith("_ns")] + ["reconfig", "rail"]
 DEFAULT_THRESHOLD_DBM = -10.0
