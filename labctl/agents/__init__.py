@@ -7,15 +7,23 @@ Topics (`<lab>` and `<host>` from the inventory):
 - `labctl/<lab>/<host>/events`  agent → controller: batches of events, QoS 1, one sequence number per
   batch plus the count of events before it, so lost batches *and* lost events are counted;
 - `labctl/<lab>/<host>/cmd`     controller → agent: an allow-list of commands with validated arguments
-  (`start`/`stop` named probes, `set_circuits`, `window` around a reconfiguration, `ping` for the clock
-  offset, `inspect` for `labctl lab check`: read-only); never a shell;
-- `labctl/<lab>/<host>/reply`   agent → controller: one reply per command, naming the agent process;
+  (`start`/`stop` named probes, `set_circuits`, `window` around a reconfiguration, `switched` when the
+  switch acknowledged it, `ping` for the clock offset, `inspect` for `labctl lab check`: read-only); never
+  a shell;
+- `labctl/<lab>/<host>/reply`   agent → controller: one reply per command, naming the agent process; the
+  reply to `stop` carries what the agent's probes did (run.json `probes.agent:<host>`: e.g. Rx-power
+  samples/s per port) and how its world mirror kept up;
 - `labctl/<lab>/<host>/status`  retained `online ID`, and `offline ID` as the agent's last will; ID names
   the agent process (its incarnation: random, pid, start time), so the controller tells a broker outage
   (the same process back) from a restart (a new one: this run's probes and unsent events died with the
   old one; decision 0024);
 - `labctl/<lab>/_world`         controller → agents, simulated labs only: the switch's light and the NIC
-  link transitions of the one behavioural model of the lab (decision 0017).
+  link transitions of the one behavioural model of the lab (decision 0017). Each light change is sent
+  when the switch schedules it and again when it happens; an agent's mirror applies it at its model time
+  when it got there first, else on arrival (counted: the agent's samples saw that light late).
+The controller hands every message to its client as soon as it is queued (no waiting for the previous
+ones' PUBACKs) and, when it stops, waits until the broker has acknowledged them all; an agent told to stop
+(SIGTERM) stops its probes, publishes what they sampled and its replies in flight, then says `offline`.
 Every payload is `MAC BODY`: MAC is HMAC-SHA256 over topic and body with the inventory's
 `broker.auth_key` (`-` without a key). Messages that do not decode or validate are *malformed*; a bad
 MAC, an unknown host, or a batch carrying events of another host's ports are *unauthorised*; both are
@@ -24,6 +32,7 @@ dropped and counted, never acted on.
 Clock: the controller measures each agent's offset (agent clock − controller clock) with timestamped
 ping/pong over the broker, keeps the lowest-RTT samples (their offsets' median; uncertainty = half the
 largest kept RTT, a strict bound), at run start, every `clock_sync_interval_s` and at run end (so every
-run brackets its drift, however short), shifts agent stamps onto the run timebase, and writes every
-estimate to run.json `clock_offsets`.
+run brackets its drift, however short), shifts agent stamps onto the run timebase (an event's `t_ns` and
+the times in its meta: `wire.STAMP_META`, e.g. the previous sample a mark's bracket starts at), and writes
+every estimate to run.json `clock_offsets`.
 """

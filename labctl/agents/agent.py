@@ -32,11 +32,13 @@ from labctl.agents.wire import (
     Signer,
     StartArgs,
     StopArgs,
+    SwitchedArgs,
     WindowArgs,
     World,
     WorldItem,
     _enc,
     decode,
+    shift_stamps,
     status_body,
     topic,
     world_topic,
@@ -44,7 +46,7 @@ from labctl.agents.wire import (
 from labctl.clock import now_ns
 from labctl.errors import InputError
 from labctl.events import Event
-from labctl.inventory import Inventory
+from labctl.inventory import Inventory, NicPort
 from labctl.labs import kinds_with_agents, lab_kinds
 from labctl.labs.base import ReconfigWindow
 from labctl.linux.timesync import clock_sync_state
@@ -60,31 +62,102 @@ BATCH_INTERVAL_S = 0.005
 BATCH_MAX = 512
 OUTBOX_MAX = 200_000
 RECONNECT_MAX_S = 2.0  # agents retry a lost broker with backoff up to this
+WIND_DOWN_S = 3.0  # an agent told to stop publishes what it still holds for at most this long
 
 
 # -- the agent's view of a simulated lab -----------------------------------------------------------------
 class FabricMirror(SimFabric):
     """A `SimFabric` that does not compute link physics itself: the controller's model is the one truth
     (both ends of a link must agree on when it trains), and this copy replays its light and transitions at
-    their model times, so the simulated probes on this host read the same lab as a one-process run."""
+    their model times, so the simulated probes on this host read the same lab as a one-process run.
+
+    Light changes come twice: announced when the controller's switch schedules them (the mirrors start
+    moving: light lost ~0.1-2 ms, back a switching time later) and again when they happen, with the optics'
+    settle time the controller's model draws then. An announced change still in the future is applied here
+    at its model time (a local timer), not when the message arrives: the Rx power this host samples then
+    changes when the model's does, not a broker hop later. The announcement carries the profile's mid
+    settle time until the real one arrives (a difference of at most a quarter of the settle range in when
+    a ramp crosses the threshold). Anything that arrives after its model time is applied on arrival, and
+    counted (`late`): that much later than the model, the samples saw it. An item older than the light
+    state already applied to a port is stale (a repeat, or overtaken) and ignored."""
 
     def __init__(self, inventory: Inventory, profile: Profile, rng: random.Random) -> None:
         dark = SwitchModel.many({name: s.space for name, s in inventory.switches.items()}, profile, rng)
         super().__init__(inventory, dark, profile, rng)
         self.by_source = {p.source: p for p in inventory.ports}
+        self._light_t: dict[NicPort, int] = {}  # model time (local clock) of the light state applied per port
+        self._light_timers: set[asyncio.TimerHandle] = set()
+        # Per direction ("back": light reaches a port, "lost"): changes applied at their model time
+        # (announced ahead), and how late each of the others was applied.
+        self.on_time = {"back": 0, "lost": 0}
+        self.late_ns: dict[str, list[int]] = {"back": [], "lost": []}
 
-    def apply(self, item: WorldItem, t_local_ns: int) -> None:
+    def apply(self, item: WorldItem, t_local_ns: int, *, snapshot: bool = False) -> None:
+        """Apply one world item whose model time is `t_local_ns` on this host's clock: now if that is
+        past, else at that time. `snapshot`: the state at a run's start, not a change (never late)."""
         port = self.by_source.get(item.port)
         if port is None or item.kind not in WORLD_KINDS:
             raise Rejected("malformed", f"world item for unknown port or kind {item.kind!r}")
-        if item.kind == "light":
-            st = self.ports[port]
-            st.light_from = self.by_source.get(item.peer) if item.peer is not None else None
-            st.light_t_ns = t_local_ns
+        if item.peer is not None and item.peer not in self.by_source:
+            raise Rejected("malformed", f"world item: light from unknown port {item.peer!r}")
+        if item.kind != "light":
+            self._transition(port, item.kind, 1 if item.value else 0, t_local_ns)
+            return
+        direction = "lost" if item.peer is None else "back"
+        now = now_ns()
+        if t_local_ns > now:
+            loop = asyncio.get_running_loop()
+
+            def due() -> None:
+                self._light_timers.discard(handle)
+                if self._apply_light(port, item, t_local_ns):
+                    self.on_time[direction] += 1
+
+            handle = loop.call_at(t_local_ns / 1e9, due)
+            self._light_timers.add(handle)
+            return
+        if self._apply_light(port, item, t_local_ns) and not snapshot:
+            self.late_ns[direction].append(now - t_local_ns)
+
+    def _apply_light(self, port: NicPort, item: WorldItem, t_local_ns: int) -> bool:
+        """Apply a light state at its model time; False if it was stale or changed nothing."""
+        st = self.ports[port]
+        last = self._light_t.get(port)
+        if last is not None and t_local_ns < last:
+            return False  # overtaken by a later change already applied
+        peer = self.by_source[item.peer] if item.peer is not None else None
+        if t_local_ns == last:  # the change itself, again: now with the settle time the model drew
             st.settle_ns = item.settle_ns
             st.rx_level_dbm = item.level_dbm
-        else:
-            self._transition(port, item.kind, 1 if item.value else 0, t_local_ns)
+            return False
+        if st.light_from == peer and last is not None:
+            return False  # no change (the model ignores a patch that leaves a port's light as it was)
+        st.light_from = peer
+        st.light_t_ns = t_local_ns
+        st.settle_ns = item.settle_ns
+        st.rx_level_dbm = item.level_dbm
+        self._light_t[port] = t_local_ns
+        return True
+
+    def cancel_pending(self) -> None:
+        super().cancel_pending()
+        for handle in self._light_timers:
+            handle.cancel()
+        self._light_timers.clear()
+
+    def stats(self) -> dict[str, int]:
+        """How the world feed kept up, per direction: light changes applied at their model time, and how
+        many were applied late (after a broker hop), by how much (median, max). The light coming back is
+        what the optical mark measures: that many of its samples saw it late by that much."""
+        out: dict[str, int] = {}
+        for direction, on_time in self.on_time.items():
+            late = sorted(self.late_ns[direction])
+            out[f"light_{direction}_on_time"] = on_time
+            out[f"light_{direction}_late"] = len(late)
+            if late:
+                out[f"light_{direction}_late_median_ns"] = late[len(late) // 2]
+                out[f"light_{direction}_late_max_ns"] = late[-1]
+        return out
 
 
 # -- the agent -------------------------------------------------------------------------------------------
@@ -203,12 +276,32 @@ class Agent:
                 async for message in client.messages:
                     t_rx = self.now()
                     await self._on_message(str(message.topic), message.payload, t_rx)
+            except asyncio.CancelledError:
+                # Stopping (SIGTERM, Ctrl-C) while connected: the probes' last samples and the replies on
+                # their way go out before the client disconnects; nothing is left pending or unsent.
+                await self._wind_down()
+                raise
             finally:
                 self._client = None
                 self.connected.clear()
                 # A clean exit sends no last will: say `offline` ourselves so no stale `online` is retained.
                 with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
                     await asyncio.wait_for(client.publish(status, offline, qos=1, retain=True), 1.0)
+
+    async def _wind_down(self) -> None:
+        """Stop the probes, publish everything they sampled, and let the replies in flight finish, within
+        WIND_DOWN_S (a broker that stopped answering must not keep the agent from exiting)."""
+
+        async def wind_down() -> None:
+            await self._stop_probes(list(self._probes))
+            await self.flush()
+            if self._replying:
+                await asyncio.wait(list(self._replying))
+
+        try:
+            await asyncio.wait_for(wind_down(), WIND_DOWN_S)
+        except (TimeoutError, aiomqtt.MqttError) as e:
+            log.warning("agent %s: stopping before its last events were acknowledged: %r", self.host, e)
 
     async def _publish(self, topic_name: str, body: bytes, *, retain: bool = False) -> bool:
         client = self._client
@@ -234,7 +327,8 @@ class Agent:
         while self._outbox:
             events = [self._outbox.popleft() for _ in range(min(BATCH_MAX, len(self._outbox)))]
             for e in events:
-                e.t_ns += self.skew_ns  # onto this host's clock (no-op without a test skew)
+                if self.skew_ns:
+                    shift_stamps(e, self.skew_ns)  # onto this host's clock (tests: a skewed host)
                 e.host = self.host
             batch = Batch(
                 host=self.host, seq=self.seq, n0=self.sent_events, dropped=self.dropped, events=events
@@ -263,7 +357,9 @@ class Agent:
                 if self.mirror is None:  # no run started here yet: its `start` sends a snapshot
                     return
                 for item in world.items:
-                    self.mirror.apply(item, item.t_ns + self.world_offset_ns - self.skew_ns)
+                    self.mirror.apply(
+                        item, item.t_ns + self.world_offset_ns - self.skew_ns, snapshot=world.snapshot
+                    )
                 return
             if topic_name != self._topics["cmd"]:
                 raise Rejected("unauthorised", f"unexpected topic {topic_name}")
@@ -347,7 +443,9 @@ class Agent:
         sync = await asyncio.to_thread(clock_sync_state)
         return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True, seq=seq0, n=n0, data={"time_sync": sync})
 
-    async def _stop_probes(self, names: list[str]) -> None:
+    async def _stop_probes(self, names: list[str]) -> dict[str, Any]:
+        """Stop these probes; what each did (its `stats()`: samples/s per port, drops, ...), by name."""
+        stats: dict[str, Any] = {}
         for name in names:
             probe = self._probes.pop(name, None)
             if probe is None:
@@ -355,6 +453,10 @@ class Agent:
             await probe.__aexit__(None, None, None)
             pump = self._pumps.pop(name)
             await pump  # ends once the probe's queue is closed and drained
+            probe_stats = getattr(probe, "stats", None)
+            if probe_stats is not None:
+                stats[name] = probe_stats()
+        return stats
 
     async def _cmd_stop(self, cmd: Command, t_rx: int) -> Reply:
         args: StopArgs = self._args(StopArgs, cmd)
@@ -363,9 +465,14 @@ class Agent:
             raise Rejected(
                 "malformed", f"probes {sorted(set(names) - set(self.allowed_probes))} are not run here"
             )
-        await self._stop_probes(names)
+        stats = await self._stop_probes(names)
         await self.flush()  # everything sampled so far goes out before the reply that counts it
-        return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True, seq=self.seq, n=self.sent_events)
+        data: dict[str, Any] = {"probes": stats}  # by probe name
+        if self.mirror is not None:
+            data["world"] = self.mirror.stats()
+        return Reply(
+            host=self.host, id=cmd.id, op=cmd.op, ok=True, seq=self.seq, n=self.sent_events, data=data
+        )
 
     async def _cmd_set_circuits(self, cmd: Command, t_rx: int) -> Reply:
         args: CircuitArgs = self._args(CircuitArgs, cmd)
@@ -392,6 +499,18 @@ class Agent:
                     probe.open_window(args.open)
         return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True)
 
+    async def _cmd_switched(self, cmd: Command, t_rx: int) -> Reply:
+        """The switch acknowledged moving these ports' light: for the probes that act on it (the Rx-power
+        poller reports each port's next sample), as the controller tells its own probes."""
+        args: SwitchedArgs = self._args(SwitchedArgs, cmd)
+        if set(args.sources) - self.sources:
+            raise Rejected("unauthorised", f"switched names ports not on {self.host}")
+        for probe in self._probes.values():
+            switched = getattr(probe, "switched", None)
+            if callable(switched):
+                switched(args.sources)
+        return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True)
+
     async def _cmd_inspect(self, cmd: Command, t_rx: int) -> Reply:
         """Read-only facts about this host's ports, for `labctl lab check` (labctl.agents.inspect)."""
         if cmd.args:
@@ -405,5 +524,6 @@ class Agent:
         "stop": _cmd_stop,
         "set_circuits": _cmd_set_circuits,
         "window": _cmd_window,
+        "switched": _cmd_switched,
         "inspect": _cmd_inspect,
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import secrets
@@ -36,6 +37,7 @@ from labctl.agents.wire import (
     _enc,
     decode,
     parse_status,
+    shift_stamps,
     topic,
     world_topic,
 )
@@ -143,6 +145,14 @@ class _Outgoing:
     expires_ns: int | None = None
 
 
+_RESEND = _Outgoing("", lambda: b"")
+"""Queued by a publish that failed: the sender hands everything unacknowledged to the client again."""
+PENDING_PUBLISH_WARNING = 1000
+"""aiomqtt warns ("There are N pending publish calls") past 10 publishes awaiting their PUBACK, a sign of a
+leak in most clients. The hub's sender keeps every unacknowledged message in flight by design (a
+reconfiguration's commands and world updates go out together, tens of messages): warn only past this."""
+
+
 class AgentHub:
     """The controller's single MQTT client: receives every agent's events and replies, sends commands and
     the simulated world, measures clock offsets, counts what was lost or rejected."""
@@ -170,6 +180,9 @@ class AgentHub:
         self._sent_ops: dict[int, str] = {}
         self._pings: dict[int, int] = {}
         self._outgoing: asyncio.Queue[_Outgoing] = asyncio.Queue()
+        self._unacked: dict[int, _Outgoing] = {}  # handed to the client, no PUBACK yet: in send order
+        self._keys = itertools.count()
+        self._publishing: set[asyncio.Task[None]] = set()
         self._world_pending: list[WorldItem] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._client: aiomqtt.Client | None = None
@@ -205,9 +218,13 @@ class AgentHub:
         # A grace period still running decides nothing any more: no loss (and no fault) after the hub stops.
         for link in self.links.values():
             link.cancel_grace()
-        for t in self._tasks:
+        # What is queued (the last world updates, a window closing) goes out and is acknowledged before the
+        # client disconnects: no publish is left in flight, none is cut off half-sent.
+        if self._tasks and not await self.drain():
+            log.info("controller: %d message(s) to agents unacknowledged at stop", len(self._unacked))
+        for t in [*self._tasks, *self._publishing]:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._publishing, return_exceptions=True)
         self._tasks = []
         for link in self.links.values():
             link.queue.close()
@@ -247,6 +264,7 @@ class AgentHub:
             try:
                 ident = f"labctl-controller-{self.lab}-{os.getpid()}-{secrets.token_hex(3)}"
                 async with self.broker.client(ident) as client:
+                    client.pending_calls_threshold = PENDING_PUBLISH_WARNING
                     for leaf in ("events", "reply", "status"):
                         await client.subscribe(topic(self.lab, "+", leaf), qos=1)
                     self._client = client
@@ -272,36 +290,61 @@ class AgentHub:
             await asyncio.sleep(0.2)
 
     async def _sender(self) -> None:
-        """Commands and world updates go out in order and are retried across broker restarts. Everything
-        queued is handed to the client at once and acknowledged together: no waiting for one PUBACK before
-        the next message leaves (the world feed must not lag behind commands)."""
+        """Commands and world updates go out in order and are retried across broker restarts.
+
+        Pipelined: whatever is queued is handed to the client as soon as it is queued, without waiting for
+        the PUBACKs of what went before. (Waiting for the previous batch's acknowledgements, as this did,
+        held every light change behind a broker round trip, and behind a burst of commands several: the
+        agents' mirrors, hence their sampled Rx power, lagged the model by ~5-15 ms on a loaded host.)
+        What is not acknowledged stays in `_unacked`, in send order, and is handed to the client again
+        when a publish fails or a new connection is up: the agent answers a repeated command id without
+        acting twice, and world updates are states (a repeated one changes nothing)."""
+        last_client: aiomqtt.Client | None = None
         while True:
             batch = [await self._outgoing.get()]
             while not self._outgoing.empty():
                 batch.append(self._outgoing.get_nowait())
+            resend = _RESEND in batch
+            batch = [item for item in batch if item is not _RESEND]
+            if resend:
+                await asyncio.sleep(0.05)  # a failed publish: give the connection a moment to be seen gone
             while True:
                 await self.connected.wait()
                 client = self._client
-                if client is None:
-                    continue
-                batch = self._unexpired(batch)
-                if not batch:
+                if client is not None:
                     break
-                try:
-                    # Tasks start in order, and each hands its packet to the client on its first step.
-                    await asyncio.gather(
-                        *(
-                            client.publish(
-                                item.topic, self.signer.seal(item.topic, item.body()), qos=1, timeout=5
-                            )
-                            for item in batch
-                        )
-                    )
-                    break
-                except aiomqtt.MqttError:
-                    # Resend all: the agent answers a repeated command id without acting twice, and world
-                    # updates are states, so a duplicate changes nothing.
-                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.01)
+            if resend or client is not last_client:
+                # Everything the broker has not acknowledged goes again, first and in its order.
+                batch = [*self._unacked.values(), *batch]
+                self._unacked.clear()
+            last_client = client
+            for item in self._unexpired(batch):
+                key = next(self._keys)
+                self._unacked[key] = item
+                # Tasks start in order, and each hands its packet to the client on its first step.
+                task = asyncio.create_task(self._publish(client, key, item), name="hub:publish")
+                self._publishing.add(task)
+                task.add_done_callback(self._publishing.discard)
+
+    async def _publish(self, client: aiomqtt.Client, key: int, item: _Outgoing) -> None:
+        try:
+            await client.publish(item.topic, self.signer.seal(item.topic, item.body()), qos=1, timeout=5)
+        except aiomqtt.MqttError:
+            if client is self._client:  # (a new connection already got everything unacknowledged)
+                self._outgoing.put_nowait(_RESEND)
+        else:
+            self._unacked.pop(key, None)
+
+    async def drain(self, timeout_s: float = 2.0) -> bool:
+        """Until everything queued has been sent and acknowledged by the broker (or `timeout_s`): a clean
+        stop leaves no publish in flight. False if something was still unacknowledged."""
+        deadline = now_ns() + round(timeout_s * 1e9)
+        while (not self._outgoing.empty() or self._unacked) and now_ns() < deadline:
+            if not self.connected.is_set():
+                break  # no broker: what is unsent stays unsent (counted by the agents' stream accounting)
+            await asyncio.sleep(0.005)
+        return self._outgoing.empty() and not self._unacked
 
     def _unexpired(self, batch: list[_Outgoing]) -> list[_Outgoing]:
         now = now_ns()
@@ -386,7 +429,7 @@ class AgentHub:
             if ev.source not in link.sources or ev.host != link.host:
                 bad += 1
                 continue
-            ev.t_ns -= offset  # onto the run timebase
+            shift_stamps(ev, -offset)  # onto the run timebase, and the times in its meta with it
             if link.record_latency:
                 link.latency_ns.append(t_rx - ev.t_ns)
             ev.seq = -1
@@ -509,6 +552,13 @@ class AgentHub:
             payload = _enc.encode(World(items=items))
             self._outgoing.put_nowait(_Outgoing(world_topic(self.lab), lambda: payload))
 
+    def world_now(self, items: list[WorldItem], *, snapshot: bool = False) -> None:
+        """Queue world items as one message now, after the updates already pending; `snapshot`: they are
+        the whole world as it is (a run's start), which a mirror applies without counting them late."""
+        self._flush_world()
+        payload = _enc.encode(World(items=items, snapshot=snapshot))
+        self._outgoing.put_nowait(_Outgoing(world_topic(self.lab), lambda: payload))
+
     # -- clocks -------------------------------------------------------------------------------------------
     async def ping(self, host: str, timeout_s: float = 1.0) -> OffsetSample | None:
         sent: dict[str, int] = {}
@@ -594,6 +644,7 @@ class RemoteProbe:
         self.settings = settings
         self.profile = profile
         self.seed = seed
+        self._stats: dict[str, Any] = {}
 
     async def __aenter__(self) -> Self:
         await self.hub.wait_online(self.host)
@@ -617,8 +668,7 @@ class RemoteProbe:
         self.link.started = True
         snapshot = self.hub.world_snapshot
         if snapshot is not None:
-            for item in snapshot():
-                self.hub.world(item)
+            self.hub.world_now(snapshot(), snapshot=True)
         return self
 
     async def __aexit__(
@@ -643,6 +693,9 @@ class RemoteProbe:
                 self.link.queue.close()
                 return
             self.link.stopped = True
+            if reply.data is not None:
+                world = reply.data.get("world")
+                self._stats = {**reply.data.get("probes", {}), **({"world": world} if world else {})}
             # Everything the agent sent precedes its reply on the broker; what never came is lost.
             assert reply.seq is not None and reply.n is not None
             self.link.missing_batches += max(0, reply.seq - self.link.next_seq)
@@ -658,6 +711,13 @@ class RemoteProbe:
     def dropped(self) -> int:
         """Events lost anywhere between the agent's sampler and the run log: agent queue, broker, here."""
         return self.link.agent_dropped + self.link.missing_events + self.link.queue.dropped
+
+    def stats(self) -> dict[str, Any]:
+        """For run.json `probes`: the drops, what each of the agent's probes did, by name (e.g.
+        `rx-power.samples_per_s_per_port` against the configured rate on that host), and `world`: how its
+        mirror of the model kept up (modeled labs: light changes applied at their model time or late, and
+        by how much)."""
+        return {"dropped": self.dropped, **self._stats}
 
     def set_circuits(self, peers: dict[str, str | None]) -> None:
         mine = {s: p for s, p in peers.items() if s in self.link.sources}
@@ -676,6 +736,18 @@ class RemoteProbe:
         if self._window_open:
             self._window_open = False
             self.hub.post(self.host, "window", {})
+
+    def expect_switch_acks(self) -> None:
+        """Deliberately nothing: the agent's probes are not told to rely on `switched` alone. It reaches
+        them a broker hop (a few ms on a busy host) after t1, so they keep their dense reports around a
+        reconfiguration, which put a report within two sampling periods of t1 when a dark gap fell between
+        samples; `switched` then ends them and reports the next sample."""
+
+    def switched(self, sources: Collection[str]) -> None:
+        """Forward the switch's acknowledgement (t1) for this host's ports to its agent's probes."""
+        mine = sorted(set(sources) & self.link.sources)
+        if mine:
+            self.hub.post(self.host, "switched", {"sources": mine})
 
 
 def run_probes_on_agents(lab: Lab, ctx: LabContext, probes: Sequence[str]) -> AgentHub:

@@ -19,6 +19,21 @@ log = logging.getLogger("labctl.agents")
 
 WORLD_KINDS = frozenset({"light", Kind.LINK_FIRMWARE, Kind.CARRIER, TRANSPORT})
 
+STAMP_META = ("prev_ns", "after_ns", "sent_ns", "detected_ns", "started_ns")
+"""Event meta fields that hold a time on the observing host's clock, like `t_ns` (the previous sample a
+mark's bracket starts at, when a ping was sent or given up on, ...): shifted onto the run timebase with it.
+Other `*_ns` meta fields are durations and stay as they are."""
+
+
+def shift_stamps(event: Event, delta_ns: int) -> None:
+    """Move an event's time, and every time in its meta, by `delta_ns` (from one clock onto another)."""
+    event.t_ns += delta_ns
+    meta = event.meta
+    for key in STAMP_META:
+        value = meta.get(key)
+        if type(value) is int:
+            meta[key] = value + delta_ns
+
 
 class Batch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     host: str
@@ -74,6 +89,12 @@ class WindowArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     open: list[str] | None = None
 
 
+class SwitchedArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The switch acknowledged moving these port sources' light (the controller's t1)."""
+
+    sources: list[str]
+
+
 class WorldItem(msgspec.Struct, array_like=True):
     kind: str
     port: str
@@ -86,6 +107,7 @@ class WorldItem(msgspec.Struct, array_like=True):
 
 class World(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     items: list[WorldItem]
+    snapshot: bool = False  # the whole world as it is now (a run's start), not changes as they happen
 
 
 _enc = msgspec.json.Encoder()

@@ -9,6 +9,7 @@ transport effects (tests/unit/test_agents.py compares them).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.hub import run_probes_on_agents
@@ -17,9 +18,10 @@ from labctl.clock import now_ns
 from labctl.events import Kind
 from labctl.inventory import Inventory, NicPort
 from labctl.labs.base import Lab, LabContext, LabKind
-from labctl.labs.world import check_switches_over_models, drive_models, switch_models
+from labctl.labs.world import check_switches_over_models, drive_models
 from labctl.models.fabric import TRANSPORT, SimFabric
 from labctl.models.probes import model_sites
+from labctl.models.switch import SwitchModel
 from labctl.probes import ProbeContext
 from labctl.sampling import ProbeSettings
 
@@ -38,6 +40,20 @@ def agent_context(
     return ProbeContext(settings, ports=mine, peers=sites, world=mirror)
 
 
+class AnnouncingSwitchModel(SwitchModel):
+    """The switch model, telling `on_schedule` of every light change when it is scheduled (the command
+    arrived: light lost after ~0.1-2 ms, back after the switching time), as well as its listeners when
+    it happens. The agents' mirrors then apply each change at its model time instead of a broker hop
+    after it (labctl.agents.agent.FabricMirror)."""
+
+    on_schedule: Callable[[int, int | None, int], None] | None = None
+
+    def _at(self, t_ns: int, egress: int, ingress: int | None) -> None:
+        super()._at(t_ns, egress, ingress)
+        if self.on_schedule is not None:
+            self.on_schedule(egress, ingress, t_ns)
+
+
 def check(inventory: Inventory) -> None:
     if inventory.model.broker is None:
         raise inventory.fail(("broker",), "an agents lab needs a `broker:` section (url: mqtt://HOST:PORT)")
@@ -47,12 +63,20 @@ def check(inventory: Inventory) -> None:
 
 def build(ctx: LabContext) -> Lab:
     inv = ctx.inventory
-    models = switch_models(ctx)
+    announcing = {
+        name: AnnouncingSwitchModel(name, spec.space, ctx.profile, ctx.rng)
+        for name, spec in inv.switches.items()
+    }
+    models: dict[str, SwitchModel] = dict(announcing)
     fabric = SimFabric(inv, models, ctx.profile, ctx.rng)
     lab = Lab(close_hooks=[fabric.cancel_pending])
     drive_models(ctx, models, lab)
     hub = run_probes_on_agents(lab, ctx, PROBES)
     by_rx = {(p.switch, p.rx): p for p in inv.ports}
+    by_tx = {(p.switch, p.tx): p for p in inv.ports}
+    # A change announced before it happens has no settle time yet (the fabric draws it when the light
+    # arrives): the mirror ramps over the profile's mid value until the change comes with the drawn one.
+    settle_mid_ns = ctx.profile.mid_ns("optical_settle_ms")
 
     def light_item(port: NicPort) -> WorldItem:
         st = fabric.state(port)
@@ -63,6 +87,15 @@ def build(ctx: LabContext) -> Lab:
         port = by_rx.get((switch, egress))
         if port is not None:
             hub.world(light_item(port))
+
+    def on_schedule(switch: str, egress: int, ingress: int | None, t_ns: int) -> None:
+        port = by_rx.get((switch, egress))
+        if port is None:
+            return
+        peer = by_tx.get((switch, ingress)) if ingress is not None else None
+        level = fabric.state(port).rx_level_dbm
+        settle = settle_mid_ns if peer is not None else 0
+        hub.world(WorldItem("light", port.source, t_ns, 0, peer.source if peer else None, settle, level))
 
     def on_transition(port: NicPort, kind: str, value: int, t_ns: int) -> None:
         hub.world(WorldItem(kind, port.source, t_ns, value))
@@ -81,8 +114,9 @@ def build(ctx: LabContext) -> Lab:
                 items.append(WorldItem(kind, port.source, t, value))
         return items
 
-    for name, model in models.items():  # after the fabric's own listener: its port state is already updated
+    for name, model in announcing.items():  # after the fabric's listener: its port state is already updated
         model.add_listener(functools.partial(on_light, name))
+        model.on_schedule = functools.partial(on_schedule, name)
     fabric.add_listener(on_transition)
     hub.world_snapshot = snapshot
     return lab
