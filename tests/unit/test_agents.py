@@ -21,16 +21,19 @@ import msgspec
 import pandas as pd
 import pytest
 
-from labctl.agents.agent import Agent
+from labctl.agents.agent import Agent, FabricMirror
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.clock import OffsetSample, estimate_offset
 from labctl.agents.hub import AgentHub, HostLink, RemoteProbe
-from labctl.agents.wire import Batch, Command, Reply, Signer, topic
+from labctl.agents.wire import Batch, Command, Reply, Signer, WorldItem, shift_stamps, topic
+from labctl.clock import now_ns
 from labctl.config import Secret
 from labctl.controller import run_experiment
 from labctl.errors import HardwareError
 from labctl.events import Event, read_events
 from labctl.inventory import load_inventory
+from labctl.labs import agents as agents_lab
+from labctl.labs.base import LabContext
 from labctl.sampling import ProbeSettings
 from tests.conftest import REPO, require
 from tests.mosquitto import Mosquitto
@@ -255,6 +258,95 @@ async def test_four_agent_processes_match_the_one_process_run(
     assert_breakdowns_match(breakdown(one.run_dir), breakdown(again.run_dir), again.run_dir)
 
 
+# Issue 13: the fast profile (2-3 ms switching) through four agent processes, five runs in a row.
+#
+# The agents sample Rx power on a mirror of the controller's model fed over the broker. The switch announces
+# each light change when it takes the command, and a mirror applies it at its model time if the
+# announcement got there first, else on arrival. With ~2-5 ms broker hops on this busy 2-core box against a
+# 2-3 ms switching time, most announcements of the light coming back are late: the mirror then goes dark
+# and lit again at once, no sample sees the dark gap, and the optical mark falls back to the first report
+# at or above the threshold after the switch's acknowledgement t1. So the agents' median optical phase may
+# differ from the one-process run's by:
+# - the clock offset's uncertainty: the phase spans two clocks (t0 the controller's, t2 the agent's);
+# - two sampling periods: each run's mark is the first report that saw the light, and the dense reports of
+#   a reconfiguration window are two periods apart;
+# - the world feed's lateness, as the agents recorded it (run.json probes.agent:<host>.world: light changes
+#   applied after their model time, and by how much): that much later than the model, they saw the light;
+# - the difference of the two runs' median switch phase: when the dark gap fell between samples, a run's
+#   optical mark follows its t1, so each controller's own lateness in stamping t1 moves it too (the
+#   one-process run's as much as the agents': on this box either controller's t1 can be late by ms).
+FAST_RUNS = 5
+SAMPLING_PERIOD_NS = 1_000_000  # the experiment's rx_power_hz: 1000
+FEED_LATE_MEDIAN_MAX_NS = 20_000_000
+"""A feed later than this (median) is broken, not busy: the issue's runs saw light ~75-125 ms late."""
+
+
+def _feed_late_ns(meta: dict[str, Any]) -> int:
+    """The largest of the agents' median lateness of light coming back (0 where all were on time)."""
+    worlds = [p.get("world", {}) for name, p in meta["probes"].items() if name.startswith("agent:")]
+    assert len(worlds) == len(HOSTS) and all(worlds), "every agent reports how its world mirror kept up"
+    return max(w.get("light_back_late_median_ns", 0) for w in worlds)
+
+
+@pytest.mark.slow
+async def test_fast_profile_on_four_agent_processes_five_times(
+    broker: Mosquitto,
+    tmp_path: Path,
+    agent_procs: list[subprocess.Popen[bytes]],
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Five runs in a row on the same agents: each completes; no firmware phase is negative (light seen back
+    after the firmware said link-up, i.e. a t2 made late by a stalled or lagging feed); the optical median
+    stays within the bound above of the one-process run's; each agent sampled near its configured rate and
+    said so; and neither the controller nor an agent leaves publishes pending (aiomqtt's "There are N
+    pending publish calls") or fails to exit cleanly."""
+    # 8 reconfigurations a run, as reconfig-timeline.yaml has
+    inv_local, exp = write_lab(tmp_path, repeat=4)
+    inv_mqtt, _ = write_lab(tmp_path, broker_section(broker.url), repeat=4)
+    _spawn_agents(inv_mqtt, tmp_path, agent_procs)
+    one = await run_experiment(exp, inv_local, profile="fast", out_dir=tmp_path / "one", plots=False, seed=1)
+    assert one.status == "completed", one.error
+    local = breakdown(one.run_dir).loc[1:]
+    local_optical, local_switch = int(local["optical_ns"].median()), int(local["switch_ns"].median())
+    for i in range(FAST_RUNS):
+        run = await run_experiment(
+            exp, inv_mqtt, profile="fast", out_dir=tmp_path / f"mqtt{i}", plots=False, seed=1 + i
+        )
+        assert run.status == "completed", (i, run.error)
+        rows = breakdown(run.run_dir).loc[1:]
+        meta = json.loads((run.run_dir / "run.json").read_text())
+        assert rows["firmware_ns"].notna().all() and (rows["firmware_ns"] >= 0).all(), (
+            i,
+            rows.loc[rows["firmware_ns"] < 0, ["t0_command_ns", "t2_rx_power_ns", "t3_firmware_up_ns"]],
+        )
+        uncertainty = max(e["uncertainty_ns"] for e in meta["clock_offsets"].values())
+        feed_late = _feed_late_ns(meta)
+        assert feed_late <= FEED_LATE_MEDIAN_MAX_NS, (
+            i,
+            {h: p.get("world") for h, p in meta["probes"].items()},
+        )
+        switch_diff = abs(int(rows["switch_ns"].median()) - local_switch)
+        bound = uncertainty + 2 * SAMPLING_PERIOD_NS + feed_late + switch_diff
+        optical = int(rows["optical_ns"].median())
+        assert abs(optical - local_optical) <= bound, (
+            f"run {i}: optical median {optical / 1e6:.2f} ms, one process {local_optical / 1e6:.2f} ms: "
+            f"apart by more than {bound / 1e6:.2f} ms (offset uncertainty {uncertainty / 1e6:.2f} + 2 sampling "
+            f"periods + feed lateness {feed_late / 1e6:.2f} + switch phase difference {switch_diff / 1e6:.2f})"
+        )
+        for host in HOSTS:
+            rx = meta["probes"][f"agent:{host}"]["rx-power"]
+            assert rx["samples_per_s_per_port"] >= 500, (host, rx)  # (configured: 1000)
+    for proc in agent_procs:  # SIGTERM: each agent winds down (last events out, `offline`) and exits 0
+        proc.terminate()
+    assert [await asyncio.to_thread(proc.wait, 10) for proc in agent_procs] == [0] * len(HOSTS)
+    logs = {host: (tmp_path / f"agent-{host}.log").read_text() for host in HOSTS}
+    controller = capfd.readouterr().err + caplog.text
+    for who, text in {"controller": controller, **logs}.items():
+        assert "pending publish" not in text, (who, text[-2000:])
+        assert "Traceback" not in text, (who, text[-2000:])
+
+
 def _phases_on_disk(runs: Path) -> int:
     found = list(runs.glob("*/events.jsonl"))
     return found[0].read_bytes().count(b'"kind":"phase"') if found else 0
@@ -355,6 +447,15 @@ async def test_agent_clock_offsets_are_measured_and_removed(broker: Mosquitto, t
         assert abs(est["offset_ns"] - skew) <= est["uncertainty_ns"], (host, est)
         assert len(est["history"]) >= 2, "measured at run start, periodically and at run end"
     assert_breakdowns_match(breakdown(one.run_dir), breakdown(dist.run_dir), dist.run_dir)
+    # The previous sample each report names (a mark's bracket starts there) moved with the report: on the
+    # run timebase, a sampling period or so before it, whatever the host's clock said.
+    brackets = [
+        (e.host, e.t_ns - e.meta["prev_ns"])
+        for e in read_events(dist.run_dir / "events.jsonl")
+        if e.kind in ("rx_power", "traffic.ok", "traffic.lost") and "prev_ns" in e.meta
+    ]
+    assert {host for host, _ in brackets} == set(HOSTS)
+    assert all(0 < gap < 100_000_000 for _, gap in brackets), max(brackets, key=lambda b: abs(b[1]))
 
 
 @pytest.mark.slow
@@ -660,6 +761,94 @@ async def test_stopping_probes_of_an_offline_agent_waits_for_the_grace_not_the_s
     await asyncio.wait_for(probe.__aexit__(None, None, None), 10)
     assert time.monotonic() - started < GRACE_S + 1.0
     assert link.lost_reason == "offline" and link.queue._closed
+
+
+async def test_the_world_mirror_applies_light_at_its_model_time(tmp_path: Path) -> None:
+    """A light change announced before it happens is applied at its model time (what the agent's Rx power
+    reads then changes with the model, not a broker hop later); the change itself, arriving afterwards,
+    only brings the settle time the model drew; anything older than the state applied is ignored; a change
+    that arrives after its time is applied at once and counted late, by how much."""
+    inv_path, _ = write_lab(tmp_path, broker_section("mqtt://127.0.0.1:1"))
+    inventory = load_inventory(inv_path)
+    mirror = FabricMirror(inventory, inventory.profile(), random.Random(1))
+    port, peer = mirror.by_source["nic:h1/p0"], mirror.by_source["nic:h2/p0"]
+    st = mirror.state(port)
+    mirror.apply(WorldItem("light", port.source, 0, 0, peer.source, 0, -2.0), 0, snapshot=True)
+    t_lost = now_ns() + 20_000_000
+    t_back = t_lost + 20_000_000
+    # Announced together, when the switch took the command.
+    mirror.apply(WorldItem("light", port.source, t_lost, 0, None), t_lost)
+    mirror.apply(WorldItem("light", port.source, t_back, 0, peer.source, 300_000, -2.0), t_back)
+    assert st.light_from is peer and mirror.rx_power_dbm(port, now_ns()) is not None, "not before its time"
+    await asyncio.sleep((t_lost + 5_000_000 - now_ns()) / 1e9)
+    assert st.light_from is None and st.light_t_ns == t_lost
+    assert mirror.rx_power_dbm(port, now_ns()) is None
+    await asyncio.sleep((t_back + 5_000_000 - now_ns()) / 1e9)
+    assert st.light_from is peer and st.light_t_ns == t_back and st.settle_ns == 300_000
+    # The changes themselves, as they happened: the loss is stale, the return brings its drawn settle time.
+    mirror.apply(WorldItem("light", port.source, t_lost, 0, None), t_lost)
+    mirror.apply(WorldItem("light", port.source, t_back, 0, peer.source, 123_000, -2.0), t_back)
+    assert st.light_from is peer and st.light_t_ns == t_back and st.settle_ns == 123_000
+    stats = mirror.stats()
+    assert (stats["light_lost_on_time"], stats["light_back_on_time"]) == (1, 1)
+    assert stats["light_lost_late"] == stats["light_back_late"] == 0, "a snapshot is never late"
+    # Learned 5 ms after it happened: applied now, counted late by that much.
+    t_late = now_ns() - 5_000_000
+    mirror.apply(WorldItem("light", port.source, t_late, 0, None), t_late)
+    assert st.light_from is None and st.light_t_ns == t_late
+    stats = mirror.stats()
+    assert stats["light_lost_late"] == 1 and stats["light_lost_late_median_ns"] >= 5_000_000
+    # A change still to come is dropped with the mirror's pending work (a new run builds a new mirror).
+    t_next = now_ns() + 10_000_000
+    mirror.apply(WorldItem("light", port.source, t_next, 0, peer.source, 0, -2.0), t_next)
+    mirror.cancel_pending()
+    await asyncio.sleep(0.02)
+    assert st.light_from is None
+
+
+async def test_the_agents_lab_announces_light_changes_when_the_switch_schedules_them(tmp_path: Path) -> None:
+    """The controller's side of the mirror: a switch change is on the world feed when the switch takes the
+    command (light lost, light back a switching time later), before it happens; then again as it happens."""
+    inv_path, _ = write_lab(tmp_path, broker_section("mqtt://127.0.0.1:1"))
+    inventory = load_inventory(inv_path)
+    profile = inventory.profile("fast")
+    lab = agents_lab.build(LabContext(inventory, profile, random.Random(1), lambda e: None, ProbeSettings()))
+    hub = next(p for p in lab.probes if isinstance(p, RemoteProbe)).hub
+    queued: list[tuple[int, WorldItem]] = []
+    hub.world = lambda item: queued.append((now_ns(), item))  # type: ignore[method-assign]
+    switch = lab.switches["ocs1"]
+    await switch.connect()
+    try:
+        await switch.apply({(1, 19), (3, 17)})  # h1/p0 <-> h2/p0
+        await asyncio.sleep(0.01)
+    finally:
+        await switch.close()
+        lab.close()
+        await hub.stop()
+    back = [(at, item) for at, item in queued if item.kind == "light" and item.peer is not None]
+    announced = [(at, item) for at, item in back if at < item.t_ns]
+    assert {item.port for _, item in announced} == {"nic:h1/p0", "nic:h2/p0"}, back
+    for at, item in announced:  # announced a switching time ahead, with the profile's mid settle time
+        assert item.t_ns - at >= profile.switching_ms[0] * 1e6 - 1e6 and item.settle_ns == profile.mid_ns(
+            "optical_settle_ms"
+        )
+    happened = [(at, item) for at, item in back if at >= item.t_ns]
+    assert {item.port for _, item in happened} == {"nic:h1/p0", "nic:h2/p0"}, "and again as it happens"
+
+
+def test_agent_stamps_in_event_meta_move_with_the_event() -> None:
+    """Times a probe writes into meta (the previous sample a mark's bracket starts at, when a ping was sent
+    or given up on) are on the observing host's clock like t_ns, and go onto the run timebase with it;
+    durations stay as they are."""
+    ev = Event(
+        t_ns=5_000,
+        source="nic:h1/p0",
+        kind="rx_power",
+        meta={"prev_ns": 4_000, "detected_ns": 7_000, "sampling_period_ns": 1_000, "lane": 1},
+    )
+    shift_stamps(ev, -1_000)
+    assert ev.t_ns == 4_000
+    assert ev.meta == {"prev_ns": 3_000, "detected_ns": 6_000, "sampling_period_ns": 1_000, "lane": 1}
 
 
 def test_agents_build_a_world_mirror_only_for_modeled_probes(tmp_path: Path) -> None:
