@@ -122,6 +122,18 @@ def _summary_table(summary: dict[str, Any], title: str) -> Table:
     return table
 
 
+def flat_probe_stats(probes: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """run.json `probes` as (name, stats) rows: an agent's entry (`agent:<host>`) holds its own probes."""
+    rows = []
+    for name, stats in probes.items():
+        nested = {k: v for k, v in stats.items() if isinstance(v, dict)}
+        if nested and all(isinstance(v, dict) for v in stats.values()):
+            rows += [(f"{name}/{sub}", sub_stats) for sub, sub_stats in nested.items()]
+        else:
+            rows.append((name, stats))
+    return rows
+
+
 def quality_lines(summary: dict[str, Any], probes: dict[str, Any] | None = None) -> list[str]:
     """What limits the numbers above: flagged rows (never silently in the statistics), each sampled
     mark's resolution, and the modules' DOM update interval where the poller measured one."""
@@ -145,11 +157,18 @@ def quality_lines(summary: dict[str, Any], probes: dict[str, Any] | None = None)
     ]
     if marks:
         lines.append("mark resolution (previous sample to mark): " + "; ".join(marks))
-    rx = (probes or {}).get("rx-power", {})
-    if rx.get("module_update_estimated"):
+    rx = [
+        stats
+        for name, stats in flat_probe_stats(probes or {})
+        if name.rsplit("/", 1)[-1] == "rx-power" and stats.get("module_update_estimated")
+    ]
+    if rx:
+        lanes = sum(r["module_update_estimated"] for r in rx)
+        longest = max(r["module_update_ns_max"] for r in rx)
+        median = rx[0]["module_update_ns_median"] if len(rx) == 1 else None
+        where = f"median {fmt_ns(median)}, " if median is not None else ""
         lines.append(
-            f"module DOM update interval: median {fmt_ns(rx['module_update_ns_median'])}, longest "
-            f"{fmt_ns(rx['module_update_ns_max'])} over {rx['module_update_estimated']} lanes (where longer "
+            f"module DOM update interval: {where}longest {fmt_ns(longest)} over {lanes} lanes (where longer "
             "than the sampling period it widens the optical mark's resolution)"
         )
     return lines
@@ -351,7 +370,7 @@ def report(
         f"{len(run_data.events)} events, profile {meta.get('profile', {}).get('name')}, "
         f"seed {meta.get('seed')}"
     )
-    for name, stats in meta.get("probes", {}).items():  # what each sampler achieved
+    for name, stats in flat_probe_stats(meta.get("probes", {})):  # what each sampler achieved
         rates = ", ".join(f"{_rate_label(k)} {v:,.0f}/s" for k, v in stats.items() if "_per_s" in k)
         dropped = f", [red]{stats['dropped']} dropped[/]" if stats.get("dropped") else ""
         if rates or dropped:

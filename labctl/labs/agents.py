@@ -9,7 +9,6 @@ transport effects (tests/unit/test_agents.py compares them).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.hub import run_probes_on_agents
@@ -18,10 +17,9 @@ from labctl.clock import now_ns
 from labctl.events import Kind
 from labctl.inventory import Inventory, NicPort
 from labctl.labs.base import Lab, LabContext, LabKind
-from labctl.labs.world import check_switches_over_models, drive_models
+from labctl.labs.world import check_switches_over_models, drive_models, switch_models
 from labctl.models.fabric import TRANSPORT, SimFabric
 from labctl.models.probes import model_sites
-from labctl.models.switch import SwitchModel
 from labctl.probes import ProbeContext
 from labctl.sampling import ProbeSettings
 
@@ -40,20 +38,6 @@ def agent_context(
     return ProbeContext(settings, ports=mine, peers=sites, world=mirror)
 
 
-class AnnouncingSwitchModel(SwitchModel):
-    """The switch model, telling `on_schedule` of every light change when it is scheduled (the command
-    arrived: light lost after ~0.1-2 ms, back after the switching time), as well as its listeners when
-    it happens. The agents' mirrors then apply each change at its model time instead of a broker hop
-    after it (labctl.agents.agent.FabricMirror)."""
-
-    on_schedule: Callable[[int, int | None, int], None] | None = None
-
-    def _at(self, t_ns: int, egress: int, ingress: int | None) -> None:
-        super()._at(t_ns, egress, ingress)
-        if self.on_schedule is not None:
-            self.on_schedule(egress, ingress, t_ns)
-
-
 def check(inventory: Inventory) -> None:
     if inventory.model.broker is None:
         raise inventory.fail(("broker",), "an agents lab needs a `broker:` section (url: mqtt://HOST:PORT)")
@@ -63,11 +47,9 @@ def check(inventory: Inventory) -> None:
 
 def build(ctx: LabContext) -> Lab:
     inv = ctx.inventory
-    announcing = {
-        name: AnnouncingSwitchModel(name, spec.space, ctx.profile, ctx.rng)
-        for name, spec in inv.switches.items()
-    }
-    models: dict[str, SwitchModel] = dict(announcing)
+    # Light changes are announced when scheduled, so the agents' mirrors apply them at their model time
+    # instead of a broker hop after it (labctl.agents.agent.FabricMirror).
+    models = switch_models(ctx)
     fabric = SimFabric(inv, models, ctx.profile, ctx.rng)
     lab = Lab(close_hooks=[fabric.cancel_pending])
     drive_models(ctx, models, lab)
@@ -114,9 +96,9 @@ def build(ctx: LabContext) -> Lab:
                 items.append(WorldItem(kind, port.source, t, value))
         return items
 
-    for name, model in announcing.items():  # after the fabric's listener: its port state is already updated
+    for name, model in models.items():  # after the fabric's listener: its port state is already updated
         model.add_listener(functools.partial(on_light, name))
-        model.on_schedule = functools.partial(on_schedule, name)
+        model.add_schedule_listener(functools.partial(on_schedule, name))
     fabric.add_listener(on_transition)
     hub.world_snapshot = snapshot
     return lab

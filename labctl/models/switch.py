@@ -39,6 +39,7 @@ class SwitchModel:
         self.lit: dict[int, int] = {}  # egress → ingress whose light reaches it now
         self.transmitting: dict[int, float] = {}  # ingress → launch power (dBm) of the attached transmitter
         self.listeners: list[LightListener] = []
+        self.schedule_listeners: list[LightListener] = []
         self.timeline = Timeline()
         self.commands = 0
         self.refusals = 0
@@ -54,8 +55,15 @@ class SwitchModel:
     def add_listener(self, listener: LightListener) -> None:
         self.listeners.append(listener)
 
+    def add_schedule_listener(self, listener: LightListener) -> None:
+        """Told of every light change when it is scheduled (the command arrived), before it happens: a
+        copy of the model elsewhere (an agent's mirror) can then apply it at its model time."""
+        self.schedule_listeners.append(listener)
+
     def _at(self, t_ns: int, egress: int, ingress: int | None) -> None:
         self.timeline.at(t_ns, self._light, t_ns, egress, ingress)
+        for listener in self.schedule_listeners:
+            listener(egress, ingress, t_ns)
 
     def _light(self, t_ns: int, egress: int, ingress: int | None) -> None:
         if ingress is None:
