@@ -174,6 +174,9 @@ async def converge(
     check_owned(name, ops.owned, scope_ports, "the change")
     source = f"ocs:{name}"
     meta_base = {**(context or {}), **ops.extra_meta}
+    # Validating hundreds of patches takes a millisecond or two of loop time: let samplers due now run
+    # before the command goes out (t0 is stamped when it does).
+    await asyncio.sleep(0)
     current = await ops.read()
     first_diff = diff_mapping(current, desired, scope_ports)
     command_ns: int | None = None

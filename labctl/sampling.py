@@ -13,6 +13,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from labctl.clock import now_ns
@@ -200,3 +201,15 @@ class ReportGate:
     def forget(self, keys: Iterable[str]) -> None:
         for key in keys:
             self._last_t.pop(key, None)
+
+
+HEARTBEAT_SPREAD = 0.25
+
+
+def staggered_heartbeats(interval_ns: int, n: int) -> np.ndarray:
+    """Per-signal heartbeat intervals from `interval_ns` to 25% longer, spread evenly over n signals.
+
+    Signals reported together (every port right after a reconfiguration) would otherwise keep beating
+    together: 512 ports × 2 probes in one tick every 100 ms is a 3 ms stall of the loop, ten times a
+    second. Never shorter than asked: `report_interval_ms` stays "at most this often"."""
+    return np.rint(interval_ns * (1 + HEARTBEAT_SPREAD * np.arange(n) / max(n, 1))).astype(np.int64)

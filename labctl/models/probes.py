@@ -26,7 +26,7 @@ from labctl.inventory import NicPort
 from labctl.models.fabric import SimFabric
 from labctl.models.module_eeprom import ModelDrivenQsfp28
 from labctl.probes import PortSite, ProbeContext, ProbeKind
-from labctl.sampling import Probe, QueueProbe, ticks
+from labctl.sampling import Probe, QueueProbe, staggered_heartbeats, ticks
 
 
 class SimLinkProbe(QueueProbe):
@@ -96,6 +96,7 @@ class SimTrafficProbe(QueueProbe):
         self._reported_t = np.full(n, np.iinfo(np.int64).min // 2, np.int64)
         self._pinged_t = np.full(n, -1, np.int64)
         self._src = self._dst = np.zeros(0, np.int64)
+        self._heartbeat_ns = staggered_heartbeats(report_interval_ns, n)
 
     def set_circuits(self, peers: dict[str, str | None]) -> None:
         changed = []
@@ -129,7 +130,7 @@ class SimTrafficProbe(QueueProbe):
         self._was_ok[src] = ok
         prev = self._pinged_t[src]
         self._pinged_t[src] = t
-        due = np.flatnonzero(changed | (t - self._reported_t[src] >= self.report_interval_ns))
+        due = np.flatnonzero(changed | (t - self._reported_t[src] >= self._heartbeat_ns[src]))
         port_at = self.fabric.port_at
         for i in due.tolist():
             s, d = int(src[i]), int(dst[i])

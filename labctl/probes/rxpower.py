@@ -36,7 +36,7 @@ from labctl.clock import now_ns
 from labctl.events import Event, Kind
 from labctl.linux.ethtool import ModuleEepromError, open_module_eeprom
 from labctl.probes import ProbeContext, ProbeKind, RxPowerBatch
-from labctl.sampling import Probe, QueueProbe, ticks
+from labctl.sampling import Probe, QueueProbe, staggered_heartbeats, ticks
 from labctl.transceiver import (
     A0H,
     A2H,
@@ -254,6 +254,7 @@ class RxPowerProbe(QueueProbe):
             self._close_all()
             raise
         self._lanes = _Lanes(self.polled)
+        self._lanes.heartbeat_ns = staggered_heartbeats(self.report_interval_ns, self._lanes.n)
         return await super().__aenter__()
 
     async def __aexit__(
@@ -374,7 +375,7 @@ class RxPowerProbe(QueueProbe):
         windowed &= ~done
         lanes.seen_dark |= windowed & ~above
         lanes.dark_seen |= lanes.moving & read & ~above
-        interval = np.where(windowed, self.window_interval_ns, self.report_interval_ns)
+        interval = np.where(windowed, self.window_interval_ns, lanes.heartbeat_ns)
         due = changed | (read & (t_ns - lanes.reported_t >= interval))
         # Module update interval: how often the value changes while the light is steady.
         steady = read & lit & (lanes.last_mw > 0) & (lanes.sampled_t > 0)
@@ -493,6 +494,7 @@ class _Lanes:
         self.value_changes = np.zeros(n, np.int64)
         self.update_reported = np.zeros(n)
         self.update_checked_t = 0
+        self.heartbeat_ns = np.full(n, 100_000_000, np.int64)
 
 
     def rows_of(self, sources: Collection[str] | None) -> np.ndarray:
