@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from labctl.clock import now_ns
 from labctl.events import Kind
 from labctl.inventory import Inventory, NicPort
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
@@ -157,6 +158,7 @@ class SimFabric:
             self._by_rx[(port.switch, port.rx)] = port
             self._by_tx[(port.switch, port.tx)] = port
             switches[port.switch].transmitting[port.tx] = level + INSERTION_LOSS_DB
+        self._switch_timelines = [model.timeline for model in switches.values()]
         for name, model in switches.items():
             model.add_listener(functools.partial(self._on_light, name))
         low, high = profile.dom_update_ms
@@ -301,6 +303,7 @@ class SimFabric:
         read), so a read returns the power at the module's last refresh, which may predate the latest
         light change (then it still shows the power from before it). Values are quantized to the
         register's 0.1 µW and saturate at 6.5535 mW, as an SFF-8636 Rx power word does."""
+        self.sync_optics(t_ns)
         a = self.arrays
         t = np.full(slots.size, t_ns, np.int64)
         update = a.update_ns[slots]
@@ -329,8 +332,16 @@ class SimFabric:
         mw = float(self.rx_power_mw(np.array([self.slot[port]]), t_ns)[0])
         return 10.0 * math.log10(mw) if mw > 0 else None
 
+    def sync_optics(self, t_ns: int) -> None:
+        """Apply every light change the switches have due by t_ns before reading the optics: a switch's
+        timeline delivers a burst of them a chunk per loop turn, and a reading stamped t_ns must see them
+        all."""
+        for timeline in self._switch_timelines:
+            timeline.run_due(t_ns)
+
     def traffic_ok(self, slots: np.ndarray, peer_slots: np.ndarray) -> np.ndarray:
         """Whether a ping-pong from each port to its peer (by slot) would get through now."""
+        self.sync_optics(now_ns())
         a = self.arrays
         ok: np.ndarray = a.transport[slots] & (a.lit_from[slots] == peer_slots) & a.transport[peer_slots]
         return ok

@@ -4,7 +4,8 @@ A reconfiguration of a 512-port switch schedules ~2,500 transitions (light lost 
 firmware, carrier and transport per NIC port). One asyncio timer each costs a TimerHandle, a heap push on
 the loop and a callback dispatch: milliseconds of loop time in one burst, during which every sampler of the
 run waits. A `Timeline` keeps its own heap and holds a single loop timer for its earliest entry; when it
-fires, every entry that is due runs, in model-time order.
+fires, the due entries run in model-time order, CHUNK per loop turn (a wake-up or a sampler's tick gets in
+between). A reader that must see the model exactly at a time catches it up first (`run_due`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import heapq
 import itertools
 from collections.abc import Callable
 from typing import Any
+
+CHUNK = 64
+"""Entries one timer callback runs before yielding to whatever else is ready."""
 
 
 class Scheduled:
@@ -35,7 +39,7 @@ class Timeline:
     def __init__(self) -> None:
         self._heap: list[tuple[int, int, Scheduled]] = []
         self._seq = itertools.count()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._timer_t: int | None = None
 
     def __len__(self) -> int:
@@ -61,15 +65,27 @@ class Timeline:
         self._timer = self._timer_t = None
         # The loop runs a timer up to its clock resolution early: whatever it was armed for is due.
         now = max(round(asyncio.get_running_loop().time() * 1e9), armed)
+        self.run_due(now, limit=CHUNK)
+        if not self._heap:
+            return
+        if self._heap[0][0] <= now:  # more is due: the rest after what else is ready (a wake-up, a tick)
+            self._timer_t = self._heap[0][0]
+            self._timer = asyncio.get_running_loop().call_soon(self._fire)
+        elif self._timer_t is None:
+            self._arm(self._heap[0][0])
+
+    def run_due(self, t_ns: int, limit: int | None = None) -> None:
+        """Run the entries due at or before t_ns now, in order (at most `limit`): a reader that must see
+        the model as it is at t_ns catches it up first."""
         heap = self._heap
-        while heap and heap[0][0] <= now:
+        n = 0
+        while heap and heap[0][0] <= t_ns and (limit is None or n < limit):
             entry = heapq.heappop(heap)[2]
             if not entry.cancelled:
                 entry.callback(*entry.args)
+                n += 1
         while heap and heap[0][2].cancelled:
             heapq.heappop(heap)
-        if heap and self._timer_t is None:
-            self._arm(heap[0][0])
 
     def cancel_all(self) -> None:
         for _t, _seq, entry in self._heap:
