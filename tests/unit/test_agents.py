@@ -320,6 +320,11 @@ async def test_fast_profile_on_four_agent_processes_five_times(
             i,
             rows.loc[rows["firmware_ns"] < 0, ["t0_command_ns", "t2_rx_power_ns", "t3_firmware_up_ns"]],
         )
+        summary = json.loads((run.run_dir / "summary.json").read_text())
+        assert summary["flagged_rows"] == 0, (
+            i,
+            {k: v for k, v in summary["phases"].items() if v["unresolved"]},
+        )
         uncertainty = max(e["uncertainty_ns"] for e in meta["clock_offsets"].values())
         feed_late = _feed_late_ns(meta)
         assert feed_late <= FEED_LATE_MEDIAN_MAX_NS, (
