@@ -5,7 +5,8 @@ interface (SO_BINDTODEVICE, so a frame that the OCS delivers to the wrong port i
 one). That socket is the port's echo responder and its pinger. Every `interval_us` (a timerfd tick, so
 sub-millisecond intervals work) each port with a circuit sends a ping carrying a sequence number and the
 circuit's generation to its peer; the peer's socket echoes it. A pong resolves the ping (`traffic.ok`, value
-= RTT ns, stamped at the pong's receipt, `meta.sent_ns` = the ping's send time); a ping
+= RTT ns, stamped at the pong's receipt, `meta.sent_ns` = the ping's send time, `meta.prev_ns` = the send
+time of the ping before it: the mark's bracket); a ping
 unanswered after `timeout_us` (or overtaken by a later answered one) is lost (`traffic.lost`, stamped at
 its send time, `meta.detected_ns` = when the loss was decided). Outcomes are reported on change plus a
 heartbeat through `ReportGate`, with `meta.n` = the pings each event stands for, exactly as the simulated
@@ -50,6 +51,8 @@ class _Circuit:
     generation: int
     seq: int = 0
     outstanding: dict[int, int] = field(default_factory=dict)  # seq → send time, oldest first
+    before: dict[int, int] = field(default_factory=dict)  # seq → send time of the ping before it
+    last_sent: int = 0
 
 
 class UdpTrafficProbe(QueueProbe):
@@ -134,11 +137,15 @@ class UdpTrafficProbe(QueueProbe):
                 if t - sent < self.timeout_ns:
                     break
                 del out[seq]
+                circuit.before.pop(seq, None)
                 self.lost += 1
                 self._outcome(source, circuit, False, sent, t, None)
             circuit.seq = (circuit.seq + 1) & 0xFFFFFFFF
             sent = now_ns()
             out[circuit.seq] = sent
+            if circuit.last_sent:
+                circuit.before[circuit.seq] = circuit.last_sent
+            circuit.last_sent = sent
             self.pings += 1
             try:
                 self._socks[source].sendto(
@@ -169,6 +176,7 @@ class UdpTrafficProbe(QueueProbe):
             if kind != PONG or circuit is None or circuit.generation != generation:
                 continue
             sent = circuit.outstanding.pop(seq, None)
+            previous = circuit.before.pop(seq, None)
             if sent is None:
                 self.late += 1  # already declared lost
                 continue
@@ -178,12 +186,20 @@ class UdpTrafficProbe(QueueProbe):
                 if old_sent >= sent:
                     break
                 del circuit.outstanding[old_seq]
+                circuit.before.pop(old_seq, None)
                 self.lost += 1
                 self._outcome(source, circuit, False, old_sent, t, None)
-            self._outcome(source, circuit, True, sent, t, t - sent)
+            self._outcome(source, circuit, True, sent, t, t - sent, previous)
 
     def _outcome(
-        self, source: str, circuit: _Circuit, ok: bool, sent: int, detected: int, rtt: int | None
+        self,
+        source: str,
+        circuit: _Circuit,
+        ok: bool,
+        sent: int,
+        detected: int,
+        rtt: int | None,
+        previous: int | None = None,
     ) -> None:
         changed = self._was_ok.get(source) is not ok
         self._count[source] = 1 if changed else self._count.get(source, 0) + 1
@@ -196,6 +212,9 @@ class UdpTrafficProbe(QueueProbe):
         meta: dict[str, object] = {"peer": circuit.peer.source, "n": self._count[source]}
         if ok:
             meta["sent_ns"] = sent
+            if previous is not None:
+                # The ping before this one: traffic got through somewhere after it was sent (the bracket).
+                meta["prev_ns"] = previous
         else:
             meta["detected_ns"] = detected
         self._count[source] = 0

@@ -493,12 +493,16 @@ async def test_traffic_probe_follows_the_patch(fab: Fab) -> None:
             await asyncio.gather(task, return_exceptions=True)
     ok = {e.source for e in events if e.kind == "traffic.ok"}
     assert ok == {a, b}
+    assert any("prev_ns" in e.meta for e in events if e.kind == "traffic.ok")
     # Every ping is resolved once: answered, lost, or still in flight when the probe stopped.
     assert probe.pongs > 0 and probe.lost > 0 and probe.pongs + probe.lost <= probe.pings
     assert all(e.meta["peer"] in (a, b) for e in events if e.kind == "traffic.ok")
     for e in events:  # an answer's RTT is its receipt stamp minus its ping's send stamp
         if e.kind == "traffic.ok":
             assert isinstance(e.value, int) and e.value == e.t_ns - int(e.meta["sent_ns"]) > 0
+            # The bracket: the ping before this one was sent about one interval earlier.
+            if "prev_ns" in e.meta:
+                assert 0 < int(e.meta["sent_ns"]) - int(e.meta["prev_ns"]) < 50_000_000
     for port in (a, b):  # cutting the patch stops its traffic: lost from the cut on, never ok again
         mine = [e for e in events if e.source == port]
         assert mine[-1].kind == "traffic.lost", (port, [e.kind for e in mine])
