@@ -6,13 +6,14 @@ up · t5 first `traffic.ok` after t4. Each mark is searched in the window from t
 reconfiguration. A missing mark is empty (pandas <NA>, an empty CSV cell), never 0.
 
 Brackets: a sampled mark is the first sample that saw the new state; the sample before it (its event's
-`meta.prev_ns`) did not, so the change happened in (prev_ns, t]. `tN_resolution_ns` is that width (plus a
-module's DOM update interval for t2, where it is longer than the sampling period; 0 for marks stamped as
-they happen). A host's marks also carry its clock-offset uncertainty (`clock_uncertainty_ns`) against the
-controller's t0/t1. A phase whose end precedes its start by more than the brackets allow is physically
-impossible (`impossible` names it: a wrong clock, a mislabelled event); one that is negative within them
-is shorter than the marks resolve (`unresolved`, e.g. a starved sampler). Both are excluded from the
-summary, counted, and named by the report: a negative duration is never printed as a measurement.
+`meta.prev_ns`, or `meta.after_ns` from the carrier and link-state polls) did not, so the change
+happened in (prev_ns, t]. `tN_resolution_ns` is that width (plus a module's DOM update interval for t2,
+where it is longer than the sampling period; 0 for marks stamped as they happen). A host's marks also
+carry its clock-offset uncertainty (`clock_uncertainty_ns`) against the controller's t0/t1. A phase
+whose end precedes its start by more than the brackets allow is physically impossible (`impossible`
+names it: a wrong clock, a mislabelled event); one that is negative within them is shorter than the
+marks resolve (`unresolved`, e.g. a starved sampler). Both are excluded from the summary, counted, and
+named by the report: a negative duration is never printed as a measurement.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ SIGNAL_KINDS = (
 class _LiteMeta(msgspec.Struct, frozen=True):
     peer: str | None = None
     prev_ns: int | None = None
+    after_ns: int | None = None  # the carrier and link-state polls' name for the same bracket start
     sampling_period_ns: int | None = None
 
 
@@ -160,15 +162,8 @@ class EventIndex:
                 index.control.append(e)
             elif e.kind in SIGNAL_KINDS:
                 m = e.meta
-                index.add(
-                    e.t_ns,
-                    e.source,
-                    e.kind,
-                    e.value,
-                    m.get("peer"),
-                    m.get("prev_ns"),
-                    m.get("sampling_period_ns"),
-                )
+                prev = m.get("prev_ns", m.get("after_ns"))
+                index.add(e.t_ns, e.source, e.kind, e.value, m.get("peer"), prev, m.get("sampling_period_ns"))
         return index
 
     @classmethod
@@ -193,7 +188,8 @@ class EventIndex:
                 index.control.append(full.decode(line))
             elif e.kind in SIGNAL_KINDS:
                 m = e.meta
-                index.add(e.t_ns, e.source, e.kind, e.value, m.peer, m.prev_ns, m.sampling_period_ns)
+                prev = m.prev_ns if m.prev_ns is not None else m.after_ns
+                index.add(e.t_ns, e.source, e.kind, e.value, m.peer, prev, m.sampling_period_ns)
         return index
 
     def series(self, source: str, kind: str) -> Series:

@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from labctl.breakdown import compute_breakdown, median_ci, read_breakdown_csv, summarize
+from labctl.breakdown import EventIndex, compute_breakdown, median_ci, read_breakdown_csv, summarize
 from labctl.compare import aggregate, compare, split_sets
 from labctl.controller import run_experiment
 from labctl.errors import InputError
+from labctl.events import encode_event
 from tests.conftest import REPO
 from tests.unit.test_breakdown import MS, A, B, Stream, recovery
 
@@ -220,3 +221,21 @@ async def test_a_slow_module_refresh_is_measured_and_widens_the_optical_mark(tmp
     frame = read_breakdown_csv(outcome.run_dir / "breakdown.csv")
     measured = frame[(frame["reconfig"] > 0) & frame["t2_rx_power_ns"].notna()]
     assert (measured["t2_resolution_ns"] >= 15 * MS).all()
+
+
+def test_a_carrier_seen_by_a_poll_has_the_previous_poll_as_its_bracket(tmp_path: Path) -> None:
+    s = Stream()
+    s.add(0, "run.start", "controller", "x", rx_power_threshold_dbm=-10.0)
+    t0 = 1_000 * MS
+    s.phase(1, t0 - 10, "pp", [(A, B)])
+    s.switch(t0, t0 + 25 * MS)
+    s.add(t0 + 1 * MS, "rx_power", A, None)
+    s.add(t0 + 27 * MS, "rx_power", A, -2.5, prev_ns=t0 + 26 * MS)
+    s.add(t0 + 60 * MS, "carrier", A, 1, via="poll", after_ns=t0 + 59_500_000)
+    (row,) = compute_breakdown(s.events).to_dict("records")
+    assert row["t4_resolution_ns"] == 500_000
+    # The same through the file reader (the fast path the controller uses).
+    log = tmp_path / "events.jsonl"
+    log.write_bytes(b"".join(encode_event(e) + b"\n" for e in s.events))
+    (row,) = compute_breakdown(EventIndex.from_file(log)).to_dict("records")
+    assert row["t4_resolution_ns"] == 500_000
