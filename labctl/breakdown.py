@@ -64,6 +64,7 @@ COLUMNS = [
     "clock_uncertainty_ns",
     "impossible",
     "unresolved",
+    "transport",
 ]
 DURATIONS = COLUMNS[COLUMNS.index("switch_ns") : COLUMNS.index("traffic_lost_ns") + 1]
 """The phase durations (and the two down-side delays): switch_ns .. traffic_lost_ns."""
@@ -262,8 +263,9 @@ def compute_breakdown(
     index = events if isinstance(events, EventIndex) else EventIndex.from_events(events)
     uncertainty = clock_uncertainty_ns or {}
     control = sorted(index.control, key=lambda e: (e.t_ns, e.seq))
+    start = next((e for e in control if e.kind == Kind.RUN_START), None)
+    transport = str(start.meta.get("transport", "udp")) if start else "udp"
     if threshold_dbm is None:
-        start = next((e for e in control if e.kind == Kind.RUN_START), None)
         threshold_dbm = (
             float(start.meta.get("rx_power_threshold_dbm", DEFAULT_THRESHOLD_DBM))
             if start
@@ -305,6 +307,7 @@ def compute_breakdown(
                 "timed_out": source in timed_out.get(reconfig, ()),
                 "impossible": "",
                 "unresolved": "",
+                "transport": transport,  # what carried the ping-pong whose first success is t5
             }
             if t0 is None:
                 rows.append(row)
@@ -394,7 +397,7 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     for col in INT_COLUMNS:
         frame[col] = pd.array([None if pd.isna(x) else int(x) for x in frame[col]], dtype="Int64")
     frame["timed_out"] = frame["timed_out"].fillna(False).astype(bool)
-    for col in ("phase", "host", "port", "source", "peer"):
+    for col in ("phase", "host", "port", "source", "peer", "transport"):
         frame[col] = frame[col].astype("string")
     for col in FLAG_COLUMNS:
         frame[col] = frame[col].fillna("").astype("string")

@@ -623,6 +623,9 @@ async def run_experiment(
             "profile": profile_name,
             "seed": seed,
             "rx_power_threshold_dbm": spec.analysis.rx_power_threshold_dbm,
+            # What carries the ping-pong that marks t5, and the QP attributes that shape its recovery.
+            "transport": spec.probes.transport,
+            **({"rdma": spec.probes.rdma.model_dump()} if spec.probes.transport == "rdma" else {}),
         },
     )
     for event in early:

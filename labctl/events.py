@@ -57,6 +57,8 @@ class Kind:
     TRAFFIC_OK: Final = "traffic.ok"  # value = RTT ns
     TRAFFIC_LOST: Final = "traffic.lost"
     RDMA_QP_STATE: Final = "rdma.qp_state"
+    RDMA_WC_ERROR: Final = "rdma.wc_error"  # a work completion with an error status (value: its name)
+    RDMA_RECONNECT: Final = "rdma.reconnect"  # a QP in error reset with fresh PSNs (value: ns it took)
     GPU_PINGPONG: Final = "gpu.pingpong"
     GPU_POINTER_CHASE: Final = "gpu.pointer_chase"
     GPU_TIMER: Final = "gpu.timer"

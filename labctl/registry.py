@@ -36,6 +36,7 @@ PROBES: Mapping[str, str] = {
     "rx-power": "labctl.probes.rxpower:PROBE",
     "carrier": "labctl.probes.carrier:PROBE",
     "traffic": "labctl.probes.traffic:PROBE",
+    "rc-traffic": "labctl.probes.rdma:PROBE",
     "switch-power": "labctl.probes.switch_power:PROBE",
     "link-state": "labctl.probes.linkstate:PROBE",
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import Literal, Protocol, Self, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -49,6 +49,24 @@ class CircuitProbe(Probe, Protocol):
         ...
 
 
+class RdmaSettings(BaseModel):
+    """The RC queue pair attributes that shape recovery (ibv_qp_attr names and ranges) and what to do
+    when a QP errors. Part of what is measured: recorded with the run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    timeout: int = Field(
+        default=14, ge=0, le=31, description="local ACK timeout: 4.096 us x 2^timeout (0: none)"
+    )
+    retry_cnt: int = Field(default=7, ge=0, le=7, description="retries after an ACK timeout or sequence NAK")
+    rnr_retry: int = Field(default=7, ge=0, le=7, description="receiver-not-ready retries (7: unlimited)")
+    min_rnr_timer: int = Field(default=12, ge=0, le=31, description="RNR NAK timer code (12: 0.64 ms)")
+    policy: Literal["survive", "reconnect"] = Field(
+        default="survive",
+        description="survive: a QP error fails the port's recovery; reconnect: reset the QP with fresh PSNs",
+    )
+
+
 class ProbeSettings(BaseModel):
     """The experiment's `probes:` section: rates and reporting of every probe of a run."""
 
@@ -80,6 +98,11 @@ class ProbeSettings(BaseModel):
         description="set from the experiment's analysis.rx_power_threshold_dbm: crossing it is always "
         "reported",
     )
+    transport: Literal["udp", "rdma"] = Field(
+        default="udp",
+        description="what carries the ping-pong that marks t5: UDP datagrams, or RDMA RC queue pairs",
+    )
+    rdma: RdmaSettings = RdmaSettings()
     switch_power_hz: float = Field(
         default=0.0,
         ge=0,

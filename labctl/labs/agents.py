@@ -16,7 +16,7 @@ from labctl.agents.wire import WorldItem
 from labctl.clock import now_ns
 from labctl.events import Kind
 from labctl.inventory import Inventory, NicPort
-from labctl.labs.base import Lab, LabContext, LabKind
+from labctl.labs.base import Lab, LabContext, LabKind, require_transport
 from labctl.labs.world import check_switches_over_models, drive_models, switch_models
 from labctl.models.fabric import TRANSPORT, SimFabric
 from labctl.models.probes import model_sites
@@ -46,6 +46,7 @@ def check(inventory: Inventory) -> None:
 
 
 def build(ctx: LabContext) -> Lab:
+    require_transport(ctx.probes, "agents")
     inv = ctx.inventory
     # Light changes are announced when scheduled, so the agents' mirrors apply them at their model time
     # instead of a broker hop after it (labctl.agents.agent.FabricMirror).

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from labctl.errors import InputError
 from labctl.inventory import Inventory
 from labctl.ocs import EventSink, OpticalSwitch
 from labctl.profiles import Profile
@@ -137,3 +138,13 @@ class LabKind:
     """Where an agent's probes look, on its host: (inventory, host, settings, the agent's mirror of the
     controller's behaviour model, fed by its `_world` messages; None where the probes read the host's own
     interfaces, `agents_probe_interfaces`) → their ProbeContext."""
+
+
+def require_transport(settings: ProbeSettings, kind: str, supported: tuple[str, ...] = ("udp",)) -> None:
+    """One line if the experiment's `probes.transport` is one this lab kind cannot carry."""
+    if settings.transport not in supported:
+        raise InputError(
+            f"probes.transport: {settings.transport!r} is not available on a {kind} lab (it carries "
+            f"{', '.join(supported)}); the RC transport runs on a kernel lab (emulated over UDP on the "
+            "fabric's veths)"
+        )

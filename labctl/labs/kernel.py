@@ -114,6 +114,8 @@ def _locked(prefix: str) -> bool:
 
 
 PROBES = ("carrier", "traffic", "rx-power")
+TRAFFIC_PROBE = {"udp": "traffic", "rdma": "rc-traffic"}
+"""The probe that carries the ping-pong marking t5, by the experiment's `probes.transport`."""
 
 
 def check(inventory: Inventory) -> None:
@@ -142,7 +144,8 @@ def build(ctx: LabContext) -> Lab:
     optics = SimFabric(inv, models, ctx.profile, ctx.rng)
     optical = {site.port: site for site in model_sites(optics, inv.ports)}
     sites = [dataclasses.replace(optical[fp.port], netns=fp.host_netns, ip=fp.ip) for fp in layout.ports]
-    lab.probes = build_probes(PROBES, ProbeContext(ctx.probes, ports=sites))
+    probes = tuple(TRAFFIC_PROBE[ctx.probes.transport] if name == "traffic" else name for name in PROBES)
+    lab.probes = build_probes(probes, ProbeContext(ctx.probes, ports=sites))
 
     async def start_fabric() -> None:
         await asyncio.to_thread(lease.acquire, fabric)

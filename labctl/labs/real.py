@@ -15,7 +15,7 @@ from __future__ import annotations
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.hub import run_probes_on_agents
 from labctl.inventory import Inventory
-from labctl.labs.base import Lab, LabContext, LabKind
+from labctl.labs.base import Lab, LabContext, LabKind, require_transport
 from labctl.models.fabric import SimFabric
 from labctl.probes import PortSite, ProbeContext
 from labctl.sampling import ProbeSettings
@@ -45,6 +45,7 @@ def check(inventory: Inventory) -> None:
 
 
 def build(ctx: LabContext) -> Lab:
+    require_transport(ctx.probes, "real")
     lab = Lab(
         switches={name: open_switch(name, spec, ctx.emit) for name, spec in ctx.inventory.switches.items()}
     )

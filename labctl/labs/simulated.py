@@ -9,7 +9,7 @@ poller and DOM decoder). No root, no hardware.
 from __future__ import annotations
 
 from labctl.inventory import Inventory
-from labctl.labs.base import Lab, LabContext, LabKind
+from labctl.labs.base import Lab, LabContext, LabKind, require_transport
 from labctl.labs.world import (
     build_probes,
     check_switches_over_models,
@@ -30,6 +30,7 @@ def check(inventory: Inventory) -> None:
 
 
 def build(ctx: LabContext) -> Lab:
+    require_transport(ctx.probes, "simulated")
     models = switch_models(ctx)
     fabric = SimFabric(ctx.inventory, models, ctx.profile, ctx.rng)
     lab = Lab(close_hooks=[fabric.cancel_pending])

@@ -9,7 +9,7 @@ traffic on, and where a probe writes through another sink than its own queue, th
 - model-link, model-traffic, rx-power: a tiny SimFabric world (2 hosts, 1 port each, one `sim` switch,
   the two ports patched to each other so there is light and traffic) from an inventory in tmp_path.
 - switch-power: a connected SimSwitch over the same world's SwitchModel, watching the two ports' fibers.
-- carrier, traffic (`emulated`, root): a veth pair between two network namespaces `lt<pid>-pc<n>-h1/h2`
+- carrier, traffic, rc-traffic (`emulated`, root): a veth pair between two network namespaces `lt<pid>-pc<n>-h1/h2`
   with an address on each end; the namespaces are always deleted, even when the test fails.
 
 The cases, each able to fail:
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 import random
@@ -50,7 +51,7 @@ from labctl.models.fabric import SimFabric
 from labctl.models.probes import model_sites
 from labctl.models.switch import SwitchModel
 from labctl.probes import PortSite, ProbeContext, probe_kinds
-from labctl.sampling import CircuitProbe, Probe, ProbeSettings, QueueProbe
+from labctl.sampling import CircuitProbe, Probe, ProbeSettings, QueueProbe, RdmaSettings
 from tests.conftest import require
 
 # Heartbeats every 20 ms (so steady probes write often), the switch monitor polled at 200 Hz; the sampling
@@ -216,6 +217,16 @@ def _no_namespace_left() -> Iterator[None]:
         assert not left, f"namespaces left behind: {left}"
 
 
+@contextlib.asynccontextmanager
+async def veth_pair_rc(tmp_path: Path) -> AsyncIterator[Rig]:
+    """The veth pair, with queue pairs whose retry budget (4.096 us x 2^8 x 2, ~2 ms) the 50 ms flap
+    outlasts: the QP errors, and under `reconnect` is reset; every RC signal gets written."""
+    rdma = RdmaSettings(timeout=8, retry_cnt=1, policy="reconnect")
+    async with veth_pair(tmp_path) as rig:
+        settings = rig.ctx.settings.model_copy(update={"transport": "rdma", "rdma": rdma})
+        yield dataclasses.replace(rig, ctx=dataclasses.replace(rig.ctx, settings=settings))
+
+
 def _model(view: str) -> Callable[[Path], contextlib.AbstractAsyncContextManager[Rig]]:
     return lambda tmp_path: model_world(tmp_path, view=view)
 
@@ -227,6 +238,7 @@ HARNESSES: dict[str, Harness] = {
     "switch-power": Harness(_model("switch")),
     "carrier": Harness(veth_pair, root=True),
     "traffic": Harness(veth_pair, root=True),
+    "rc-traffic": Harness(veth_pair_rc, root=True),
     "link-state": Harness(veth_pair, root=True, window=True),
 }
 

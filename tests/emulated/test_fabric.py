@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import socket
@@ -27,12 +28,15 @@ from labctl.clock import now_ns
 from labctl.drivers.sim.switch import SimSwitch
 from labctl.emulators.fabric import FabricLayout, KernelFabric
 from labctl.errors import HardwareError
-from labctl.events import Event, read_events
+from labctl.events import Event, Kind, read_events
 from labctl.inventory import Inventory, load_inventory
 from labctl.linux import netns
 from labctl.models.switch import SwitchModel
 from labctl.probes.carrier import CarrierTarget, NetlinkCarrierProbe
+from labctl.probes.rdma import RcTrafficProbe, decode, encode
 from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
+from labctl.rdma.rc import Op, Packet
+from labctl.sampling import RdmaSettings
 from tests.conftest import REPO
 from tests.emulated.conftest import _root_links
 
@@ -671,3 +675,151 @@ async def test_emulated_reconfig_timeline_has_every_mark(
     within("carrier_ns", 0, 0)  # carrier and transport are real kernel behaviour: no modeled delay
     within("transport_ns", 0, 0)
     within("carrier_down_ns", 0, 0)
+
+
+# -- the RC transport over the fabric (issue 14) ---------------------------------------------------------
+RC_A, RC_B = "h1/ens1f0np0", "h2/ens1f0np0"
+
+
+def test_rc_packets_round_trip_through_the_wire_format() -> None:
+    packet = Packet(Op.NAK_RNR, psn=0xABCDEF, qpn=0x123456, payload=b"x", rnr_timer=12)
+    assert decode(encode(packet)) == packet
+    assert decode(b"\x00\x01") is None and decode(b"\x09" + bytes(11)) is None
+
+
+async def _rc_run(f: Fab, settings: RdmaSettings, dark_ms: float) -> tuple[list[Event], int]:
+    """a<->b patched and pinging; then cut for `dark_ms` and patched again. Returns the events and the time
+    the patch came back."""
+    endpoints = [
+        TrafficEndpoint(fp.port.source, fp.ip, fp.port.ifname, fp.host_netns, fp.port.host)
+        for fp in f.ports.values()
+    ]
+    probe = RcTrafficProbe(
+        endpoints, interval_us=1000, settings=settings, report_interval_ns=20_000_000, seed=1
+    )
+    a, b = f.ports[RC_A].port.source, f.ports[RC_B].port.source
+    events: list[Event] = []
+
+    async def pump() -> None:
+        async for e in probe.events():
+            events.append(e)
+
+    async with probe:
+        task = asyncio.create_task(pump())
+        try:
+            await f.switch.apply(f.link(RC_A, RC_B))
+            # Connect once the link is up (a QP is brought up on a working link; what is measured is the gap).
+            await _eventually(
+                lambda: (
+                    {e.source for e in f.events if e.kind == Kind.LINK_FIRMWARE and e.value == 1} >= {a, b}
+                ),
+                "link up",
+            )
+            probe.set_circuits({a: b, b: a})
+            await _eventually(
+                lambda: {e.source for e in events if e.kind == Kind.TRAFFIC_OK} == {a, b}, "rc ok"
+            )
+            await f.switch.apply([], scope=[p for pair in f.link(RC_A, RC_B) for p in pair])
+            await asyncio.sleep(dark_ms / 1e3)
+            await f.switch.apply(f.link(RC_A, RC_B))
+            back = now_ns()
+            await _eventually(
+                lambda: (
+                    any(e.kind == Kind.TRAFFIC_OK and e.source == a and e.t_ns > back for e in events)
+                    or (settings.policy == "survive" and any(e.kind == Kind.RDMA_QP_STATE for e in events))
+                ),
+                "traffic back, or the QP in error",
+                timeout_s=5,
+            )
+            await asyncio.sleep(0.3)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return events, back
+
+
+async def test_a_dark_gap_inside_the_retry_budget_is_ridden_through(fab: Fab) -> None:
+    settings = RdmaSettings(timeout=14, retry_cnt=7)  # 67 ms per try, ~0.54 s budget; the gap is ~0.15 s
+    events, back = await _rc_run(fab, settings, dark_ms=20)
+    a = fab.ports[RC_A].port.source
+    assert not [e for e in events if e.kind == Kind.RDMA_WC_ERROR]
+    assert any(e.kind == Kind.TRAFFIC_LOST and e.source == a for e in events)
+    ok = [e for e in events if e.kind == Kind.TRAFFIC_OK and e.source == a and e.t_ns > back]
+    assert ok and all(e.meta["transport"] == "rc" for e in ok)
+    # Traffic comes back by a retransmission, at most one ACK timeout after the path did (firmware 100-150
+    # ms after the patch, plus this machine's slack).
+    assert ok[0].t_ns - back < 150_000_000 + 67_108_864 + 250_000_000
+
+
+async def test_past_the_retry_budget_the_qp_errors_and_reconnects_with_fresh_psns(fab: Fab) -> None:
+    settings = RdmaSettings(timeout=10, retry_cnt=2, policy="reconnect")  # ~12.6 ms budget
+    events, back = await _rc_run(fab, settings, dark_ms=20)
+    a = fab.ports[RC_A].port.source
+    errors = [e.value for e in events if e.kind == Kind.RDMA_WC_ERROR and e.source == a]
+    assert "IBV_WC_RETRY_EXC_ERR" in errors
+    assert any(e.kind == Kind.RDMA_QP_STATE and e.value == "IBV_QPS_ERR" for e in events)
+    reconnects = [e for e in events if e.kind == Kind.RDMA_RECONNECT and e.source == a]
+    assert reconnects and all(isinstance(e.value, int) and e.value >= 0 for e in reconnects)
+    assert any(e.kind == Kind.TRAFFIC_OK and e.source == a and e.t_ns > back for e in events)
+
+
+async def test_under_survive_a_qp_in_error_stays_down(fab: Fab) -> None:
+    settings = RdmaSettings(timeout=10, retry_cnt=2, policy="survive")
+    events, back = await _rc_run(fab, settings, dark_ms=20)
+    a = fab.ports[RC_A].port.source
+    assert any(
+        e.kind == Kind.RDMA_WC_ERROR and e.value == "IBV_WC_RETRY_EXC_ERR" and e.source == a for e in events
+    )
+    assert not [e for e in events if e.kind == Kind.RDMA_RECONNECT]
+    assert not [e for e in events if e.kind == Kind.TRAFFIC_OK and e.source == a and e.t_ns > back]
+
+
+async def test_emulated_run_over_rdma_recovers_within_the_ack_timeout_it_was_given(
+    tmp_path: Path, fabric_prefix: str, run_owned_fabric_swept: None
+) -> None:
+    """`probes.transport: rdma` on the emulated inventory: t5 comes from the RC transport, and the transport
+    phase (carrier up to the first completed SEND) is bounded by the configured local ACK timeout: a
+    requester idle in the dark retries once per timeout, so traffic is back at most one timeout (plus a
+    ping interval and this machine's slack) after the link. Two timeouts, two bounds."""
+    from labctl.breakdown import read_breakdown_csv
+    from labctl.controller import run_experiment
+
+    medians = {}
+    for timeout in (13, 15):  # 33.6 ms and 134 ms per retransmission; x8 both outlast the ~155 ms dark
+        experiment = tmp_path / f"rdma-{timeout}.yaml"
+        experiment.write_text(
+            (REPO / "experiments" / "reconfig-timeline.yaml")
+            .read_text()
+            .replace("repeat: 2 ", "repeat: 1 ")
+            .replace("hold_s: 0.5 ", "hold_s: 0.1 ")
+            .replace(
+                "  switch_power_hz: 0 ",
+                f"  transport: rdma\n  rdma: {{timeout: {timeout}, retry_cnt: 7}}\n  switch_power_hz: 0 ",
+            )
+        )
+        outcome = await run_experiment(
+            experiment,
+            REPO / "experiments" / "inventories" / "emulated.yaml",
+            profile="emulated-fast",
+            out_dir=tmp_path / "runs",
+            seed=3,
+            plots=False,
+        )
+        assert outcome.status == "completed", outcome.error
+        meta = json.loads((outcome.run_dir / "run.json").read_text())
+        assert meta["probes"]["rc-traffic"]["qp_timeout"] == timeout  # the QP attributes are on record
+        frame = read_breakdown_csv(outcome.run_dir / "breakdown.csv")
+        rows = frame[frame["reconfig"] > 0]
+        assert rows["t5_traffic_ns"].notna().all() and (rows["transport"] == "rdma").all()
+        period = 4096 << timeout
+        transport = rows["transport_ns"].to_numpy()
+        assert (transport >= 0).all() and (transport <= period + 1_000_000 + STALL_NS).all(), (
+            timeout,
+            transport,
+        )
+        medians[timeout] = float(rows["transport_ns"].median())
+        events = list(read_events(outcome.run_dir / "events.jsonl"))
+        ok = [e for e in events if e.kind == "traffic.ok" and e.reconfig and e.reconfig > 0]
+        assert ok and all(e.meta.get("transport") == "rc" for e in ok)
+    # A longer timeout leaves the requester idle longer after the link is back.
+    assert medians[15] > medians[13], medians

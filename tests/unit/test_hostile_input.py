@@ -188,6 +188,7 @@ FULL_EXPERIMENT: dict[str, Any] = {
         "rx_power_deadband_db": 0.5,
         "link_state_hz": 100.0,
         "switch_power_hz": 0.0,
+        "rdma": {"timeout": 14, "retry_cnt": 7, "rnr_retry": 7, "min_rnr_timer": 12},
     },
     "analysis": {"rx_power_threshold_dbm": -10.0},
     "gpu": {"device": 0, "peer_device": 1, "iterations": 10_000, "warmup": 2_000},
