@@ -823,3 +823,54 @@ async def test_emulated_run_over_rdma_recovers_within_the_ack_timeout_it_was_giv
         assert ok and all(e.meta.get("transport") == "rc" for e in ok)
     # A longer timeout leaves the requester idle longer after the link is back.
     assert medians[15] > medians[13], medians
+
+
+async def test_emulated_run_past_the_retry_budget_reconnects_or_times_out_by_policy(
+    tmp_path: Path, fabric_prefix: str, run_owned_fabric_swept: None
+) -> None:
+    """A dark gap (switching + 100-150 ms firmware) longer than the retry budget (timeout 10: 8 x 4.2 ms):
+    under `reconnect` every QP errors, is reset with fresh PSNs and recovers, and run.json counts it;
+    under `survive` the ports stay down and time out, and run.json says why (errors counted)."""
+    from labctl.breakdown import read_breakdown_csv
+    from labctl.controller import run_experiment
+
+    outcomes = {}
+    for policy in ("reconnect", "survive"):
+        experiment = tmp_path / f"rdma-{policy}.yaml"
+        experiment.write_text(
+            (REPO / "experiments" / "reconfig-timeline.yaml")
+            .read_text()
+            .replace("repeat: 2 ", "repeat: 1 ")
+            .replace("cycle: [pp, dp, pp, dp]", "cycle: [pp]")
+            .replace("hold_s: 0.5 ", "hold_s: 0.1 ")
+            .replace("recovery_timeout_s: 30 ", "recovery_timeout_s: 1.5 ")
+            .replace(
+                "  switch_power_hz: 0 ",
+                f"  transport: rdma\n  rdma: {{timeout: 10, retry_cnt: 7, policy: {policy}}}\n  switch_power_hz: 0 ",
+            )
+        )
+        outcomes[policy] = await run_experiment(
+            experiment,
+            REPO / "experiments" / "inventories" / "emulated.yaml",
+            profile="emulated-fast",
+            out_dir=tmp_path / "runs",
+            seed=5,
+            plots=False,
+        )
+    done = outcomes["reconnect"]
+    assert done.status == "completed", done.error
+    stats = json.loads((done.run_dir / "run.json").read_text())["probes"]["rc-traffic"]
+    assert stats["errors"] > 0 and stats["reconnects"] > 0
+    rows = read_breakdown_csv(done.run_dir / "breakdown.csv")
+    rows = rows[rows["reconfig"] > 0]
+    assert rows["t5_traffic_ns"].notna().all() and not rows["timed_out"].any()
+    events = list(read_events(done.run_dir / "events.jsonl"))
+    assert any(e.kind == "rdma.wc_error" and e.value == "IBV_WC_RETRY_EXC_ERR" for e in events)
+    assert any(e.kind == "rdma.qp_state" and e.value == "IBV_QPS_ERR" for e in events)
+    assert any(e.kind == "rdma.reconnect" for e in events)
+    # survive: the baseline itself never comes up (every QP errors before its link does): a failed run that
+    # says so, with the errors on record.
+    down = outcomes["survive"]
+    assert down.status == "failed" and "did not come up" in (down.error or "")
+    stats = json.loads((down.run_dir / "run.json").read_text())["probes"]["rc-traffic"]
+    assert stats["errors"] > 0 and stats["reconnects"] == 0
