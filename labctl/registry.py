@@ -33,6 +33,7 @@ LAB_KINDS: Mapping[str, str] = {
 PROBES: Mapping[str, str] = {
     "model-link": "labctl.models.probes:LINK",
     "model-traffic": "labctl.models.probes:TRAFFIC",
+    "model-rc-traffic": "labctl.models.probes:RC_TRAFFIC",
     "rx-power": "labctl.probes.rxpower:PROBE",
     "carrier": "labctl.probes.carrier:PROBE",
     "traffic": "labctl.probes.traffic:PROBE",

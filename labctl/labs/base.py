@@ -144,7 +144,7 @@ def require_transport(settings: ProbeSettings, kind: str, supported: tuple[str, 
     """One line if the experiment's `probes.transport` is one this lab kind cannot carry."""
     if settings.transport not in supported:
         raise InputError(
-            f"probes.transport: {settings.transport!r} is not available on a {kind} lab (it carries "
-            f"{', '.join(supported)}); the RC transport runs on a kernel lab (emulated over UDP on the "
-            "fabric's veths)"
+            f"probes.transport: {settings.transport!r} is not available on lab kind {kind} (it carries "
+            f"{', '.join(supported)}); the RC transport runs on the simulated lab (through the NIC model) "
+            "and the kernel lab (over UDP on the fabric's veths)"
         )

@@ -22,6 +22,8 @@ from labctl.models.probes import model_sites
 from labctl.probes import ProbeContext
 
 PROBES = ("model-link", "rx-power", "model-traffic")
+TRAFFIC_PROBE = {"udp": "model-traffic", "rdma": "model-rc-traffic"}
+"""The probe that carries the ping-pong marking t5, by the experiment's `probes.transport`."""
 
 
 def check(inventory: Inventory) -> None:
@@ -30,13 +32,16 @@ def check(inventory: Inventory) -> None:
 
 
 def build(ctx: LabContext) -> Lab:
-    require_transport(ctx.probes, "simulated")
+    require_transport(ctx.probes, "simulated", tuple(TRAFFIC_PROBE))
     models = switch_models(ctx)
     fabric = SimFabric(ctx.inventory, models, ctx.profile, ctx.rng)
     lab = Lab(close_hooks=[fabric.cancel_pending])
     drive_models(ctx, models, lab)
     sites = model_sites(fabric, ctx.inventory.ports)
-    lab.probes = build_probes(PROBES, ProbeContext(ctx.probes, ports=sites, world=fabric))
+    probes = tuple(
+        TRAFFIC_PROBE[ctx.probes.transport] if name == "model-traffic" else name for name in PROBES
+    )
+    lab.probes = build_probes(probes, ProbeContext(ctx.probes, ports=sites, world=fabric))
     return lab
 
 

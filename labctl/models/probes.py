@@ -26,6 +26,9 @@ from labctl.inventory import NicPort
 from labctl.models.fabric import SimFabric
 from labctl.models.module_eeprom import ModelDrivenQsfp28
 from labctl.probes import PortSite, ProbeContext, ProbeKind
+from labctl.probes.rdma import Deliver, RcTrafficProbe
+from labctl.probes.traffic import TrafficEndpoint
+from labctl.rdma.rc import Packet
 from labctl.sampling import Probe, QueueProbe, staggered_heartbeats, ticks
 
 
@@ -155,6 +158,41 @@ class SimTrafficProbe(QueueProbe):
             )
 
 
+class ModelCarrier:
+    """RC packets through the NIC model: a packet gets through when the model would pass a ping between the
+    two ports at the moment it is sent (`SimFabric.traffic_ok`), and arrives half a round trip later;
+    otherwise it is lost. The RC rules on top are the same code the kernel lab runs over UDP."""
+
+    def __init__(self, fabric: SimFabric) -> None:
+        self.fabric = fabric
+        self.by_source = {p.source: p for p in fabric.port_at}
+        self._deliver: Deliver | None = None
+        self._handles: set[asyncio.TimerHandle] = set()
+
+    async def open(self, deliver: Deliver) -> None:
+        self._deliver = deliver
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.cancel()
+        self._handles.clear()
+
+    def send(self, source: str, peer: str, packets: list[Packet]) -> None:
+        slot = self.fabric.slot
+        a, b = slot[self.by_source[source]], slot[self.by_source[peer]]
+        if not self.fabric.traffic_ok(np.array([a]), np.array([b]))[0]:
+            return  # lost: no light, no link, or not this circuit
+        loop = asyncio.get_running_loop()
+        for packet in packets:
+            delay = self.fabric.rtt_ns() / 2e9
+            handle = loop.call_later(delay, self._arrive, peer, source, packet)
+            self._handles.add(handle)
+
+    def _arrive(self, at: str, remote: str, packet: Packet) -> None:
+        if self._deliver is not None:
+            self._deliver(at, remote, packet, now_ns())
+
+
 async def _forever() -> None:
     await asyncio.Event().wait()
 
@@ -192,6 +230,25 @@ def _traffic(ctx: ProbeContext) -> Probe:
     )
 
 
+def _rc_traffic(ctx: ProbeContext) -> Probe:
+    fabric = ctx.require_world("model-rc-traffic")
+    endpoints = [
+        TrafficEndpoint(site.port.source, "", site.port.ifname, None, site.port.host) for site in ctx.ports
+    ]
+    peers = [
+        TrafficEndpoint(site.port.source, "", site.port.ifname, None, site.port.host) for site in ctx.peers
+    ]
+    return RcTrafficProbe(
+        endpoints,
+        peers=peers,
+        interval_us=ctx.settings.traffic_interval_us,
+        settings=ctx.settings.rdma,
+        report_interval_ns=ctx.report_interval_ns,
+        carrier=ModelCarrier(fabric),
+        name="model-rc-traffic",
+    )
+
+
 LINK = ProbeKind(
     "model-link",
     (Kind.LINK_FIRMWARE, Kind.CARRIER),
@@ -203,4 +260,10 @@ TRAFFIC = ProbeKind(
     (Kind.TRAFFIC_OK, Kind.TRAFFIC_LOST),
     "a ping-pong per port to its circuit's peer through the NIC model, every traffic_interval_us",
     _traffic,
+)
+RC_TRAFFIC = ProbeKind(
+    "model-rc-traffic",
+    (Kind.TRAFFIC_OK, Kind.TRAFFIC_LOST, Kind.RDMA_WC_ERROR, Kind.RDMA_QP_STATE, Kind.RDMA_RECONNECT),
+    "RC queue pairs (labctl.rdma.rc) whose packets travel through the NIC model",
+    _rc_traffic,
 )

@@ -27,8 +27,9 @@ import itertools
 import random
 import socket
 import struct
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from labctl.clock import now_ns
 from labctl.events import Event, Kind
@@ -55,6 +56,75 @@ def decode(data: bytes) -> Packet | None:
     if op >= len(_OPS):
         return None
     return Packet(_OPS[op], psn, qpn, data[_WIRE.size :], rnr)
+
+
+Deliver = Callable[[str, str, Packet, int], None]
+"""(local port source, remote port source, packet, receipt time): a packet reached a port."""
+
+
+class PacketCarrier(Protocol):
+    """What carries the RC packets between two ports: real UDP datagrams, or a behaviour model."""
+
+    async def open(self, deliver: Deliver) -> None: ...
+
+    def close(self) -> None: ...
+
+    def send(self, source: str, peer: str, packets: list[Packet]) -> None: ...
+
+
+class UdpCarrier:
+    """One UDP socket per port, in its host's namespace, bound to its address and interface (a frame the
+    OCS delivers to the wrong port is never answered by this one)."""
+
+    def __init__(
+        self, endpoints: Sequence[TrafficEndpoint], peers: Sequence[TrafficEndpoint], port: int
+    ) -> None:
+        self.by_source = {e.source: e for e in endpoints}
+        self.peer_book = {**{e.source: e for e in peers}, **self.by_source}
+        self.source_of_address = {e.address: e.source for e in self.peer_book.values()}
+        self.port = port
+        self._socks: dict[str, socket.socket] = {}
+
+    async def open(self, deliver: Deliver) -> None:
+        loop = asyncio.get_running_loop()
+        for source, ep in self.by_source.items():
+            sock = netns.socket_in(ep.netns, socket.AF_INET, socket.SOCK_DGRAM)
+            self._socks[source] = sock
+            sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ep.ifname.encode())
+            sock.bind((ep.address, self.port))
+            loop.add_reader(sock.fileno(), self._readable, source, sock, deliver)
+
+    def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sock in self._socks.values():
+            loop.remove_reader(sock.fileno())
+            sock.close()
+        self._socks.clear()
+
+    def send(self, source: str, peer: str, packets: list[Packet]) -> None:
+        sock = self._socks.get(source)
+        address = self.peer_book[peer].address
+        for packet in packets:
+            try:
+                if sock is not None:
+                    sock.sendto(encode(packet), (address, self.port))
+            except OSError:
+                pass  # no carrier, no route: the packet is lost and the RC rules deal with it
+
+    def _readable(self, source: str, sock: socket.socket, deliver: Deliver) -> None:
+        while True:
+            try:
+                data, addr = sock.recvfrom(2048)
+            except BlockingIOError:
+                return
+            except OSError:
+                continue
+            t = now_ns()
+            packet = decode(data)
+            remote = self.source_of_address.get(addr[0])
+            if packet is not None and remote is not None:
+                deliver(source, remote, packet, t)
 
 
 @dataclass
@@ -84,8 +154,12 @@ class RcTrafficProbe(QueueProbe):
         report_interval_ns: int = 100_000_000,
         port: int = UDP_PORT,
         seed: int | None = None,
+        carrier: PacketCarrier | None = None,
+        name: str = "rc-traffic",
     ) -> None:
         super().__init__()
+        self.name = name
+        self.carrier: PacketCarrier = carrier or UdpCarrier(endpoints, peers, port)
         self.by_source = {e.source: e for e in endpoints}
         self.peer_book = {**{e.source: e for e in peers}, **self.by_source}
         self.period_ns = interval_us * 1000
@@ -101,11 +175,9 @@ class RcTrafficProbe(QueueProbe):
         """One requester QP per (port, peer), kept across circuits."""
         self.active: dict[str, str] = {}
         """Port → the peer it posts to now."""
-        self._source_of_address = {e.address: e.source for e in self.peer_book.values()}
-        self.responders: dict[tuple[str, str, int], Responder] = {}  # (local source, remote address, QPN)
+        self.responders: dict[tuple[str, str, int], Responder] = {}  # (local source, remote source, QPN)
         self._qpns = itertools.count(self.rng.randrange(1, 1 << 20))
         self._wr_ids = itertools.count(1)
-        self._socks: dict[str, socket.socket] = {}
         self._timer: PeriodicTimer | None = None
         self._was_ok: dict[str, bool] = {}
         self._count: dict[str, int] = {}
@@ -154,34 +226,19 @@ class RcTrafficProbe(QueueProbe):
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
-            for source, ep in self.by_source.items():
-                sock = netns.socket_in(ep.netns, socket.AF_INET, socket.SOCK_DGRAM)
-                self._socks[source] = sock
-                sock.setblocking(False)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ep.ifname.encode())
-                sock.bind((ep.address, self.udp_port))
-                loop.add_reader(sock.fileno(), self._readable, source, sock)
+            await self.carrier.open(self._deliver)
             self._timer = PeriodicTimer(self.period_ns, self._tick)
             await asyncio.Event().wait()
         finally:
             if self._timer is not None:
                 self._timer.close()
                 self._timer = None
-            for sock in self._socks.values():
-                loop.remove_reader(sock.fileno())
-                sock.close()
-            self._socks.clear()
+            self.carrier.close()
 
-    def _send(self, source: str, address: str, packets: list[Packet]) -> None:
-        sock = self._socks.get(source)
-        for packet in packets:
-            try:
-                if sock is not None:
-                    sock.sendto(encode(packet), (address, self.udp_port))
-            except OSError:
-                pass  # no carrier, no route: the packet is lost and the RC rules deal with it
+    def _send(self, source: str, peer: str, packets: list[Packet]) -> None:
+        if packets:
+            self.carrier.send(source, peer, packets)
 
     # -- requester -----------------------------------------------------------------------------------------
     def _tick(self, _expirations: int) -> None:
@@ -197,7 +254,7 @@ class RcTrafficProbe(QueueProbe):
                 if packets and active and not req.rnr_waiting and not conn.stalled and conn.posted:
                     conn.stalled = True  # the first ACK timeout: traffic stopped at the oldest post
                     self._outcome(source, conn, False, min(conn.posted.values()), t, None)
-                self._send(source, conn.peer.address, packets)
+                self._send(source, conn.peer.source, packets)
                 self._complete(source, conn, done, t, active)
             if req.state is QpState.ERR:
                 if active and self.settings.policy == "reconnect":
@@ -212,7 +269,7 @@ class RcTrafficProbe(QueueProbe):
                 conn.before[wr_id] = conn.last_post
             conn.last_post = t
             self.posts += 1
-            self._send(source, conn.peer.address, packets)
+            self._send(source, conn.peer.source, packets)
             self._complete(source, conn, done, t, active)
 
     def _reconnect(self, source: str, peer: str, conn: _Connection, t: int) -> None:
@@ -282,36 +339,24 @@ class RcTrafficProbe(QueueProbe):
         )
 
     # -- responder and ACKs --------------------------------------------------------------------------------
-    def _readable(self, source: str, sock: socket.socket) -> None:
-        while True:
-            try:
-                data, addr = sock.recvfrom(2048)
-            except BlockingIOError:
-                return
-            except OSError:
-                continue
-            t = now_ns()
-            packet = decode(data)
-            if packet is None:
-                continue
-            if packet.op is Op.SEND:
-                key = (source, addr[0], packet.qpn)
-                responder = self.responders.get(key)
-                if responder is None:  # the connection's first packet carries what verbs exchange out of band
-                    responder = self.responders[key] = Responder(
-                        packet.qpn, packet.qpn, self.attrs, packet.psn
-                    )
-                    responder.post_recv(1 << 30)
-                replies, _delivered = responder.receive(packet)
-                self._send(source, addr[0], replies)
-                continue
-            peer = self._source_of_address.get(addr[0])
-            conn = self.qps.get((source, peer)) if peer is not None else None
-            if conn is None:
-                continue
-            packets, done = conn.requester.receive(packet, t)
-            self._send(source, conn.peer.address, packets)
-            self._complete(source, conn, done, t, self.active.get(source) == peer)
+    def _deliver(self, source: str, remote: str, packet: Packet, t: int) -> None:
+        """A packet from `remote` reached port `source`: a SEND for a responder here, or an ACK/NAK for one
+        of this port's requesters."""
+        if packet.op is Op.SEND:
+            key = (source, remote, packet.qpn)
+            responder = self.responders.get(key)
+            if responder is None:  # the connection's first packet carries what verbs exchange out of band
+                responder = self.responders[key] = Responder(packet.qpn, packet.qpn, self.attrs, packet.psn)
+                responder.post_recv(1 << 30)
+            replies, _delivered = responder.receive(packet)
+            self._send(source, remote, replies)
+            return
+        conn = self.qps.get((source, remote))
+        if conn is None:
+            return
+        packets, done = conn.requester.receive(packet, t)
+        self._send(source, remote, packets)
+        self._complete(source, conn, done, t, self.active.get(source) == remote)
 
     def _outcome(
         self,

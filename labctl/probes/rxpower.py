@@ -496,7 +496,6 @@ class _Lanes:
         self.update_checked_t = 0
         self.heartbeat_ns = np.full(n, 100_000_000, np.int64)
 
-
     def rows_of(self, sources: Collection[str] | None) -> np.ndarray:
         """The lane rows of these port sources (None: every row)."""
         if sources is None:

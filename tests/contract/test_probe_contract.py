@@ -227,6 +227,16 @@ async def veth_pair_rc(tmp_path: Path) -> AsyncIterator[Rig]:
         yield dataclasses.replace(rig, ctx=dataclasses.replace(rig.ctx, settings=settings))
 
 
+@contextlib.asynccontextmanager
+async def model_world_rc(tmp_path: Path) -> AsyncIterator[Rig]:
+    """The model world, with queue pairs whose retry budget (~2 ms) the flip's dark gap and link-up outlast:
+    every RC signal gets written (error, QP state, reconnect under `reconnect`)."""
+    rdma = RdmaSettings(timeout=8, retry_cnt=1, policy="reconnect")
+    async with model_world(tmp_path, view="ports") as rig:
+        settings = rig.ctx.settings.model_copy(update={"transport": "rdma", "rdma": rdma})
+        yield dataclasses.replace(rig, ctx=dataclasses.replace(rig.ctx, settings=settings))
+
+
 def _model(view: str) -> Callable[[Path], contextlib.AbstractAsyncContextManager[Rig]]:
     return lambda tmp_path: model_world(tmp_path, view=view)
 
@@ -234,6 +244,7 @@ def _model(view: str) -> Callable[[Path], contextlib.AbstractAsyncContextManager
 HARNESSES: dict[str, Harness] = {
     "model-link": Harness(_model("ports")),
     "model-traffic": Harness(_model("ports")),
+    "model-rc-traffic": Harness(model_world_rc),
     "rx-power": Harness(_model("ports")),
     "switch-power": Harness(_model("switch")),
     "carrier": Harness(veth_pair, root=True),

@@ -1,0 +1,74 @@
+"""`probes.transport: rdma` on the simulated lab: the RC rules over the NIC model. t5 comes from the RC
+transport and the transport phase is bounded by the local ACK timeout; other labs without it refuse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from labctl.breakdown import read_breakdown_csv
+from labctl.controller import run_experiment
+from labctl.errors import InputError
+from tests.conftest import REPO
+
+
+def _experiment(tmp_path: Path, rdma: str) -> Path:
+    text = (
+        (REPO / "experiments" / "reconfig-timeline.yaml")
+        .read_text()
+        .replace("repeat: 2 ", "repeat: 1 ")
+        .replace("hold_s: 0.5 ", "hold_s: 0.1 ")
+        .replace("  switch_power_hz: 0 ", f"  transport: rdma\n  rdma: {rdma}\n  switch_power_hz: 0 ")
+    )
+    path = tmp_path / "rdma.yaml"
+    path.write_text(text)
+    return path
+
+
+async def test_the_simulated_lab_measures_rdma_recovery_within_one_ack_timeout(tmp_path: Path) -> None:
+    # fast profile: dark ~2-3 ms, firmware 40-60 ms, so ~65 ms without light; timeout 12 (16.8 ms) x 8 tries
+    # (134 ms) rides through, and the SEND comes back at most one period after the link did.
+    outcome = await run_experiment(
+        _experiment(tmp_path, "{timeout: 12, retry_cnt: 7}"),
+        REPO / "inventory.yaml",
+        profile="fast",
+        out_dir=tmp_path / "runs",
+        plots=False,
+        seed=2,
+    )
+    assert outcome.status == "completed", outcome.error
+    frame = read_breakdown_csv(outcome.run_dir / "breakdown.csv")
+    rows = frame[frame["reconfig"] > 0]
+    assert (rows["transport"] == "rdma").all() and rows["t5_traffic_ns"].notna().all()
+    period = 4096 << 12
+    # transport = t5 - t4; the model's transport delay after carrier (10-20 ms, fast) and the retry phase
+    # overlap: t5 is at most one period (plus the model's delay and a ping interval) after t4.
+    assert (rows["transport_ns"] >= 0).all() and (
+        rows["transport_ns"] <= period + 20_000_000 + 2_000_000
+    ).all()
+    stats = json.loads((outcome.run_dir / "run.json").read_text())["probes"]["model-rc-traffic"]
+    assert stats["errors"] == 0 and stats["qp_timeout"] == 12
+    assert summary_flagged(outcome.run_dir) == 0
+
+
+def summary_flagged(run_dir: Path) -> int:
+    return int(json.loads((run_dir / "summary.json").read_text())["flagged_rows"])
+
+
+async def test_a_lab_without_the_rc_transport_refuses_it_in_one_line(tmp_path: Path) -> None:
+    inventory = (
+        (REPO / "inventory.yaml").read_text().replace("lab: opus-testbed", "lab: opus-testbed\nkind: agents")
+    )
+    inventory += "\nbroker: {url: mqtt://127.0.0.1:1}\n"
+    inv = tmp_path / "agents.yaml"
+    inv.write_text(inventory)
+    with pytest.raises(InputError, match=r"probes\.transport: 'rdma' is not available on lab kind agents"):
+        await run_experiment(
+            _experiment(tmp_path, "{timeout: 12}"),
+            inv,
+            profile="fast",
+            out_dir=tmp_path / "runs",
+            plots=False,
+        )
