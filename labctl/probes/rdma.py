@@ -33,12 +33,11 @@ from typing import Protocol
 
 from labctl.clock import now_ns
 from labctl.events import Event, Kind
-from labctl.linux import netns
 from labctl.linux.timerfd import PeriodicTimer
 from labctl.probes import ProbeContext, ProbeKind
-from labctl.probes.traffic import TrafficEndpoint, _endpoint
+from labctl.probes.traffic import PingOutcomes, TrafficEndpoint, _endpoint, bind_port_socket
 from labctl.rdma.rc import Completion, Op, Packet, QpAttrs, QpState, Requester, Responder, WcStatus
-from labctl.sampling import Probe, QueueProbe, RdmaSettings, ReportGate
+from labctl.sampling import Probe, QueueProbe, RdmaSettings
 
 UDP_PORT = 47_001
 _WIRE = struct.Struct("!BBxxII")  # op, rnr timer code, destination QP number, PSN
@@ -88,11 +87,7 @@ class UdpCarrier:
     async def open(self, deliver: Deliver) -> None:
         loop = asyncio.get_running_loop()
         for source, ep in self.by_source.items():
-            sock = netns.socket_in(ep.netns, socket.AF_INET, socket.SOCK_DGRAM)
-            self._socks[source] = sock
-            sock.setblocking(False)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ep.ifname.encode())
-            sock.bind((ep.address, self.port))
+            sock = self._socks[source] = bind_port_socket(ep, self.port)
             loop.add_reader(sock.fileno(), self._readable, source, sock, deliver)
 
     def close(self) -> None:
@@ -168,7 +163,9 @@ class RcTrafficProbe(QueueProbe):
         self.attrs = QpAttrs(
             timeout=s.timeout, retry_cnt=s.retry_cnt, rnr_retry=s.rnr_retry, min_rnr_timer=s.min_rnr_timer
         )
-        self.gate = ReportGate(report_interval_ns)
+        self.outcomes = PingOutcomes(
+            self, {e.source: e.host for e in endpoints}, report_interval_ns, transport="rc"
+        )
         self.udp_port = port
         self.rng = random.Random(seed)
         self.qps: dict[tuple[str, str], _Connection] = {}
@@ -179,8 +176,6 @@ class RcTrafficProbe(QueueProbe):
         self._qpns = itertools.count(self.rng.randrange(1, 1 << 20))
         self._wr_ids = itertools.count(1)
         self._timer: PeriodicTimer | None = None
-        self._was_ok: dict[str, bool] = {}
-        self._count: dict[str, int] = {}
         self.posts = 0
         self.completions = 0
         self.retransmissions = 0
@@ -202,7 +197,7 @@ class RcTrafficProbe(QueueProbe):
         for source, peer in peers.items():
             if source not in self.by_source:
                 continue
-            self.gate.forget([source])
+            self.outcomes.forget(source)
             if peer is None:
                 self.active.pop(source, None)
                 continue
@@ -368,30 +363,7 @@ class RcTrafficProbe(QueueProbe):
         rtt: int | None,
         previous: int | None = None,
     ) -> None:
-        changed = self._was_ok.get(source) is not ok
-        self._count[source] = 1 if changed else self._count.get(source, 0) + 1
-        self._was_ok[source] = ok
-        stamp = t if ok else posted
-        if not self.gate.due(source, changed, stamp):
-            return
-        meta: dict[str, object] = {"peer": conn.peer.source, "n": self._count[source], "transport": "rc"}
-        if ok:
-            meta["sent_ns"] = posted
-            if previous is not None:
-                meta["prev_ns"] = previous
-        else:
-            meta["detected_ns"] = t
-        self._count[source] = 0
-        self.queue.put(
-            Event(
-                t_ns=stamp,
-                kind=Kind.TRAFFIC_OK if ok else Kind.TRAFFIC_LOST,
-                source=source,
-                host=self.by_source[source].host,
-                value=rtt,
-                meta=meta,
-            )
-        )
+        self.outcomes.report(source, conn.peer.source, ok, posted, t, rtt, previous)
 
 
 def _build(ctx: ProbeContext) -> Probe:

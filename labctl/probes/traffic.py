@@ -55,6 +55,74 @@ class _Circuit:
     last_sent: int = 0
 
 
+def bind_port_socket(ep: TrafficEndpoint, port: int) -> socket.socket:
+    """A non-blocking UDP socket in the port's namespace, bound to its address and to its interface
+    (SO_BINDTODEVICE: a frame the OCS delivers to the wrong port is never answered by this one)."""
+    sock = netns.socket_in(ep.netns, socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ep.ifname.encode())
+        sock.bind((ep.address, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class PingOutcomes:
+    """Ping outcomes as `traffic.ok` / `traffic.lost` events, on change and as a heartbeat (ReportGate),
+    each with `meta.n`, the pings it stands for. A loss is stamped when traffic stopped (the first
+    unanswered ping's send time, `meta.detected_ns` when that was decided); an answer when it was observed,
+    so it never precedes the carrier event that made it possible (both are receipts), with the ping's send
+    time and the one before it (`meta.prev_ns`: the mark's bracket)."""
+
+    def __init__(self, probe: QueueProbe, hosts: dict[str, str], report_interval_ns: int, **meta: object):
+        self.probe = probe
+        self.hosts = hosts
+        self.gate = ReportGate(report_interval_ns)
+        self.meta = meta
+        self._was_ok: dict[str, bool] = {}
+        self._count: dict[str, int] = {}
+
+    def forget(self, source: str) -> None:
+        self.gate.forget([source])
+
+    def report(
+        self,
+        source: str,
+        peer: str,
+        ok: bool,
+        sent: int,
+        detected: int,
+        rtt: int | None,
+        previous: int | None = None,
+    ) -> None:
+        changed = self._was_ok.get(source) is not ok
+        self._count[source] = 1 if changed else self._count.get(source, 0) + 1
+        self._was_ok[source] = ok
+        t = detected if ok else sent
+        if not self.gate.due(source, changed, t):
+            return
+        meta: dict[str, object] = {"peer": peer, "n": self._count[source], **self.meta}
+        if ok:
+            meta["sent_ns"] = sent
+            if previous is not None:
+                meta["prev_ns"] = previous
+        else:
+            meta["detected_ns"] = detected
+        self._count[source] = 0
+        self.probe.queue.put(
+            Event(
+                t_ns=t,
+                kind=Kind.TRAFFIC_OK if ok else Kind.TRAFFIC_LOST,
+                source=source,
+                host=self.hosts[source],
+                value=rtt,
+                meta=meta,
+            )
+        )
+
+
 class UdpTrafficProbe(QueueProbe):
     name = "traffic"
     counters = ("pings",)
@@ -76,12 +144,10 @@ class UdpTrafficProbe(QueueProbe):
         """Every port a circuit may reach, local or on another host."""
         self.period_ns = interval_us * 1000
         self.timeout_ns = (timeout_us if timeout_us is not None else 2 * interval_us) * 1000
-        self.gate = ReportGate(report_interval_ns)
+        self.outcomes = PingOutcomes(self, {e.source: e.host for e in endpoints}, report_interval_ns)
         self.udp_port = port
         self.circuits: dict[str, _Circuit] = {}
         self._socks: dict[str, socket.socket] = {}
-        self._was_ok: dict[str, bool] = {}
-        self._count: dict[str, int] = {}
         self._generation = 0
         self._timer: PeriodicTimer | None = None
         self.pings = 0
@@ -94,7 +160,7 @@ class UdpTrafficProbe(QueueProbe):
         for source, peer in peers.items():
             if source not in self.by_source:
                 continue
-            self.gate.forget([source])
+            self.outcomes.forget(source)
             # A new generation: answers to pings of the old circuit are ignored from now on.
             self.circuits.pop(source, None)
             if peer is not None:
@@ -104,11 +170,7 @@ class UdpTrafficProbe(QueueProbe):
     # -- lifecycle -----------------------------------------------------------------------------------------
     def _open(self) -> None:
         for source, ep in self.by_source.items():
-            sock = netns.socket_in(ep.netns, socket.AF_INET, socket.SOCK_DGRAM)
-            self._socks[source] = sock
-            sock.setblocking(False)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ep.ifname.encode())
-            sock.bind((ep.address, self.udp_port))
+            self._socks[source] = bind_port_socket(ep, self.udp_port)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -201,34 +263,7 @@ class UdpTrafficProbe(QueueProbe):
         rtt: int | None,
         previous: int | None = None,
     ) -> None:
-        changed = self._was_ok.get(source) is not ok
-        self._count[source] = 1 if changed else self._count.get(source, 0) + 1
-        self._was_ok[source] = ok
-        # A loss is stamped when traffic stopped (the first unanswered ping's send time); an answer when it
-        # was observed, so it never precedes the carrier event that made it possible (both are receipts).
-        t = detected if ok else sent
-        if not self.gate.due(source, changed, t):
-            return
-        meta: dict[str, object] = {"peer": circuit.peer.source, "n": self._count[source]}
-        if ok:
-            meta["sent_ns"] = sent
-            if previous is not None:
-                # The ping before this one: traffic got through somewhere after it was sent (the bracket).
-                meta["prev_ns"] = previous
-        else:
-            meta["detected_ns"] = detected
-        self._count[source] = 0
-        ep = self.by_source[source]
-        self.queue.put(
-            Event(
-                t_ns=t,
-                kind=Kind.TRAFFIC_OK if ok else Kind.TRAFFIC_LOST,
-                source=source,
-                host=ep.host,
-                value=rtt,
-                meta=meta,
-            )
-        )
+        self.outcomes.report(source, circuit.peer.source, ok, sent, detected, rtt, previous)
 
 
 def _endpoint(site: PortSite) -> TrafficEndpoint:
