@@ -31,6 +31,15 @@ class GpuSpec(ConfigModel):
     model: str = ""
 
 
+class RdmaPortSpec(ConfigModel):
+    """Where a NIC port's RDMA side is (for the pyverbs probe): `rdma link show` / `ibv_devices` name the
+    device and port; `show_gids` the GID index (RoCE v2 over the port's IPv4 address, usually)."""
+
+    device: str = Field(min_length=1, max_length=64, description="RDMA device, e.g. mlx5_0")
+    port: int = Field(default=1, ge=1, le=255, description="the device's port number")
+    gid_index: int = Field(default=3, ge=0, le=1023, description="GID table index (RoCE v2 IPv4: often 3)")
+
+
 class NicPortSpec(ConfigModel):
     ifname: str = Field(min_length=1, max_length=15)
     rail: int = Field(ge=0, le=1023)
@@ -42,6 +51,7 @@ class NicPortSpec(ConfigModel):
     rx: int = Field(ge=1, le=8192, description="OCS egress port that feeds this NIC port's receive fiber")
     gbps: int = Field(default=100, gt=0, le=6400)
     address: str | None = Field(default=None, description="IPv4 address/prefix (emulated fabric)")
+    rdma: RdmaPortSpec | None = Field(default=None, description="the port's RDMA device (pyverbs probe)")
 
 
 class HostSpec(ConfigModel):
@@ -152,6 +162,8 @@ class NicPort:
     rx: int
     gbps: int
     address: str | None
+    rdma: RdmaPortSpec | None = dataclass_field(default=None, compare=False, repr=False)
+    """The port's RDMA device, port and GID index, where the inventory names them."""
     source: str = dataclass_field(init=False, compare=False, repr=False)
     """The event `source` of every signal observed on this port: nic:<host>/<ifname>."""
 
@@ -177,7 +189,7 @@ class Inventory:
         self.path = path
         self.src = src
         self.ports: list[NicPort] = [
-            NicPort(host, n.ifname, n.rail, n.gpu, n.switch, n.tx, n.rx, n.gbps, n.address)
+            NicPort(host, n.ifname, n.rail, n.gpu, n.switch, n.tx, n.rx, n.gbps, n.address, n.rdma)
             for host, spec in model.hosts.items()
             for n in spec.nics
         ]

@@ -164,7 +164,16 @@ FULL_INVENTORY: dict[str, Any] = {
         "a": {
             "gpus": [{"index": 0}],
             "nics": [
-                {"ifname": "eth0", "rail": 0, "gpu": 0, "switch": "ocs1", "tx": 1, "rx": 5, "gbps": 100}
+                {
+                    "ifname": "eth0",
+                    "rail": 0,
+                    "gpu": 0,
+                    "switch": "ocs1",
+                    "tx": 1,
+                    "rx": 5,
+                    "gbps": 100,
+                    "rdma": {"device": "mlx5_0", "port": 1, "gid_index": 3},
+                }
             ],
         },
         "b": {"nics": [{"ifname": "eth0", "rail": 0, "switch": "ocs1", "tx": 2, "rx": 6}]},

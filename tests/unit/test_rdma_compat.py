@@ -81,3 +81,32 @@ def test_a_missing_pyverbs_is_one_line_naming_the_package(
         compat.load(dist_packages=(tmp_path,))
     message = str(info.value)
     assert "\n" not in message and "python3-pyverbs" in message
+
+
+def test_the_rts_attributes_carry_the_path_psns_and_recovery_settings(verbs: compat.Verbs) -> None:
+    from labctl.inventory import RdmaPortSpec
+    from labctl.rdma.oob import QpInfo
+    from labctl.rdma.verbs import ipv4_gid, rts_attr
+
+    gid = ipv4_gid("10.0.0.20/24")
+    assert gid == "0000:0000:0000:0000:0000:ffff:0a00:0014"
+    remote = QpInfo(qpn=0x1234, psn=0x55, gid=gid)
+    attrs = QpAttrs(timeout=14, retry_cnt=7, rnr_retry=7, min_rnr_timer=12)
+    attr = rts_attr(verbs, RdmaPortSpec(device="mlx5_0", port=1, gid_index=3), attrs, remote, sq_psn=0x66)
+    assert (attr.dest_qp_num, attr.rq_psn, attr.sq_psn) == (0x1234, 0x55, 0x66)
+    assert (attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.min_rnr_timer) == (14, 7, 7, 12)
+    assert attr.path_mtu == verbs.const("IBV_MTU_1024")
+    assert attr.ah_attr.port_num == 1 and attr.ah_attr.is_global == 1
+
+
+def test_opening_a_qp_without_a_device_is_one_line(verbs: compat.Verbs) -> None:
+    from labctl.inventory import RdmaPortSpec
+    from labctl.rdma.verbs import VerbsQp
+
+    if compat.SYSFS_INFINIBAND.is_dir() and any(compat.SYSFS_INFINIBAND.iterdir()):
+        pytest.skip("this host has an RDMA device")
+    qp = VerbsQp(verbs, RdmaPortSpec(device="mlx5_0"), QpAttrs())
+    with pytest.raises(compat.RdmaUnavailable) as info:
+        qp.open()
+    assert "\n" not in str(info.value)
+    qp.close()  # nothing was opened: closing is a no-op
