@@ -5,8 +5,8 @@ host with an RDMA device, pyverbs beside perftest (skipped here: no device).
 One circuit (two NIC ports patched through the tc OCS). Part 1: for timeout in {10, 12, 14, 16}, the
 fiber ends go dark for 30-70 ms (drawn per gap) and come back, 10 times: link up → first completed SEND,
 against the model: the SEND outstanding at the cut is retried once per local ACK timeout (4.096 us x
-2^timeout) from its post, so it completes ceil(dark / period) periods after the cut; with (retry_cnt + 1)
-periods shorter than the dark gap (timeout 10: 33.6 ms) the QP errors (IBV_WC_RETRY_EXC_ERR) and, under
+2^timeout) from its post, so it completes ceil(dark / period) periods after the cut; when that is past
+retry_cnt periods (timeout 10: 29.4 ms) the QP errors (IBV_WC_RETRY_EXC_ERR) and, under
 `reconnect`, is reset (those gaps are counted, not compared). Part 2: both directions pinging at
 shrinking intervals for 1.5 s each; completions/s and RTT median, RC vs UDP.
 Run as root: python bench/rdma.py
@@ -59,7 +59,7 @@ async def _collect(probe: QueueProbe, out: list[Event]) -> None:
 async def recovery(fabric: KernelFabric, endpoints: list[TrafficEndpoint], exponent: int) -> dict[str, float]:
     """Dark gaps of random length; per gap the model's expectation: the SEND outstanding when the light
     went is retried every period from its post, so the first retry after the link is back comes
-    ceil(dark / period) periods after it (while that is within retry_cnt + 1 periods)."""
+    ceil(dark / period) periods after it (while that is within retry_cnt periods)."""
     settings = RdmaSettings(timeout=exponent, retry_cnt=7, policy="reconnect")
     probe = RcTrafficProbe(endpoints, interval_us=200, settings=settings)
     period = 4096 << exponent
@@ -81,8 +81,8 @@ async def recovery(fabric: KernelFabric, endpoints: list[TrafficEndpoint], expon
             t_up = now_ns()
             for fp in fabric.layout.ports:
                 rt.set_up(fp.index, True)
-            tries = -(-(t_up - t_cut) // period)
-            if tries <= settings.retry_cnt + 1:
+            tries = -(-(t_up - t_cut) // period)  # the first retry at or after the link is back
+            if tries <= settings.retry_cnt:  # tries go out at 0..retry_cnt periods; then RETRY_EXC
                 gaps.append((t_up, t_cut + tries * period))
             await asyncio.sleep(max(0.1, 2.5 * period / 1e9))
         task.cancel()

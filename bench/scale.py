@@ -80,7 +80,7 @@ def one_run(ports: int, kind: str) -> dict[str, Any]:
         run = json.loads((outcome.run_dir / "run.json").read_text())
         summary = outcome.summary
     rx = run["probes"].get("rx-power", {})
-    traffic = run["probes"].get("model-traffic") or run["probes"].get("udp-traffic") or {}
+    traffic = next((run["probes"][n] for n in ("model-traffic", "traffic") if n in run["probes"]), {})
     running = rx.get("running_s") or wall
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {

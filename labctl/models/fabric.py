@@ -346,11 +346,15 @@ class SimFabric:
         ok: np.ndarray = a.transport[slots] & (a.lit_from[slots] == peer_slots) & a.transport[peer_slots]
         return ok
 
-    def rtt_ns(self) -> int:
-        """The round trip of one ping-pong on a working circuit."""
-        return self.profile.draw_ns(self.rng, "rtt_us")
+    def passes(self, slot: int, peer_slot: int, t_ns: int) -> bool:
+        """`traffic_ok` for one packet from one port to another: plain scalar reads (per packet, not per
+        tick, so no array round trip)."""
+        self.sync_optics(t_ns)
+        a = self.arrays
+        return bool(a.transport[slot] and a.lit_from[slot] == peer_slot and a.transport[peer_slot])
 
-    def traffic_rtt_ns(self, port: NicPort, peer: NicPort) -> int | None:
-        """RTT of one ping-pong from `port` to `peer` now, or None if it would be lost."""
-        ok = self.traffic_ok(np.array([self.slot[port]]), np.array([self.slot[peer]]))
-        return self.rtt_ns() if ok[0] else None
+    def rtt_ns(self) -> int:
+        """The round trip of one ping-pong on a working circuit. Drawn from the noise stream: how often the
+        probes ping must not change the link delays a seed draws."""
+        low, high = self.profile.rtt_us
+        return round(float(self.noise.uniform(low, high)) * 1_000)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -165,30 +166,30 @@ class ModelCarrier:
 
     def __init__(self, fabric: SimFabric) -> None:
         self.fabric = fabric
-        self.by_source = {p.source: p for p in fabric.port_at}
+        self.slot_of = {p.source: fabric.slot[p] for p in fabric.port_at}
         self._deliver: Deliver | None = None
-        self._handles: set[asyncio.TimerHandle] = set()
+        self._in_flight: dict[int, asyncio.TimerHandle] = {}
+        self._ids = itertools.count()
 
     async def open(self, deliver: Deliver) -> None:
         self._deliver = deliver
 
     def close(self) -> None:
-        for handle in self._handles:
+        for handle in self._in_flight.values():
             handle.cancel()
-        self._handles.clear()
+        self._in_flight.clear()
 
     def send(self, source: str, peer: str, packets: list[Packet]) -> None:
-        slot = self.fabric.slot
-        a, b = slot[self.by_source[source]], slot[self.by_source[peer]]
-        if not self.fabric.traffic_ok(np.array([a]), np.array([b]))[0]:
+        if not self.fabric.passes(self.slot_of[source], self.slot_of[peer], now_ns()):
             return  # lost: no light, no link, or not this circuit
         loop = asyncio.get_running_loop()
         for packet in packets:
+            key = next(self._ids)
             delay = self.fabric.rtt_ns() / 2e9
-            handle = loop.call_later(delay, self._arrive, peer, source, packet)
-            self._handles.add(handle)
+            self._in_flight[key] = loop.call_later(delay, self._arrive, key, peer, source, packet)
 
-    def _arrive(self, at: str, remote: str, packet: Packet) -> None:
+    def _arrive(self, key: int, at: str, remote: str, packet: Packet) -> None:
+        del self._in_flight[key]
         if self._deliver is not None:
             self._deliver(at, remote, packet, now_ns())
 

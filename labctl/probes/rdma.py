@@ -17,7 +17,8 @@ RDMA phase Opus measured. The first timeout is `traffic.lost` (stamped at the po
 spent before the link is back, the QP errors: `rdma.wc_error` IBV_WC_RETRY_EXC_ERR, `rdma.qp_state` ERR;
 under the `reconnect` policy it is reset with fresh PSNs (`rdma.reconnect`, value: how long it was in
 error) and pinging goes on; under `survive` the port stays down (its recovery times out, and run.json's
-probe stats count the errors).
+probe stats count the errors). Responders here always have receives posted, so RNR never happens:
+`rnr_retry` and `min_rnr_timer` are recorded and shape only a real QP (labctl.rdma.verbs).
 """
 
 from __future__ import annotations
@@ -129,7 +130,10 @@ class _Connection:
     peer: TrafficEndpoint
     requester: Requester
     posted: dict[int, int] = field(default_factory=dict)  # wr_id → post time
-    before: dict[int, int] = field(default_factory=dict)  # wr_id → post time of the SEND before it
+    before: dict[int, int] = field(default_factory=dict)
+    """wr_id → when the transmission before this SEND's latest one went out (its previous try, or the
+    previous SEND): the completion's bracket starts there."""
+    sent: dict[int, int] = field(default_factory=dict)  # wr_id → its latest transmission
     last_post: int = 0
     stalled: bool = False  # an ACK timeout since the last completion (traffic.lost reported)
     errored_at: int | None = None
@@ -166,7 +170,6 @@ class RcTrafficProbe(QueueProbe):
         self.outcomes = PingOutcomes(
             self, {e.source: e.host for e in endpoints}, report_interval_ns, transport="rc"
         )
-        self.udp_port = port
         self.rng = random.Random(seed)
         self.qps: dict[tuple[str, str], _Connection] = {}
         """One requester QP per (port, peer), kept across circuits."""
@@ -246,6 +249,11 @@ class RcTrafficProbe(QueueProbe):
                 before = req.retransmissions
                 packets, done = req.poll_timers(t)
                 self.retransmissions += req.retransmissions - before
+                resent = {p.psn for p in packets}
+                for item in req.outstanding:  # a retransmission: the try before it did not get through
+                    if item.psn in resent and item.wr_id in conn.sent:
+                        conn.before[item.wr_id] = conn.sent[item.wr_id]
+                        conn.sent[item.wr_id] = t
                 if packets and active and not req.rnr_waiting and not conn.stalled and conn.posted:
                     conn.stalled = True  # the first ACK timeout: traffic stopped at the oldest post
                     self._outcome(source, conn, False, min(conn.posted.values()), t, None)
@@ -262,6 +270,7 @@ class RcTrafficProbe(QueueProbe):
             conn.posted[wr_id] = t
             if conn.last_post:
                 conn.before[wr_id] = conn.last_post
+            conn.sent[wr_id] = t
             conn.last_post = t
             self.posts += 1
             self._send(source, conn.peer.source, packets)
@@ -292,6 +301,7 @@ class RcTrafficProbe(QueueProbe):
         for c in done:
             posted = conn.posted.pop(c.wr_id, None)
             before = conn.before.pop(c.wr_id, None)
+            conn.sent.pop(c.wr_id, None)
             if c.status is WcStatus.SUCCESS:
                 self.completions += 1
                 if posted is not None:

@@ -13,8 +13,10 @@ What decides whether a queue pair rides through an OCS reconfiguration (IBTA spe
   (7 = without limit); with them spent: IBV_WC_RNR_RETRY_EXC_ERR and the error state.
 - The responder delivers in PSN order only; a duplicate (an already delivered PSN) is acknowledged again
   and not delivered twice.
-The budget a dark gap must fit in before the QP errors: (retry_cnt + 1) × 4.096 µs × 2^timeout, about
-0.55 s at timeout 14, retry_cnt 7 (the Opus testbed's setting). A QP in the error state is recovered by
+With nothing acknowledged, the tries go out at 0, P, …, retry_cnt × P (P = 4.096 µs × 2^timeout) and
+the QP errors at (retry_cnt + 1) × P: a dark gap must end before retry_cnt × P for the last retry to get
+through (0.47 s at timeout 14, retry_cnt 7, the Opus testbed's setting; the error comes at 0.55 s).
+A QP in the error state is recovered by
 RESET → INIT → RTR → RTS with fresh PSNs (`Requester.reset`, `Responder.reset`).
 
 The model is driven with explicit times (integer ns): `send`, `receive`, `poll_timers(t)`, and it says
@@ -106,7 +108,8 @@ class QpAttrs:
 
     @property
     def retry_budget_ns(self) -> int | None:
-        """How long the requester keeps trying with nothing acknowledged: (retry_cnt + 1) ACK timeouts."""
+        """When a requester with nothing acknowledged gives up (RETRY_EXC): (retry_cnt + 1) ACK timeouts
+        after its first try; its last try goes out one timeout before that."""
         timeout = self.ack_timeout_ns
         return None if timeout is None else (self.retry_cnt + 1) * timeout
 

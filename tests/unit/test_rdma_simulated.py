@@ -28,8 +28,8 @@ def _experiment(tmp_path: Path, rdma: str) -> Path:
 
 
 async def test_the_simulated_lab_measures_rdma_recovery_within_one_ack_timeout(tmp_path: Path) -> None:
-    # fast profile: dark ~2-3 ms, firmware 40-60 ms, so ~65 ms without light; timeout 12 (16.8 ms) x 8 tries
-    # (134 ms) rides through, and the SEND comes back at most one period after the link did.
+    # fast profile: dark ~2-3 ms, firmware 40-60 ms, so ~65 ms without a link; timeout 12 (16.8 ms): the last
+    # of 7 retries at 117 ms rides through, and the SEND comes back at most one period after the link did.
     outcome = await run_experiment(
         _experiment(tmp_path, "{timeout: 12, retry_cnt: 7}"),
         REPO / "inventory.yaml",
