@@ -312,8 +312,8 @@ def compute_breakdown(
             if t0 is None:
                 rows.append(row)
                 continue
-            marks = _marks(index, p, t0, t1, end, threshold_dbm)
             u = int(uncertainty.get(p["host"], 0))
+            marks = _marks(index, p, t0, t1, end, threshold_dbm, u)
             row.update(
                 {
                     "t2_rx_power_ns": _at(marks["t2"]),
@@ -352,33 +352,42 @@ def compute_breakdown(
 
 
 def _marks(
-    index: EventIndex, p: dict[str, Any], t0: int, t1: int | None, end: float, threshold_dbm: float
+    index: EventIndex,
+    p: dict[str, Any],
+    t0: int,
+    t1: int | None,
+    end: float,
+    threshold_dbm: float,
+    uncertainty_ns: int = 0,
 ) -> dict[str, Mark | None]:
-    """Every mark of one port's row, searched from t0 to the next reconfiguration."""
+    """Every mark of one port's row, searched from t0 to the next reconfiguration. The host's own marks
+    are searched from as early as its clock's uncertainty allows (a host clock read slightly behind must
+    not push its first sample out of the window); what then lands before t0 is a flag, not a fix."""
     source = p["source"]
+    h0 = t0 - uncertainty_ns
     rx = index.series(source, Kind.RX_POWER)
     dark = rx.v < threshold_dbm
-    t_dark = _find(rx, t0, end, dark)
+    t_dark = _find(rx, h0, end, dark)
     if t_dark is not None:
         t2 = _find(rx, t_dark.t, end, ~dark)
     else:
         # The dark gap fell between samples: the first sample at or above the threshold after the switch
         # acknowledged. Every sample since the command saw light (old or new), so the light came back
         # somewhere after t0: that is the mark's bracket.
-        t2 = _find(rx, t1, end, ~dark)
+        t2 = _find(rx, t1 - uncertainty_ns if t1 is not None else None, end, ~dark)
         if t2 is not None:
-            t2 = Mark(t2.t, t2.t - t0)
+            t2 = Mark(t2.t, max(t2.t - t0, 0))
     fw = index.series(source, Kind.LINK_FIRMWARE)
-    t3 = _find(fw, t0, end, fw.v == 1)
+    t3 = _find(fw, h0, end, fw.v == 1)
     carrier = index.series(source, Kind.CARRIER)
-    t4 = _find(carrier, t0, end, carrier.v == 1)
-    down = _find(carrier, t0, end, carrier.v == 0)
-    lost = _find(index.series(source, Kind.TRAFFIC_LOST), t0, end)
+    t4 = _find(carrier, h0, end, carrier.v == 1)
+    down = _find(carrier, h0, end, carrier.v == 0)
+    lost = _find(index.series(source, Kind.TRAFFIC_LOST), h0, end)
     peer = p.get("peer")
     to_peer = index.series(source, _ok_to(peer)) if peer else None
     if to_peer is not None and to_peer.t.size:
         # Traffic that reached the new peer: the old circuit can never be mistaken for it.
-        t5 = _find(to_peer, t4.t if t4 is not None else t0, end)
+        t5 = _find(to_peer, t4.t if t4 is not None else h0, end)
     else:
         ok = index.series(source, Kind.TRAFFIC_OK)
         # Carrier not observed: traffic back after it was seen lost.

@@ -252,14 +252,16 @@ class Controller:
 
     async def _apply_rail(self, rp: RailPhase) -> None:
         switch = self.lab.switches[rp.switch]
+        before = self.current[rp.rail]
         self._touched = True
         await switch.apply(rp.mapping, scope=rail_scope(self.inventory, rp.rail), context={"rail": rp.rail})
         self.current[rp.rail] = rp.mapping
         # Re-target traffic only once the switch acknowledged: until then the old circuit is still
         # probed, so the moment its traffic stops is measured too.
         circuits = self._circuits(rp.rail, rp.mapping)
+        moved = [port.source for port, _ in self._moved(rp.rail, before, rp.mapping)]
         for aware in self.lab.switch_aware_probes:
-            aware.switched(circuits.keys())
+            aware.switched(moved)
         for probe in self.lab.circuit_probes:
             probe.set_circuits(dict(circuits))  # a copy: the remembered one stays as it is
 

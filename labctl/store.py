@@ -151,12 +151,19 @@ def load_run(path: Path | str) -> Run:
         except (pd.errors.EmptyDataError, pd.errors.ParserError, ValueError, KeyError, TypeError) as e:
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             notes.append(f"{BREAKDOWN_CSV} is damaged ({reason}): recomputed from {EVENTS}")
+    if breakdown is not None and "impossible" not in breakdown:
+        # Written before phases were flagged: its negative durations would be printed as measurements.
+        notes.append(f"{BREAKDOWN_CSV} predates the impossible/unresolved flags: recomputed from {EVENTS}")
+        breakdown = None
     if breakdown is None:
         breakdown = compute_breakdown(events, None, clock_uncertainties(meta.get("clock_offsets") or {}))
     summary: dict[str, Any] = {}
     if (run_path / SUMMARY).exists():
         try:
             summary = _json_object(run_path / SUMMARY)
+            if "flagged_rows" not in summary:  # per port row, unflagged: recomputed from the breakdown
+                notes.append(f"{SUMMARY} predates per-unit statistics and flags: recomputed")
+                summary = {}
         except InputError as e:
             notes.append(f"{SUMMARY} is damaged ({str(e).split(': ', 1)[-1]}): recomputed from the breakdown")
     return Run(run_path, meta, events_frame(events), breakdown, summary, notes)

@@ -5,8 +5,9 @@
 emulated one driven by a behaviour model, labctl.models.module_eeprom), identifies it, then at `hz`
 reads only the Rx power words its ModuleInfo names (QSFP28: lower page 0 bytes 34–41; SFP: A2h 104–105;
 CMIS: page 11h 186–201 per bank) and emits `rx_power` events per lane (source `nic:<host>/<ifname>`,
-value dBm or None for no light, meta lane and mw) on change (deadband) and as a heartbeat
-(labctl.sampling.ReportGate). The same code path reads a real NIC and the simulated lab.
+value dBm or None for no light, meta lane and mw) on change (deadband, threshold crossings) and as a
+staggered heartbeat, decided with array operations over every lane. The same code path reads a real NIC
+and the simulated lab.
 
 Latched flags: SFF-8636 and CMIS LOS/LOL flags are latched and clear on read; a 1 kHz poller would
 consume them before the NIC driver or any monitoring daemon sees them. The probe therefore never reads
@@ -361,7 +362,7 @@ class RxPowerProbe(QueueProbe):
         lit = read & (mw > 0)
         with np.errstate(divide="ignore", invalid="ignore"):
             dbm = np.where(lit, 10.0 * np.log10(np.where(lit, mw, 1.0)), -math.inf)
-        above = dbm >= self.threshold_dbm
+        above = lit & (dbm >= self.threshold_dbm)  # with no threshold (-inf): lit
         last = lanes.last_dbm
         moved = (lit != (last > -math.inf)) | (above != (last >= self.threshold_dbm))
         moved |= lit & (np.abs(dbm - np.where(last > -math.inf, last, 0.0)) >= self.deadband_db)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from labctl.breakdown import EventIndex, compute_breakdown, median_ci, read_breakdown_csv, summarize
@@ -239,3 +240,43 @@ def test_a_carrier_seen_by_a_poll_has_the_previous_poll_as_its_bracket(tmp_path:
     log.write_bytes(b"".join(encode_event(e) + b"\n" for e in s.events))
     (row,) = compute_breakdown(EventIndex.from_file(log)).to_dict("records")
     assert row["t4_resolution_ns"] == 500_000
+
+
+async def test_a_run_recorded_before_the_flags_is_recomputed_not_printed_as_it_was(tmp_path: Path) -> None:
+    outcome = await run_experiment(
+        _experiment(tmp_path),
+        REPO / "inventory.yaml",
+        profile="fast",
+        out_dir=tmp_path / "runs",
+        plots=False,
+        seed=1,
+    )
+    # As an older labctl wrote them: no flag columns, a summary counting port rows.
+    csv = outcome.run_dir / "breakdown.csv"
+    frame = read_breakdown_csv(csv)
+    frame.drop(columns=["impossible", "unresolved"]).to_csv(csv, index=False)
+    (outcome.run_dir / "summary.json").write_text(json.dumps({"unit": "ns", "phases": {}}))
+    from labctl.store import load_run
+
+    run = load_run(outcome.run_dir)
+    assert "impossible" in run.breakdown and run.summary == {}
+    assert any("predates" in note for note in run.notes)
+
+
+def test_a_host_clock_read_behind_within_its_uncertainty_flags_the_phase_instead_of_losing_the_mark() -> None:
+    # The host's marks are stamped 1.5 ms early (its offset was estimated with 2 ms uncertainty): the light
+    # seen back at t0 - 0.5 ms is still found, and optical comes out negative within the uncertainty.
+    s = Stream()
+    s.add(0, "run.start", "controller", "x", rx_power_threshold_dbm=-10.0)
+    t0 = 1_000 * MS
+    s.phase(1, t0 - 10 * MS, "pp", [(A, B)])
+    s.switch(t0, t0 + 1 * MS)
+    s.add(t0 - 1_200_000, "rx_power", A, None, prev_ns=t0 - 2_200_000)
+    s.add(t0 - 500_000, "rx_power", A, -2.5, prev_ns=t0 - 1_200_000)
+    s.add(t0 + 40 * MS, "link.firmware", A, 1)
+    (row,) = compute_breakdown(s.events, clock_uncertainty_ns={"h1": 2 * MS}).to_dict("records")
+    assert row["optical_ns"] == -500_000
+    assert row["unresolved"] == "optical" and row["impossible"] == ""
+    # Without the uncertainty those samples are outside the window: no optical mark at all.
+    (row,) = compute_breakdown(s.events).to_dict("records")
+    assert pd.isna(row["t2_rx_power_ns"])

@@ -135,3 +135,12 @@ def test_the_switch_ack_forces_the_next_sample_only_where_the_dark_gap_went_unse
     # p0: light back is a change; p1: forced, the first sample after the acknowledgement.
     assert sorted(e.source for e in events) == ["nic:h1/p0", "nic:h1/p1"]
     assert _feed(probe, lanes, [(6 * MS, [lit, lit])]) == []  # forced once only
+
+
+def test_without_a_threshold_the_window_closes_when_the_light_is_seen_gone_and_back() -> None:
+    probe, lanes, _ = _probe(n=1, threshold_dbm=None)
+    lit = 0.5
+    _feed(probe, lanes, [(0, [lit])])
+    probe.open_window(None)
+    _feed(probe, lanes, [(MS, [0.0]), (2 * MS, [lit])])
+    assert _feed(probe, lanes, [(t * MS, [lit]) for t in range(3, 60)]) == []  # closed: no dense reports
