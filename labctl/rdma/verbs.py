@@ -63,6 +63,8 @@ class VerbsQp:
     size: int = 64
     psn: int = field(default_factory=lambda: random.randrange(1 << 24))
     _objects: dict[str, Any] = field(default_factory=dict)
+    _wr_send: int = 0  # verbs constants, looked up once at open (not per post)
+    _wc_recv: int = 0
 
     def open(self) -> QpInfo:
         """Open the device and create the QP (INIT); what the peer needs to connect to it."""
@@ -73,19 +75,25 @@ class VerbsQp:
             raise RdmaUnavailable(f"RDMA device {self.port.device!r} not found (here: {', '.join(names)})")
         v = self.verbs
         device, pd, cq, mr, qp = (v.module(m) for m in ("device", "pd", "cq", "mr", "qp"))
-        ctx = device.Context(name=self.port.device)
-        pd_ = pd.PD(ctx)
-        cq_ = cq.CQ(ctx, 2 * self.depth, None, None, 0)
-        access = v.const("IBV_ACCESS_LOCAL_WRITE") | v.const("IBV_ACCESS_REMOTE_WRITE")
-        mr_ = mr.MR(pd_, self.size * self.depth, access)
-        cap = qp.QPCap(max_send_wr=self.depth, max_recv_wr=self.depth, max_send_sge=1, max_recv_sge=1)
-        init = qp.QPInitAttr(qp_type=v.const("IBV_QPT_RC"), scq=cq_, rcq=cq_, cap=cap)
-        qp_ = qp.QP(pd_, init, qp.QPAttr(port_num=self.port.port))
-        self._objects.update(ctx=ctx, pd=pd_, cq=cq_, mr=mr_, qp=qp_)
-        gid = str(ctx.query_gid(self.port.port, self.port.gid_index))
-        lid = int(ctx.query_port(self.port.port).lid)
-        for i in range(self.depth):
-            self.post_recv(i)
+        objects = self._objects
+        try:  # each object kept as soon as it exists, so a failure half way closes what was made
+            objects["ctx"] = ctx = device.Context(name=self.port.device)
+            objects["pd"] = pd_ = pd.PD(ctx)
+            objects["cq"] = cq_ = cq.CQ(ctx, 2 * self.depth, None, None, 0)
+            access = v.const("IBV_ACCESS_LOCAL_WRITE") | v.const("IBV_ACCESS_REMOTE_WRITE")
+            objects["mr"] = mr_ = mr.MR(pd_, self.size * self.depth, access)
+            cap = qp.QPCap(max_send_wr=self.depth, max_recv_wr=self.depth, max_send_sge=1, max_recv_sge=1)
+            init = qp.QPInitAttr(qp_type=v.const("IBV_QPT_RC"), scq=cq_, rcq=cq_, cap=cap)
+            objects["qp"] = qp_ = qp.QP(pd_, init, qp.QPAttr(port_num=self.port.port))
+            self._wr_send = v.const("IBV_WR_SEND")
+            self._wc_recv = v.const("IBV_WC_RECV")
+            gid = str(ctx.query_gid(self.port.port, self.port.gid_index))
+            lid = int(ctx.query_port(self.port.port).lid)
+            for i in range(self.depth):
+                self.post_recv(i)
+        except BaseException:
+            self.close()
+            raise
         return QpInfo(
             qpn=int(qp_.qp_num), psn=self.psn, gid=gid, lid=lid, addr=int(mr_.buf), rkey=int(mr_.rkey)
         )
@@ -105,20 +113,24 @@ class VerbsQp:
     def post_send(self, wr_id: int) -> int:
         """Post one SEND; returns its post time (ns), stamped just before the post, as perftest does."""
         wr = self.verbs.module("wr").SendWR(
-            wr_id=wr_id, opcode=self.verbs.const("IBV_WR_SEND"), num_sge=1, sg=[self._sge(wr_id)]
+            wr_id=wr_id, opcode=self._wr_send, num_sge=1, sg=[self._sge(wr_id)]
         )
         t = now_ns()
         self._objects["qp"].post_send(wr)
         return t
 
     def poll(self, n: int = 16) -> list[tuple[int, str, int, int]]:
-        """Completions ready now: (wr_id, status name, opcode, poll time ns)."""
+        """Completions ready now: (wr_id, status name, opcode, poll time ns). A receive that completed is
+        posted again at once, so the responder never runs dry (an RNR NAK would then be ours)."""
         count, wcs = self._objects["cq"].poll(n)
         t = now_ns()
-        return [
-            (int(wc.wr_id), self.verbs.wc_status_name(int(wc.status)), int(wc.opcode), t)
-            for wc in wcs[:count]
-        ]
+        out = []
+        for wc in wcs[:count]:
+            status = self.verbs.wc_status_name(int(wc.status))
+            out.append((int(wc.wr_id), status, int(wc.opcode), t))
+            if int(wc.opcode) & self._wc_recv and status == "IBV_WC_SUCCESS":
+                self.post_recv(int(wc.wr_id))
+        return out
 
     def close(self) -> None:
         for name in ("qp", "mr", "cq", "pd", "ctx"):  # children before their parents
