@@ -38,6 +38,7 @@ PROBES: Mapping[str, str] = {
     "carrier": "labctl.probes.carrier:PROBE",
     "traffic": "labctl.probes.traffic:PROBE",
     "rc-traffic": "labctl.probes.rdma:PROBE",
+    "verbs-rc": "labctl.probes.verbs_rc:PROBE",
     "switch-power": "labctl.probes.switch_power:PROBE",
     "link-state": "labctl.probes.linkstate:PROBE",
 }
