@@ -145,6 +145,6 @@ def require_transport(settings: ProbeSettings, kind: str, supported: tuple[str, 
     if settings.transport not in supported:
         raise InputError(
             f"probes.transport: {settings.transport!r} is not available on lab kind {kind} (it carries "
-            f"{', '.join(supported)}); the RC transport runs on the simulated lab (through the NIC model) "
-            "and the kernel lab (over UDP on the fabric's veths)"
+            f"{', '.join(supported)}); the RC transport runs on the simulated lab (through the NIC model), "
+            "the kernel lab (over UDP on the fabric's veths) and the real lab (verbs on its RDMA devices)"
         )

@@ -4,7 +4,8 @@ on its own interfaces.
 Each switch is its driver opened at the inventory's address (Polatis TL1 today; every registered driver
 with an `open`). Each host runs `labctl agent` (labctl.agents), which samples its ports with the probes
 in `PROBES`: the netlink carrier probe, the module-EEPROM Rx-power poller (ethtool netlink, every lane),
-the UDP ping-pong between the two ends of each circuit, from the ports' inventory addresses, and the
+the UDP ping-pong between the two ends of each circuit, from the ports' inventory addresses (with
+`probes.transport: rdma`: the verbs RC ping-pong on the ports' RDMA devices instead, decision 0029), and the
 ethtool link state with the firmware's reason while a link is down (decision 0023). The
 controller forwards each reconfiguration's window to the agents, measures their clock offsets and
 counts every event lost on the way. Nothing here models anything: `profile` is not used.
@@ -22,7 +23,26 @@ from labctl.sampling import ProbeSettings
 from labctl.switches import open_switch, switch_drivers
 
 PROBES = ("carrier", "rx-power", "traffic", "link-state")
-"""What each host's agent runs on its interfaces."""
+"""What each host's agent runs on its interfaces (with `traffic` as the experiment's transport says)."""
+TRAFFIC_PROBE = {"udp": "traffic", "rdma": "verbs-rc"}
+"""The probe that carries the ping-pong marking t5, by the experiment's `probes.transport`."""
+AGENT_PROBES = (*PROBES, "verbs-rc")
+"""The agents' allow-list: every probe a run of this kind may start on them."""
+
+
+def probes_for(settings: ProbeSettings) -> tuple[str, ...]:
+    return tuple(TRAFFIC_PROBE[settings.transport] if name == "traffic" else name for name in PROBES)
+
+
+def require_rdma_ports(inventory: Inventory) -> None:
+    """With `transport: rdma` every NIC port names its RDMA device: one line at the first that does not."""
+    for port in inventory.ports:
+        if port.rdma is None:
+            raise inventory.fail(
+                (*inventory.port_loc(port), "rdma"),
+                f"probes.transport: rdma runs the verbs RC ping-pong on every NIC port: {port.label} needs "
+                "`rdma: {device: mlx5_0, port: 1, gid_index: 3}` (ibv_devices, rdma link show, show_gids)",
+            )
 
 
 def check(inventory: Inventory) -> None:
@@ -45,11 +65,13 @@ def check(inventory: Inventory) -> None:
 
 
 def build(ctx: LabContext) -> Lab:
-    require_transport(ctx.probes, "real")
+    require_transport(ctx.probes, "real", tuple(TRAFFIC_PROBE))
+    if ctx.probes.transport == "rdma":
+        require_rdma_ports(ctx.inventory)
     lab = Lab(
         switches={name: open_switch(name, spec, ctx.emit) for name, spec in ctx.inventory.switches.items()}
     )
-    run_probes_on_agents(lab, ctx, PROBES)
+    run_probes_on_agents(lab, ctx, probes_for(ctx.probes))
     return lab
 
 
@@ -68,7 +90,7 @@ KIND = LabKind(
     "switches at their network addresses; a `labctl agent` on every host, running real probes on its NICs",
     check,
     build,
-    agent_probes=PROBES,
+    agent_probes=AGENT_PROBES,
     agents_probe_interfaces=True,
     agent_context=agent_context,
 )
