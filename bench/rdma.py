@@ -8,8 +8,12 @@ against the model: the SEND outstanding at the cut is retried once per local ACK
 2^timeout) from its post, so it completes ceil(dark / period) periods after the cut; when that is past
 retry_cnt periods (timeout 10: 29.4 ms) the QP errors (IBV_WC_RETRY_EXC_ERR) and, under
 `reconnect`, is reset (those gaps are counted, not compared). Part 2: both directions pinging at
-shrinking intervals for 1.5 s each; completions/s and RTT median, RC vs UDP.
-Run as root: python bench/rdma.py
+shrinking intervals for 1.5 s each; completions/s and RTT median, RC vs UDP. Part 3, on a host with an
+RDMA device: the verbs-rc probe's SEND/RECV ping-pong between two QPs on one port (loopback through the
+NIC), one direction, beside perftest's `ib_send_lat` and `ib_write_lat` on the same device; one-way latency
+(round trip / 2) as perftest reports it: t_typical (median) and the 99th percentile. Without pyverbs, a
+device or perftest, each part says so in one line.
+Run as root: python bench/rdma.py (part 3 alone, no root needed: python bench/rdma.py --verbs-only)
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ import argparse
 import asyncio
 import os
 import random
+import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +36,16 @@ import numpy as np
 from labctl.clock import now_ns
 from labctl.emulators.fabric import FabricLayout, KernelFabric
 from labctl.events import Event, Kind
-from labctl.inventory import load_inventory
+from labctl.inventory import RdmaPortSpec, load_inventory
 from labctl.linux import netns
 from labctl.probes.rdma import RcTrafficProbe
 from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
+from labctl.probes.verbs_rc import VerbsRcProbe
 from labctl.rdma import compat
+from labctl.rdma.exchange import LocalExchange
+from labctl.rdma.perftest import latency_report
+from labctl.rdma.rc import QpAttrs
+from labctl.rdma.verbs import VerbsQpFactory
 from labctl.sampling import QueueProbe, RdmaSettings
 
 PREFIX = f"lb{os.getpid()}-r-"
@@ -184,21 +196,98 @@ async def main() -> None:
     finally:
         await asyncio.to_thread(fabric.destroy)
         netns.cleanup(PREFIX)
-    print("\n3. pyverbs vs ib_write_lat on an RDMA device:")
+
+
+async def probe_latency(device: str, gid_index: int, iterations: int) -> list[int]:
+    """The verbs-rc probe's round trips: QPs A → B on one device port, A pinging back to back."""
+    spec = RdmaPortSpec(device=device, port=1, gid_index=gid_index)
+    a = TrafficEndpoint("bench/a", "127.0.0.1", "lo", None, "bench")
+    b = TrafficEndpoint("bench/b", "127.0.0.1", "lo", None, "bench")
+    settings = RdmaSettings()
+    attrs = QpAttrs(timeout=settings.timeout, retry_cnt=settings.retry_cnt)
+    probe = VerbsRcProbe(
+        [a, b],
+        qps=VerbsQpFactory({a.source: spec, b.source: spec}, attrs),
+        exchange=LocalExchange([a.source, b.source]),
+        interval_us=0,  # the next PING as soon as the last was answered, as perftest does
+        timeout_us=1_000_000,
+        settings=settings,
+        poll_idle_us=0,  # busy poll (still yielding the GIL each round)
+        keep_round_trips=iterations,
+    )
+    events: list[Event] = []
+    async with probe:
+        task = asyncio.create_task(_collect(probe, events))
+        probe.set_circuits({a.source: b.source})
+        for _ in range(1200):  # at most 60 s
+            if probe.completions >= iterations + 100:  # the first 100 warm up
+                break
+            await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return list(probe.round_trips)
+
+
+def perftest(tool: str, device: str, gid_index: int, iterations: int) -> dict[str, float] | str:
+    """Run perftest's `tool` as server and client on `device` (loopback); its t_typical and 99% (us), or
+    why not, in one line."""
+    if shutil.which(tool) is None:
+        return f"{tool} not installed (apt install perftest)"
+    args = [tool, "-d", device, "-x", str(gid_index), "-n", str(iterations), "-p", "18515"]
+    server = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.0)
+        client = subprocess.run([*args, "127.0.0.1"], capture_output=True, text=True, timeout=60)
+    finally:
+        server.kill()
+        server.wait()
+    lines = client.stdout.splitlines()
+    for i, line in enumerate(lines):
+        if "t_typical" in line and i + 1 < len(lines):
+            values = [float(v) for v in lines[i + 1].split()]
+            if len(values) >= 8:  # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% [99.9%]
+                return {"median_us": values[4], "p99_us": values[7]}
+    return f"{tool}: no latency table in its output ({(client.stderr or client.stdout).strip()[-160:]})"
+
+
+async def verbs_part(device: str | None, gid_index: int, iterations: int) -> None:
+    print("\n3. the verbs-rc probe beside perftest on an RDMA device (one-way latency, perftest's method):")
     try:
         names = compat.devices(compat.load())
-        print(
-            f"   devices: {', '.join(names)} (the pyverbs ping-pong probe is not built yet: nothing to compare)"
-        )
     except (compat.PyverbsMissing, compat.RdmaUnavailable) as e:
         print(f"   skipped: {e}")
+        return
+    device = device or names[0]
+    print(f"   device {device} (here: {', '.join(names)}), gid index {gid_index}, {iterations} round trips")
+    print("   what                         median (t_typical)   p99")
+    report = latency_report(await probe_latency(device, gid_index, iterations))
+    print(f"   verbs-rc probe (SEND/RECV)   {report.t_typical / 1e3:12.2f} us  {report.p99 / 1e3:8.2f} us")
+    for tool in ("ib_send_lat", "ib_write_lat"):
+        result = perftest(tool, device, gid_index, iterations)
+        if isinstance(result, str):
+            print(f"   {tool:<28} skipped: {result}")
+        else:
+            print(f"   {tool:<28} {result['median_us']:12.2f} us  {result['p99_us']:8.2f} us")
+
+
+async def run(args: argparse.Namespace) -> None:
+    if not args.verbs_only:
+        await main()
+    await verbs_part(args.device, args.gid_index, args.iterations)
 
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    ).parse_args()
-    if os.geteuid() != 0:
-        sys.exit("bench/rdma.py needs root")
+    )
+    parser.add_argument("--verbs-only", action="store_true", help="part 3 only (no root, no kernel fabric)")
+    parser.add_argument("--device", help="RDMA device for part 3 (default: the first one)")
+    parser.add_argument(
+        "--gid-index", type=int, default=3, help="GID index for part 3 (RoCE v2 IPv4: often 3)"
+    )
+    parser.add_argument("--iterations", type=int, default=10_000, help="round trips in part 3")
+    arguments = parser.parse_args()
+    if os.geteuid() != 0 and not arguments.verbs_only:
+        sys.exit("bench/rdma.py needs root (or --verbs-only)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    asyncio.run(main())
+    asyncio.run(run(arguments))
