@@ -84,6 +84,10 @@ class HostLink:
     agent_dropped: int = 0
     offset: OffsetEstimate | None = None
     history: list[OffsetEstimate] = field(default_factory=list)
+    world_offset_ns: int | None = None
+    """The offset the agent's world mirror places model times with (fixed at start): its events are put
+    back on the run timebase with the same number, so a model time makes the round trip exactly. Without
+    a mirror (real probes), the latest estimate is used."""
     started: bool = False
     latency_ns: list[int] = field(default_factory=list)
     record_latency: bool = False
@@ -235,6 +239,7 @@ class AgentHub:
             "clock_offsets": {
                 host: {
                     **(link.offset.as_dict() if link.offset else {}),
+                    **({} if link.world_offset_ns is None else {"applied_offset_ns": link.world_offset_ns}),
                     "history": [e.as_dict() for e in link.history],
                 }
                 for host, link in self.links.items()
@@ -423,7 +428,7 @@ class AgentHub:
         link.cursor = batch.n0 + len(batch.events)
         link.batches += 1
         link.agent_dropped = batch.dropped
-        offset = link.offset_ns
+        offset = link.world_offset_ns if link.world_offset_ns is not None else link.offset_ns
         bad = 0
         for ev in batch.events:
             if ev.source not in link.sources or ev.host != link.host:
@@ -649,6 +654,8 @@ class RemoteProbe:
     async def __aenter__(self) -> Self:
         await self.hub.wait_online(self.host)
         est = await self.hub.measure(self.host)
+        if self.hub.world_snapshot is not None:  # the agent mirrors the world at this offset
+            self.link.world_offset_ns = est.offset_ns
         reply = await self.hub.request(
             self.host,
             "start",
