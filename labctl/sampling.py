@@ -9,7 +9,8 @@ stays small enough to keep for every run.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
 from types import TracebackType
 from typing import Literal, Protocol, Self, runtime_checkable
 
@@ -18,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from labctl.clock import now_ns
 from labctl.events import Event, EventQueue
+from labctl.linux.timerfd import Alarm
+from labctl.looplag import slice_deadline
 
 
 @runtime_checkable
@@ -111,8 +114,18 @@ class ProbeSettings(BaseModel):
     )
 
 
+INLINE_REPORTS = 32
+"""Reports a tick puts on the queue itself; a larger burst (every port at once) is built in time slices."""
+
+
 class QueueProbe:
-    """Shared plumbing: a bounded queue and one background task running `_run()`."""
+    """Shared plumbing: a bounded queue and one background task running `_run()`.
+
+    A tick that reports hundreds of ports at once (light lost on all of them) would hold the loop for
+    milliseconds building events, and every sampler's next tick would wait for it. `report()` takes the
+    tick's reports as an iterator built from what the tick observed (stamps and values fixed then): a few
+    are put at once, a burst is put a time slice per loop turn (labctl.looplag.SLICE_NS), in order, and
+    whatever is left when the probe stops is put before its stream ends."""
 
     name = "probe"
 
@@ -124,6 +137,46 @@ class QueueProbe:
         self._task: asyncio.Task[None] | None = None
         self._started_ns: int | None = None
         self._stopped_ns: int | None = None
+        self._backlog: deque[Iterator[Event]] = deque()
+        self._backlog_handle: asyncio.Handle | None = None
+
+    def report(self, events: Iterator[Event], count: int) -> None:
+        """Put these `count` events on the queue: now if few and nothing is waiting, else in slices."""
+        if not self._backlog and count <= INLINE_REPORTS:
+            for event in events:
+                self.queue.put(event)
+            return
+        self._backlog.append(events)
+        if self._backlog_handle is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # called outside a loop (a tick driven by hand): nothing to wait for
+                self._put_backlog(deadline_ns=1 << 62)
+                return
+            self._backlog_handle = loop.call_soon(self._put_backlog)
+
+    def _put_backlog(self, deadline_ns: int | None = None) -> None:
+        self._backlog_handle = None
+        deadline = slice_deadline() if deadline_ns is None else deadline_ns
+        backlog, put = self._backlog, self.queue.put
+        while backlog:
+            for n, event in enumerate(backlog[0], 1):
+                put(event)
+                if n % 16 == 0 and now_ns() >= deadline:
+                    break
+            else:
+                backlog.popleft()
+                continue
+            self._backlog_handle = asyncio.get_running_loop().call_soon(self._put_backlog)
+            return
+
+    def _close_stream(self) -> None:
+        """End the stream after putting what is still waiting (a stopped probe loses no report)."""
+        if self._backlog_handle is not None:
+            self._backlog_handle.cancel()
+        self._put_backlog(deadline_ns=1 << 62)
+        self._backlog_handle = None
+        self.queue.close()
 
     def stats(self) -> dict[str, float | int]:
         """What the probe did, for run.json: events dropped, time running, each counter and its rate, so a
@@ -158,7 +211,7 @@ class QueueProbe:
         self._task = asyncio.create_task(self._run(), name=f"probe:{self.name}")
         # A sampler that dies ends its stream at once: whoever reads events() stops waiting, and the error
         # is raised when the probe is exited.
-        self._task.add_done_callback(lambda _task: self.queue.close())
+        self._task.add_done_callback(lambda _task: self._close_stream())
         self._started_ns = now_ns()
         return self
 
@@ -178,7 +231,7 @@ class QueueProbe:
                         raise
         finally:
             self._stopped_ns = now_ns()
-            self.queue.close()
+            self._close_stream()
 
     def events(self) -> AsyncIterator[Event]:
         return aiter(self.queue)
@@ -188,22 +241,38 @@ async def ticks(period_ns: int, max_lag_ns: int | None = None) -> AsyncGenerator
     """Yield tick times on an absolute schedule. Iterate it inside `contextlib.aclosing(...)`, so that a
     sampler cancelled mid-tick closes the generator itself instead of leaving asyncio a clean-up task.
 
-    asyncio's sleeps wake up to ~1 ms late (epoll's timeout is whole milliseconds, rounded up), so a 1 kHz
-    schedule that realigned after every late wake-up would lose ~10% of its ticks. A tick late by at most
-    `max_lag_ns` (default: two periods, and at least 2 ms) is caught up at once; after a longer stall the
-    missed ticks are skipped and the schedule realigns instead of bursting.
+    Each tick wakes on a timerfd armed at its absolute time (labctl.linux.timerfd.Alarm): asyncio's own
+    sleeps wake up to ~1 ms late (epoll's timeout is whole milliseconds, rounded up), which at 1 kHz would
+    spend the whole lag budget before the loop did any work. A tick late by at most `max_lag_ns` (default:
+    two periods, and at least 2 ms) is caught up at once; after a longer stall the missed ticks are skipped
+    and the schedule realigns instead of bursting.
     """
     max_lag = max_lag_ns if max_lag_ns is not None else max(2 * period_ns, 2_000_000)
-    next_t = now_ns()
-    while True:
-        t = now_ns()
-        # Catching up (no sleep due) still lets the loop run between ticks; either way, stamp after waking.
-        await asyncio.sleep(max(next_t - t, 0) / 1e9)
-        t = now_ns()
-        yield t
-        next_t += period_ns
-        if t - next_t > max_lag:  # stalled: skip what was missed
-            next_t = t + period_ns
+    alarm = _alarm()
+    try:
+        next_t = now_ns()
+        while True:
+            # Catching up (no wait due) still lets the loop run between ticks; either way, stamp after waking.
+            if next_t > now_ns() and alarm is not None:
+                await alarm.at(next_t)
+            else:
+                await asyncio.sleep(max(next_t - now_ns(), 0) / 1e9)
+            t = now_ns()
+            yield t
+            next_t += period_ns
+            if t - next_t > max_lag:  # stalled: skip what was missed
+                next_t = t + period_ns
+    finally:
+        if alarm is not None:
+            alarm.close()
+
+
+def _alarm() -> Alarm | None:
+    """A timerfd alarm where the platform has one (Linux); elsewhere ticks fall back to asyncio's sleep."""
+    try:
+        return Alarm()
+    except (OSError, AttributeError):
+        return None
 
 
 class ReportGate:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 CLOCK_MONOTONIC = 1
 TFD_NONBLOCK = 0o4000
 TFD_CLOEXEC = 0o2000000
+TFD_TIMER_ABSTIME = 1
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -31,6 +32,20 @@ def _ts(ns: int) -> _Timespec:
     return _Timespec(ns // 1_000_000_000, ns % 1_000_000_000)
 
 
+def _timerfd() -> int:
+    fd = _libc.timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"timerfd_create: {os.strerror(err)}")
+    return int(fd)
+
+
+def _settime(fd: int, flags: int, spec: _Itimerspec) -> None:
+    if _libc.timerfd_settime(fd, flags, ctypes.byref(spec), None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"timerfd_settime: {os.strerror(err)}")
+
+
 class PeriodicTimer:
     """Calls `on_tick(expirations)` on the running loop every `period_ns` until `close()`."""
 
@@ -39,17 +54,14 @@ class PeriodicTimer:
             raise ValueError("period must be positive")
         self.period_ns = period_ns
         self._on_tick = on_tick
-        fd = _libc.timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"timerfd_create: {os.strerror(err)}")
+        fd = _timerfd()
         self.fd: int | None = fd
         self._loop = asyncio.get_running_loop()
-        spec = _Itimerspec(_ts(period_ns), _ts(period_ns))
-        if _libc.timerfd_settime(fd, 0, ctypes.byref(spec), None) != 0:
-            err = ctypes.get_errno()
+        try:
+            _settime(fd, 0, _Itimerspec(_ts(period_ns), _ts(period_ns)))
+        except OSError:
             os.close(fd)
-            raise OSError(err, f"timerfd_settime: {os.strerror(err)}")
+            raise
         self._loop.add_reader(fd, self._ready)
 
     def _ready(self) -> None:
@@ -66,3 +78,44 @@ class PeriodicTimer:
             self._loop.remove_reader(self.fd)
             os.close(self.fd)
             self.fd = None
+
+
+class Alarm:
+    """`await alarm.at(t_ns)` wakes at a CLOCK_MONOTONIC instant (labctl.clock.now_ns) to within the
+    kernel's timer slack (tens of µs), where `asyncio.sleep` would wake up to 1 ms late: a sampler on an
+    absolute 1 kHz schedule then keeps that millisecond as headroom against a busy loop. One timerfd, armed
+    one-shot at an absolute time, re-armed per wait; `close()` releases it."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.fd: int | None = _timerfd()
+        self._waiter: asyncio.Future[None] | None = None
+        self._loop.add_reader(self.fd, self._ready)
+
+    def _ready(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.read(self.fd, 8)
+        except BlockingIOError:
+            return
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def at(self, t_ns: int) -> None:
+        if self.fd is None:
+            raise RuntimeError("alarm closed")
+        if t_ns <= 0:  # an it_value of zero would disarm the timer instead of firing it
+            t_ns = 1
+        self._waiter = waiter = self._loop.create_future()
+        _settime(self.fd, TFD_TIMER_ABSTIME, _Itimerspec(_ts(0), _ts(t_ns)))
+        await waiter
+
+    def close(self) -> None:
+        if self.fd is not None:
+            self._loop.remove_reader(self.fd)
+            os.close(self.fd)
+            self.fd = None
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.cancel()

@@ -1,4 +1,5 @@
-"""The periodic ticker, driven by a fake clock whose sleeps overshoot like epoll's millisecond rounding."""
+"""The periodic ticker, driven by a fake clock: its timerfd alarm wakes on time, asyncio's sleep (the
+fallback where there is no timerfd) overshoots like epoll's millisecond rounding."""
 
 from __future__ import annotations
 
@@ -24,17 +25,36 @@ class FakeClock:
         return self.t
 
     async def sleep(self, seconds: float) -> None:
-        self.t += math.ceil(seconds * 1e3) * 1_000_000 + self.turn_ns
+        self._advance(self.t + math.ceil(seconds * 1e3) * 1_000_000)
+
+    def _advance(self, to_ns: int) -> None:
+        self.t = max(self.t, to_ns) + self.turn_ns
         if self.stall_at is not None and self.t >= self.stall_at:
             self.t += self.stall_ns  # the loop was busy elsewhere
             self.stall_at = None
 
 
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+class FakeAlarm:
+    """labctl.linux.timerfd.Alarm on the fake clock: wakes at the instant asked (plus the loop's turn)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.closed = False
+
+    async def at(self, t_ns: int) -> None:
+        self.clock._advance(t_ns)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture(params=["timerfd", "asyncio-sleep"])
+def clock(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
     monkeypatch.setattr(sampling, "now_ns", fake.now_ns)
     monkeypatch.setattr(sampling.asyncio, "sleep", fake.sleep)
+    alarm = FakeAlarm(fake) if request.param == "timerfd" else None
+    monkeypatch.setattr(sampling, "_alarm", lambda: alarm)
     return fake
 
 
@@ -99,3 +119,52 @@ async def test_a_refused_second_enter_leaves_the_rx_power_probe_as_it_was() -> N
         with pytest.raises(RuntimeError, match="already running"):
             await probe.__aenter__()
         assert len(probe.polled) == 1  # not opened a second time (it would then be read twice a tick)
+
+
+async def test_the_timerfd_alarm_wakes_at_its_instant_not_a_millisecond_late() -> None:
+    from labctl.clock import now_ns
+    from labctl.linux.timerfd import Alarm
+
+    alarm = Alarm()
+    try:
+        late = []
+        for _ in range(20):
+            due = now_ns() + 300_000  # asyncio.sleep(0.0003) would wake >= 1 ms later (epoll rounds up)
+            await alarm.at(due)
+            late.append(now_ns() - due)
+        assert min(late) >= 0  # never early
+        assert sorted(late)[len(late) // 2] < 1_000_000  # the median is not epoll's millisecond
+    finally:
+        alarm.close()
+    assert alarm.fd is None
+
+
+class _Bursting(sampling.QueueProbe):
+    """Reports `n` events from one tick, then stops."""
+
+    name = "bursting"
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    async def _run(self) -> None:
+        from labctl.events import Event
+
+        events = (Event(t_ns=i + 1, kind="x", source=f"p{i}", host="h") for i in range(self.n))
+        self.report(events, self.n)
+        await asyncio.sleep(3600)
+
+
+async def test_a_burst_of_reports_is_put_in_order_in_slices_and_none_is_lost_at_stop() -> None:
+    few = _Bursting(sampling.INLINE_REPORTS)
+    async with few:
+        await asyncio.sleep(0)
+        assert len(few.queue) == sampling.INLINE_REPORTS  # a few: put by the tick itself
+    burst = _Bursting(5_000)
+    async with burst:
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert 0 < len(burst.queue) < 5_000  # a burst: a slice per loop turn, not all in the tick's
+    got = await _drain(burst)  # stopped mid-burst: the rest was put before the stream ended
+    assert [e.t_ns for e in got] == list(range(1, 5_001))  # type: ignore[attr-defined]
