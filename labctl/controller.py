@@ -35,7 +35,7 @@ from labctl.inventory import Inventory, NicPort
 from labctl.labs import build_lab, load
 from labctl.labs.base import Lab, LabContext
 from labctl.linux.timesync import clock_sync_state
-from labctl.looplag import LoopLagMonitor, frozen_heap
+from labctl.looplag import LoopLagMonitor, frozen_heap, slice_deadline
 from labctl.mapping import Mapping, MappingDiff, diff_mapping
 from labctl.probes import ProbeContext, probe_kinds
 from labctl.sampling import Probe
@@ -47,7 +47,7 @@ log = logging.getLogger("labctl.controller")
 FLUSH_INTERVAL_S = 0.5
 
 
-PUMP_BURST = 128
+PUMP_CHECK_EVERY = 16  # events recorded between two reads of the clock
 """Events recorded per loop turn by a probe's pump (~3 us each) before samplers get to run."""
 
 
@@ -210,6 +210,7 @@ class Controller:
         self._drops_seen: dict[str, int] = {}
         self.loop_lag = LoopLagMonitor()
         self._moved_cache: dict[tuple[int, Mapping, Mapping], list[tuple[NicPort, NicPort | None]]] = {}
+        self._affected_cache: dict[tuple[tuple[int, Mapping, Mapping], ...], list[dict[str, Any]]] = {}
         self._circuits_cache: dict[tuple[int, Mapping], dict[str, str | None]] = {}
         self._restoring = False
         self._abandon_restore = False
@@ -218,6 +219,15 @@ class Controller:
 
     # -- one reconfiguration ---------------------------------------------------------------------------------
     def _affected(self, target: dict[int, RailPhase]) -> list[dict[str, Any]]:
+        """The ports a change of every rail to `target` moves, each with its new peer (remembered: the
+        same list each time, read only)."""
+        key = tuple((rail, self.current[rail], rp.mapping) for rail, rp in target.items())
+        affected = self._affected_cache.get(key)
+        if affected is None:
+            affected = self._affected_cache[key] = self._work_out_affected(target)
+        return affected
+
+    def _work_out_affected(self, target: dict[int, RailPhase]) -> list[dict[str, Any]]:
         return [
             {
                 "source": port.source,
@@ -262,6 +272,7 @@ class Controller:
         moved = [port.source for port, _ in self._moved(rp.rail, before, rp.mapping)]
         for aware in self.lab.switch_aware_probes:
             aware.switched(moved)
+        await asyncio.sleep(0)  # hundreds of ports: the other rail's acknowledgement and samplers between
         for probe in self.lab.circuit_probes:
             probe.set_circuits(dict(circuits))  # a copy: the remembered one stays as it is
 
@@ -340,12 +351,14 @@ class Controller:
 
     # -- the whole run ---------------------------------------------------------------------------------
     async def _pump(self, probe: Any) -> None:
-        n = 0
+        n, deadline = 0, slice_deadline()
         async for event in probe.events():
             self.events.record(event)
             n += 1
-            if n % PUMP_BURST == 0:  # a burst (hundreds of ports reporting at once) must not hold the loop
+            # A burst (hundreds of ports reporting at once) is recorded a time slice per loop turn.
+            if n % PUMP_CHECK_EVERY == 0 and now_ns() >= deadline:
                 await asyncio.sleep(0)
+                deadline = slice_deadline()
 
     def _record_drops(self) -> None:
         for probe in self.lab.probes:

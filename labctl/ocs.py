@@ -227,6 +227,7 @@ async def converge(
                     meta=meta,
                 )
             )
+        await asyncio.sleep(0)  # the read-back and diff of hundreds of patches: after samplers due now
         current = await ops.read()
         diff = diff_mapping(current, desired, scope_ports)
     if not diff.empty:

@@ -52,6 +52,7 @@ from labctl.labs.base import ReconfigWindow
 from labctl.linux.timesync import clock_sync_state
 from labctl.models.fabric import SimFabric
 from labctl.models.switch import SwitchModel
+from labctl.models.timeline import Timeline
 from labctl.probes import probe_kinds
 from labctl.profiles import Profile
 from labctl.sampling import CircuitProbe, Probe, ProbeSettings
@@ -86,7 +87,10 @@ class FabricMirror(SimFabric):
         super().__init__(inventory, dark, profile, rng)
         self.by_source = {p.source: p for p in inventory.ports}
         self._light_t: dict[NicPort, int] = {}  # model time (local clock) of the light state applied per port
-        self._light_timers: set[asyncio.TimerHandle] = set()
+        # Announced changes wait on a timeline that the readers catch up (`sync_optics`), so a sample taken
+        # at t sees every change due by t even when the loop runs the timer late.
+        self._announced = Timeline()
+        self._switch_timelines.append(self._announced)
         # Per direction ("back": light reaches a port, "lost"): changes applied at their model time
         # (announced ahead), and how late each of the others was applied.
         self.on_time = {"back": 0, "lost": 0}
@@ -106,18 +110,14 @@ class FabricMirror(SimFabric):
         direction = "lost" if item.peer is None else "back"
         now = now_ns()
         if t_local_ns > now:
-            loop = asyncio.get_running_loop()
-
-            def due() -> None:
-                self._light_timers.discard(handle)
-                if self._apply_light(port, item, t_local_ns):
-                    self.on_time[direction] += 1
-
-            handle = loop.call_at(t_local_ns / 1e9, due)
-            self._light_timers.add(handle)
+            self._announced.at(t_local_ns, self._apply_announced, port, item, t_local_ns, direction)
             return
         if self._apply_light(port, item, t_local_ns) and not snapshot:
             self.late_ns[direction].append(now - t_local_ns)
+
+    def _apply_announced(self, port: NicPort, item: WorldItem, t_local_ns: int, direction: str) -> None:
+        if self._apply_light(port, item, t_local_ns):
+            self.on_time[direction] += 1
 
     def _apply_light(self, port: NicPort, item: WorldItem, t_local_ns: int) -> bool:
         """Apply a light state at its model time; False if it was stale or changed nothing."""
@@ -141,9 +141,7 @@ class FabricMirror(SimFabric):
 
     def cancel_pending(self) -> None:
         super().cancel_pending()
-        for handle in self._light_timers:
-            handle.cancel()
-        self._light_timers.clear()
+        self._announced.cancel_all()
 
     def stats(self) -> dict[str, int]:
         """How the world feed kept up, per direction: light changes applied at their model time, and how

@@ -11,11 +11,9 @@ A newer change of the link invalidates transitions still pending for the old one
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import math
 import random
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,7 +32,6 @@ TRANSPORT = "transport"
 # port, kind (Kind.LINK_FIRMWARE | Kind.CARRIER | TRANSPORT), value 0/1, model time
 TransitionListener = Callable[[NicPort, str, int, int], None]
 
-LINK_CHUNK = 64  # link reactions worked out per loop turn (~10 µs each)
 DARK_RAMP_DB = 30.0  # Rx power rises from ~30 dB below its level while the optics settle
 
 
@@ -147,9 +144,7 @@ class SimFabric:
         self._by_tx: dict[tuple[str, int], NicPort] = {}
         self._pending: dict[NicPort, list[_Pending]] = {}
         self.timeline = Timeline()
-        self._links: deque[tuple[NicPort, NicPort | None, NicPort | None, int, bool]] = deque()
-        """Light changes whose link reaction is still to be worked out, in model-time order."""
-        self._drain_handle: asyncio.Handle | None = None
+        self._port_slots: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for port in inventory.ports:
             # Per-port spread of received power, as fibers and connectors differ.
             level = profile.rx_power_dbm + rng.uniform(-0.8, 0.8)
@@ -160,7 +155,19 @@ class SimFabric:
             switches[port.switch].transmitting[port.tx] = level + INSERTION_LOSS_DB
         self._switch_timelines = [model.timeline for model in switches.values()]
         for name, model in switches.items():
-            model.add_listener(functools.partial(self._on_light, name))
+            # Switch port number → slot of the NIC port on its egress (rx) / ingress (tx); -1: none.
+            size = model.space.all_ports.stop
+            size = max([size] + [number + 1 for (sw, number) in (*self._by_rx, *self._by_tx) if sw == name])
+            rx_slot = np.full(size, -1, np.int64)
+            tx_slot = np.full(size, -1, np.int64)
+            for (switch, number), port in self._by_rx.items():
+                if switch == name:
+                    rx_slot[number] = self.slot[port]
+            for (switch, number), port in self._by_tx.items():
+                if switch == name:
+                    tx_slot[number] = self.slot[port]
+            self._port_slots[name] = (rx_slot, tx_slot)
+            model.add_batch_listener(functools.partial(self._on_lights, rx_slot, tx_slot))
         low, high = profile.dom_update_ms
         if high > 0:
             a = self.arrays
@@ -175,52 +182,76 @@ class SimFabric:
 
     # -- light in, transitions out -------------------------------------------------------------------------
     def _on_light(self, switch: str, egress: int, ingress: int | None, t_ns: int) -> None:
-        """Light changed at an egress port: the port's optics follow at once (what Rx power and traffic
-        read); the link's reaction (firmware, carrier, transport) is worked out just after, a chunk at a
-        time (`_links`), so that a switch moving 512 ports does not stall every sampler for 10 ms. Those
-        transitions carry their model times, and any that falls due is preceded by the light changes
-        before it (`_drain_until`), so the order in model time is kept."""
-        port = self._by_rx.get((switch, egress))
-        if port is None:
+        """One light change at an egress port of a switch (what `_on_lights` does for a batch)."""
+        rx_slot, tx_slot = self._port_slots[switch]
+        self._on_lights(
+            rx_slot,
+            tx_slot,
+            np.array([egress], np.int64),
+            np.array([-1 if ingress is None else ingress], np.int64),
+            np.array([t_ns], np.int64),
+        )
+
+    def _on_lights(
+        self,
+        rx_slot: np.ndarray,
+        tx_slot: np.ndarray,
+        egress: np.ndarray,
+        ingress: np.ndarray,
+        times: np.ndarray,
+    ) -> None:
+        """Light changed at egress ports (a command's worth, in model-time order): the ports' optics follow
+        at once, in a few array operations (what Rx power and traffic read); each link's reaction
+        (firmware, carrier, transport) is an entry on the fabric's timeline at the change's model time, so
+        it runs in model-time order with every transition already scheduled, a time slice per loop turn:
+        a switch moving 512 ports does not stall every sampler for 10 ms, and no transition runs before a
+        light change that came earlier."""
+        if np.unique(egress).size != egress.size:  # one egress twice in a batch: apply in order
+            for i in range(egress.size):
+                self._on_lights(rx_slot, tx_slot, egress[i : i + 1], ingress[i : i + 1], times[i : i + 1])
             return
-        source = self._by_tx.get((switch, ingress)) if ingress is not None else None
-        st = self.ports[port]
-        if st.light_from == source:
+        slots = rx_slot[egress]
+        sources = np.where(ingress >= 0, tx_slot[np.maximum(ingress, 0)], -1)
+        a = self.arrays
+        moved = (slots >= 0) & (a.lit_from[np.maximum(slots, 0)] != sources)
+        if not moved.any():
             return
-        old = st.light_from
-        st.light_from = source
-        st.light_t_ns = t_ns
-        st.settle_ns = self.profile.draw_ns(self.rng, "optical_settle_ms") if source is not None else 0
-        both_lit = source is not None and self.ports[source].light_from == port
-        self._links.append((port, old, source, t_ns, both_lit))
-        if self._drain_handle is None:
-            self._drain_handle = asyncio.get_running_loop().call_soon(self._drain)
+        slots, sources, times = slots[moved], sources[moved], times[moved]
+        old = a.lit_from[slots]
+        a.before_mw[slots] = np.where(old >= 0, 10.0 ** (a.level_dbm[slots] / 10.0), 0.0)
+        a.lit_from[slots] = sources
+        a.light_t_ns[slots] = times
+        lit = sources >= 0
+        draw, rng = self.profile.draw_ns, self.rng
+        a.settle_ns[slots] = [draw(rng, "optical_settle_ms") if on else 0 for on in lit.tolist()]
+        # A link lights up when both directions carry light; where both ends changed in this batch, the
+        # later one (in model-time order) completes it, as if the changes had come one at a time.
+        position = np.full(a.lit_from.size, -1, np.int64)
+        position[slots] = np.arange(slots.size)
+        partner = np.maximum(sources, 0)
+        both = lit & (a.lit_from[partner] == slots) & (position[partner] < np.arange(slots.size))
+        port_at, at, link = self.port_at, self.timeline.at, self._link
+        for slot, was, source, t_ns, both_lit in zip(
+            slots.tolist(), old.tolist(), sources.tolist(), times.tolist(), both.tolist(), strict=True
+        ):
+            if was >= 0 or both_lit:
+                at(
+                    t_ns,
+                    link,
+                    port_at[slot],
+                    port_at[was] if was >= 0 else None,
+                    port_at[source] if source >= 0 else None,
+                    t_ns,
+                    both_lit,
+                )
 
     def _link(
         self, port: NicPort, old: NicPort | None, source: NicPort | None, t_ns: int, both: bool
     ) -> None:
-        # A late event loop may deliver this change before transitions that happened earlier in model time
-        # (e.g. a carrier-down still queued when the new light arrives): apply those first, in time order.
-        self._apply_due([p for p in (port, old, source) if p is not None], t_ns)
         if old is not None:
             self._link_down(port, old, t_ns)
         if both and source is not None:
             self._link_lit(port, source, t_ns)
-
-    def _drain(self) -> None:
-        self._drain_handle = None
-        for _ in range(LINK_CHUNK):
-            if not self._links:
-                return
-            self._link(*self._links.popleft())
-        if self._links:  # the rest after whatever else is due (a sampler's tick)
-            self._drain_handle = asyncio.get_running_loop().call_soon(self._drain)
-
-    def _drain_until(self, t_ns: int) -> None:
-        """Work out the links of every light change up to model time t_ns (before delivering anything at
-        t_ns)."""
-        while self._links and self._links[0][3] <= t_ns:
-            self._link(*self._links.popleft())
 
     def _link_down(self, a: NicPort, b: NicPort, t_ns: int) -> None:
         """Light from b no longer reaches a: the a-b link drops at both ends."""
@@ -260,23 +291,9 @@ class SimFabric:
         self._pending.setdefault(port, []).append(pending)
 
     def _fire(self, port: NicPort, pending: _Pending) -> None:
-        self._drain_until(pending.t_ns)
         self._pending[port].remove(pending)
         if self.ports[port].generation == pending.generation:
             self._transition(port, pending.kind, pending.value, pending.t_ns)
-
-    def _catch_up(self, ports: list[NicPort], t_ns: int) -> None:
-        """Bring these ports up to model time t_ns: every light change and pending transition before it."""
-        self._drain_until(t_ns)
-        self._apply_due(ports, t_ns)
-
-    def _apply_due(self, ports: list[NicPort], t_ns: int) -> None:
-        due = [(port, x) for port in set(ports) for x in self._pending.get(port, ()) if x.t_ns <= t_ns]
-        due.sort(key=lambda item: item[1].t_ns)
-        for port, pending in due:
-            if pending.handle is not None:
-                pending.handle.cancel()
-            self._fire(port, pending)
 
     def _transition(self, port: NicPort, kind: str, value: int, t_ns: int) -> None:
         st = self.ports[port]
@@ -290,10 +307,6 @@ class SimFabric:
     def cancel_pending(self) -> None:
         self.timeline.cancel_all()
         self._pending.clear()
-        self._links.clear()
-        if self._drain_handle is not None:
-            self._drain_handle.cancel()
-            self._drain_handle = None
 
     # -- what probes read ------------------------------------------------------------------------------------
     def rx_power_mw(self, slots: np.ndarray, t_ns: int) -> np.ndarray:
@@ -352,6 +365,12 @@ class SimFabric:
         self.sync_optics(t_ns)
         a = self.arrays
         return bool(a.transport[slot] and a.lit_from[slot] == peer_slot and a.transport[peer_slot])
+
+    def rtt_ns_many(self, n: int) -> list[int]:
+        """`rtt_ns` for n ping-pongs at once (one draw of the noise stream)."""
+        low, high = self.profile.rtt_us
+        rtts: list[int] = np.rint(self.noise.uniform(low, high, n) * 1_000).astype(np.int64).tolist()
+        return rtts
 
     def rtt_ns(self) -> int:
         """The round trip of one ping-pong on a working circuit. Drawn from the noise stream: how often the

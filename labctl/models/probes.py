@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -135,27 +135,43 @@ class SimTrafficProbe(QueueProbe):
         prev = self._pinged_t[src]
         self._pinged_t[src] = t
         due = np.flatnonzero(changed | (t - self._reported_t[src] >= self._heartbeat_ns[src]))
-        port_at = self.fabric.port_at
-        for i in due.tolist():
-            s, d = int(src[i]), int(dst[i])
+        if not due.size:
+            return
+        s, d = src[due], dst[due]
+        good = ok[due]
+        counts = self._count[s].copy()
+        self._count[s] = 0
+        self._reported_t[s] = t
+        rtts = self.fabric.rtt_ns_many(int(good.sum()))
+        self.report(self._events(t, s, d, good, counts, prev[due], rtts), due.size)
+
+    def _events(
+        self,
+        t: int,
+        slots: np.ndarray,
+        peers: np.ndarray,
+        good: np.ndarray,
+        counts: np.ndarray,
+        prev: np.ndarray,
+        rtts: list[int],
+    ) -> Iterator[Event]:
+        """The tick's reports (built when put: `report`); each good ping with its drawn round trip."""
+        port_at, rtt = self.fabric.port_at, iter(rtts)
+        rows = zip(slots.tolist(), peers.tolist(), good.tolist(), counts.tolist(), prev.tolist(), strict=True)
+        for s, d, ok, n, prev_t in rows:
             port, peer = port_at[s], port_at[d]
-            meta: dict[str, object] = {"peer": peer.source, "n": int(self._count[s])}
-            if prev[i] >= 0:
-                meta["prev_ns"] = int(prev[i])
-            self._count[s] = 0
-            self._reported_t[s] = t
-            good = bool(ok[i])
-            if not good:
+            meta: dict[str, object] = {"peer": peer.source, "n": n}
+            if prev_t >= 0:
+                meta["prev_ns"] = prev_t
+            if not ok:
                 meta["detected_ns"] = t + self.timeout_ns  # when a real probe would give up on it
-            self.queue.put(
-                Event(
-                    t_ns=t,
-                    kind=Kind.TRAFFIC_OK if good else Kind.TRAFFIC_LOST,
-                    source=port.source,
-                    host=port.host,
-                    value=self.fabric.rtt_ns() if good else None,
-                    meta=meta,
-                )
+            yield Event(
+                t_ns=t,
+                kind=Kind.TRAFFIC_OK if ok else Kind.TRAFFIC_LOST,
+                source=port.source,
+                host=port.host,
+                value=next(rtt) if ok else None,
+                meta=meta,
             )
 
 

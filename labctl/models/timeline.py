@@ -4,8 +4,9 @@ A reconfiguration of a 512-port switch schedules ~2,500 transitions (light lost 
 firmware, carrier and transport per NIC port). One asyncio timer each costs a TimerHandle, a heap push on
 the loop and a callback dispatch: milliseconds of loop time in one burst, during which every sampler of the
 run waits. A `Timeline` keeps its own heap and holds a single loop timer for its earliest entry; when it
-fires, the due entries run in model-time order, CHUNK per loop turn (a wake-up or a sampler's tick gets in
-between). A reader that must see the model exactly at a time catches it up first (`run_due`).
+fires, the due entries run in model-time order, a time slice per loop turn (labctl.looplag.SLICE_NS: a
+wake-up or a sampler's tick gets in between). A reader that must see the model exactly at a time catches
+it up first (`run_due`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-CHUNK = 64
-"""Entries one timer callback runs before yielding to whatever else is ready."""
+from labctl.clock import now_ns
+from labctl.looplag import slice_deadline
 
 
 class Scheduled:
@@ -41,6 +42,9 @@ class Timeline:
         self._seq = itertools.count()
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._timer_t: int | None = None
+        self.horizon_ns = 0
+        """The model time the timeline is being run to (an entry may apply everything of its own due by
+        then: a batch of changes at their own times)."""
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -65,25 +69,29 @@ class Timeline:
         self._timer = self._timer_t = None
         # The loop runs a timer up to its clock resolution early: whatever it was armed for is due.
         now = max(round(asyncio.get_running_loop().time() * 1e9), armed)
-        self.run_due(now, limit=CHUNK)
+        self.run_due(now, deadline_ns=slice_deadline())
+        if self._timer is not None:  # armed by an entry scheduled meanwhile: re-armed below for the earliest
+            self._timer.cancel()
+            self._timer = self._timer_t = None
         if not self._heap:
             return
         if self._heap[0][0] <= now:  # more is due: the rest after what else is ready (a wake-up, a tick)
             self._timer_t = self._heap[0][0]
             self._timer = asyncio.get_running_loop().call_soon(self._fire)
-        elif self._timer_t is None:
+        else:
             self._arm(self._heap[0][0])
 
-    def run_due(self, t_ns: int, limit: int | None = None) -> None:
-        """Run the entries due at or before t_ns now, in order (at most `limit`): a reader that must see
-        the model as it is at t_ns catches it up first."""
+    def run_due(self, t_ns: int, deadline_ns: int | None = None) -> None:
+        """Run the entries due at or before t_ns now, in order (until the clock passes `deadline_ns`, if
+        given): a reader that must see the model as it is at t_ns catches it up first."""
         heap = self._heap
-        n = 0
-        while heap and heap[0][0] <= t_ns and (limit is None or n < limit):
+        self.horizon_ns = t_ns
+        while heap and heap[0][0] <= t_ns:
             entry = heapq.heappop(heap)[2]
             if not entry.cancelled:
                 entry.callback(*entry.args)
-                n += 1
+                if deadline_ns is not None and now_ns() >= deadline_ns:
+                    break
         while heap and heap[0][2].cancelled:
             heapq.heappop(heap)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
@@ -385,8 +385,9 @@ class RxPowerProbe(QueueProbe):
         prev_t = lanes.sampled_t.copy()
         lanes.sampled_t[read] = t_ns[read]
         lanes.last_mw[read] = mw[read]
-        for k in np.flatnonzero(due).tolist():
-            self._emit(lanes, k, int(t_ns[k]), float(mw[k]), float(dbm[k]), int(prev_t[k]))
+        rows = np.flatnonzero(due)
+        if rows.size:
+            self.report(self._events(lanes, rows, t_ns[rows], mw[rows], dbm[rows], prev_t[rows]), rows.size)
         lanes.reported[due] = True
         lanes.reported_t[due] = t_ns[due]
         last[due] = dbm[due]
@@ -395,25 +396,36 @@ class RxPowerProbe(QueueProbe):
             lanes.update_checked_t = t
             self._report_update_intervals(lanes, t)
 
-    def _emit(self, lanes: _Lanes, k: int, t: int, mw: float, dbm: float, prev_t: int) -> None:
-        p, lane = lanes.owner[k]
-        meta: dict[str, object] = {"lane": p.info.lanes[p.lanes[lane]], "mw": round(mw, 6)}
-        if prev_t > 0:
-            meta["prev_ns"] = prev_t
-        if p.los_now is not None:
-            meta["los"] = p.los_now[lane]
-        if p.read_errors:
-            meta["read_errors"] = p.read_errors
-        self.queue.put(
-            Event(
+    def _events(
+        self,
+        lanes: _Lanes,
+        rows: np.ndarray,
+        t_ns: np.ndarray,
+        mw: np.ndarray,
+        dbm: np.ndarray,
+        prev: np.ndarray,
+    ) -> Iterator[Event]:
+        """The tick's reports of these lane rows, as observed by the tick (built when put: `report`)."""
+        owners = [lanes.owner[k] for k in rows.tolist()]
+        # What the module said beside the power (loss-of-signal, read errors): as it was at this tick.
+        extras = [(p.los_now[lane] if p.los_now is not None else None, p.read_errors) for p, lane in owners]
+        values = zip(owners, extras, t_ns.tolist(), mw.tolist(), dbm.tolist(), prev.tolist(), strict=True)
+        for (p, lane), (los, read_errors), t, mw_k, dbm_k, prev_t in values:
+            meta: dict[str, object] = {"lane": p.info.lanes[p.lanes[lane]], "mw": round(mw_k, 6)}
+            if prev_t > 0:
+                meta["prev_ns"] = prev_t
+            if los is not None:
+                meta["los"] = los
+            if read_errors:
+                meta["read_errors"] = read_errors
+            yield Event(
                 t_ns=t,
                 kind=Kind.RX_POWER,
                 source=p.port.source,
                 host=p.port.host,
-                value=None if dbm == -math.inf else round(dbm, 3),
+                value=None if dbm_k == -math.inf else round(dbm_k, 3),
                 meta=meta,
             )
-        )
 
     def _report_update_intervals(self, lanes: _Lanes, t: int) -> None:
         """An `rx_power.update` event per lane whose update-interval estimate is new or moved by > 25%."""

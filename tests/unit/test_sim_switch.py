@@ -180,13 +180,13 @@ async def test_nic_model_is_causal_even_when_the_loop_delivers_late(inventory_pa
     # h1<->h2 lit, and let it come up fully.
     fabric._on_light("ocs1", h1.rx, h2.tx, t)
     fabric._on_light("ocs1", h2.rx, h1.tx, t)
-    fabric._catch_up([h1, h2], t + 10**9)
+    fabric.timeline.run_due(t + 10**9)
     assert fabric.state(h1).carrier == 1
     # Re-patch to h1<->h3 with no loop iteration in between: light loss at +1 ms, new light at +3 ms.
     fabric._on_light("ocs1", h1.rx, None, t + 10**9 + 1_000_000)
     fabric._on_light("ocs1", h1.rx, h3.tx, t + 10**9 + 3_000_000)
     fabric._on_light("ocs1", h3.rx, h1.tx, t + 10**9 + 3_000_000)
-    fabric._catch_up([h1, h3], t + 2 * 10**9)
+    fabric.timeline.run_due(t + 2 * 10**9)
     h1_carrier = [(value, at) for label, kind, value, at in seen if label == h1.label and kind == "carrier"]
     assert [v for v, _ in h1_carrier] == [1, 0, 1]
     assert [at for _, at in h1_carrier] == sorted(at for _, at in h1_carrier)
@@ -199,3 +199,34 @@ async def test_disconnect_of_ports_out_of_range_is_refused() -> None:
     with pytest.raises(MappingError, match=r"port\(s\) \[0, 77\] out of range 1..16"):
         await sw.disconnect([0, 77])
     assert sw.model.commands == 0
+
+
+async def test_a_commands_light_changes_apply_each_at_its_own_time_and_a_link_comes_up_once(
+    inventory_path,
+) -> None:
+    """Light changes come to the NIC model as one batch per command; a reader catching the model up to t
+    applies those due by t and no later one, and where both ends of a link light up in one batch the
+    link-up sequence is scheduled once (one firmware-up per end, not two)."""
+    inv = load_inventory(inventory_path)
+    model = SwitchModel("ocs1", inv.switches["ocs1"].space, FAST, random.Random(3))
+    fabric = SimFabric(inv, {"ocs1": model}, FAST, random.Random(3))
+    seen: list[tuple[str, str, int]] = []
+    fabric.add_listener(lambda port, kind, value, t: seen.append((port.label, kind, value)))
+    h1, h2 = (inv.rail_ports(0)[h][0] for h in ("h1", "h2"))
+    t = 10**12
+    model._at([t, t], [h1.rx, h2.rx], [h2.tx, h1.tx])  # both directions in one batch
+    fabric.timeline.run_due(t)  # no-op: nothing of the fabric's is due before the light
+    fabric.sync_optics(t)
+    assert fabric.state(h1).light_from == h2 and fabric.state(h2).light_from == h1
+    fabric.timeline.run_due(t + 10**9)
+    firmware_up = sorted(label for label, kind, v in seen if kind == "link.firmware" and v == 1)
+    assert firmware_up == sorted([h1.label, h2.label])  # once per end
+    assert fabric.state(h1).carrier == fabric.state(h2).carrier == 1
+    # Light lost at two different times in one batch: a reader between them sees only the first.
+    model._at([t + 2 * 10**9, t + 3 * 10**9], [h1.rx, h2.rx], [None, None])
+    fabric.sync_optics(t + 2 * 10**9 + 1)
+    assert fabric.state(h1).light_from is None and fabric.state(h2).light_from == h1
+    fabric.sync_optics(t + 3 * 10**9)
+    assert fabric.state(h2).light_from is None
+    fabric.cancel_pending()
+    model.cancel_pending()
