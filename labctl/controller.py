@@ -36,7 +36,7 @@ from labctl.labs import build_lab, load
 from labctl.labs.base import Lab, LabContext
 from labctl.linux.timesync import clock_sync_state
 from labctl.looplag import LoopLagMonitor, frozen_heap, slice_deadline
-from labctl.mapping import Mapping, MappingDiff, diff_mapping
+from labctl.mapping import Mapping, MappingDiff, diff_mapping, validate_mapping
 from labctl.probes import ProbeContext, probe_kinds
 from labctl.sampling import Probe
 from labctl.store import RunDir, new_run_id, read_run_json, versions
@@ -47,7 +47,6 @@ log = logging.getLogger("labctl.controller")
 FLUSH_INTERVAL_S = 0.5
 
 
-PUMP_CHECK_EVERY = 16  # events recorded between two reads of the clock
 """Events recorded per loop turn by a probe's pump (~3 us each) before samplers get to run."""
 
 
@@ -218,27 +217,41 @@ class Controller:
         self._touched = False  # a switch was told to change: a failure from here on must restore the baseline
 
     # -- one reconfiguration ---------------------------------------------------------------------------------
-    def _affected(self, target: dict[int, RailPhase]) -> list[dict[str, Any]]:
-        """The ports a change of every rail to `target` moves, each with its new peer (remembered: the
-        same list each time, read only)."""
-        key = tuple((rail, self.current[rail], rp.mapping) for rail, rp in target.items())
+    def _affected(
+        self, target: dict[int, RailPhase], current: dict[int, Mapping] | None = None
+    ) -> list[dict[str, Any]]:
+        """The ports a change of every rail from `current` (default: as now) to `target` moves, each with
+        its new peer (remembered: the same list each time, read only)."""
+        current = self.current if current is None else current
+        key = tuple((rail, current[rail], rp.mapping) for rail, rp in target.items())
         affected = self._affected_cache.get(key)
         if affected is None:
-            affected = self._affected_cache[key] = self._work_out_affected(target)
+            affected = self._affected_cache[key] = [
+                {
+                    "source": port.source,
+                    "host": port.host,
+                    "port": port.ifname,
+                    "rail": rail,
+                    "peer": peer.source if peer else None,
+                }
+                for rail, rp in target.items()
+                for port, peer in self._moved(rail, current[rail], rp.mapping)
+            ]
         return affected
 
-    def _work_out_affected(self, target: dict[int, RailPhase]) -> list[dict[str, Any]]:
-        return [
-            {
-                "source": port.source,
-                "host": port.host,
-                "port": port.ifname,
-                "rail": rail,
-                "peer": peer.source if peer else None,
-            }
-            for rail, rp in target.items()
-            for port, peer in self._moved(rail, self.current[rail], rp.mapping)
-        ]
+    def _work_out_plan(self) -> None:
+        """Work out every change the plan makes (moved ports, circuits) before anything samples: at
+        hundreds of ports each is milliseconds of loop time that would otherwise land on a sampler's tick
+        at the start of its reconfiguration."""
+        current = dict(self.current)
+        phases = [self.plan.spec.baseline] + [phase for _, phase in self.plan.steps]
+        for phase in phases:
+            target = self.plan.phases[phase]
+            self._affected(target, current)
+            for rail, rp in target.items():
+                self._circuits(rail, rp.mapping)
+                validate_mapping(rp.mapping, self.inventory.switches[rp.switch].space, switch=rp.switch)
+                current[rail] = rp.mapping
 
     def _moved(self, rail: int, before: Mapping, after: Mapping) -> list[tuple[NicPort, NicPort | None]]:
         """moved_ports, remembered: a cycle repeats the same few changes, and at hundreds of ports working
@@ -351,14 +364,17 @@ class Controller:
 
     # -- the whole run ---------------------------------------------------------------------------------
     async def _pump(self, probe: Any) -> None:
-        n, deadline = 0, slice_deadline()
+        queue, deadline = getattr(probe, "queue", None), 0
         async for event in probe.events():
-            self.events.record(event)
-            n += 1
-            # A burst (hundreds of ports reporting at once) is recorded a time slice per loop turn.
-            if n % PUMP_CHECK_EVERY == 0 and now_ns() >= deadline:
-                await asyncio.sleep(0)
+            if not deadline:  # the first event after the queue ran dry starts a slice
                 deadline = slice_deadline()
+            self.events.record(event)
+            # A burst (hundreds of ports reporting at once) is recorded a time slice per loop turn.
+            if queue is not None and not len(queue):
+                deadline = 0
+            elif now_ns() >= deadline:
+                await asyncio.sleep(0)
+                deadline = 0
 
     def _record_drops(self) -> None:
         for probe in self.lab.probes:
@@ -486,6 +502,7 @@ class Controller:
 
     async def _start(self, stack: contextlib.AsyncExitStack, tasks: list[asyncio.Task[None]]) -> None:
         """Start the lab, connect every switch, start every probe; `stack` undoes what got done."""
+        self._work_out_plan()
         # Before anything samples: freezing collects the heap once (~30 ms at 512 ports).
         stack.enter_context(frozen_heap())
         # LIFO: after every switch has closed; pushed first so a start that fails midway is undone too.

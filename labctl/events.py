@@ -92,7 +92,7 @@ class EventLog:
     file, so a killed process leaves a file that is readable up to the last flush.
     """
 
-    def __init__(self, path: Path | None, timebase: Timebase, *, batch: int = 1024) -> None:
+    def __init__(self, path: Path | None, timebase: Timebase, *, batch: int = 256) -> None:
         self.path = path
         self.timebase = timebase
         self.reconfig: int | None = None

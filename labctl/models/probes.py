@@ -87,11 +87,11 @@ class SimTrafficProbe(QueueProbe):
     ) -> None:
         super().__init__()
         self.fabric = fabric
-        self.by_source = {p.source: p for p in ports}
         self.period_ns = interval_us * 1000
         self.timeout_ns = (timeout_us if timeout_us is not None else 2 * interval_us) * 1000
         self.report_interval_ns = report_interval_ns
-        self.peers: dict[NicPort, NicPort] = {}
+        self._slot_of = {p.source: fabric.slot[p] for p in ports}
+        self._peer_slots: dict[int, int] = {}  # fabric slot of each pinging port → its peer's
         self.pings = 0
         n = len(fabric.port_at)
         # Per fabric slot: the last outcome (-1: none yet), pings since it was reported, last report and ping.
@@ -103,20 +103,20 @@ class SimTrafficProbe(QueueProbe):
         self._heartbeat_ns = staggered_heartbeats(report_interval_ns, n)
 
     def set_circuits(self, peers: dict[str, str | None]) -> None:
+        slot_of, peer_slots = self._slot_of, self._peer_slots
         changed = []
         for source, peer in peers.items():
-            port = self.by_source.get(source)
-            if port is None:
+            slot = slot_of.get(source)
+            if slot is None:
                 continue
-            changed.append(self.fabric.slot[port])
+            changed.append(slot)
             if peer is None:
-                self.peers.pop(port, None)
+                peer_slots.pop(slot, None)
             else:
-                self.peers[port] = self.by_source[peer]
+                peer_slots[slot] = slot_of[peer]
         self._reported_t[changed] = np.iinfo(np.int64).min // 2  # report each one's next ping
-        slot = self.fabric.slot
-        self._src = np.array([slot[p] for p in self.peers], np.int64)
-        self._dst = np.array([slot[q] for q in self.peers.values()], np.int64)
+        self._src = np.fromiter(peer_slots.keys(), np.int64, len(peer_slots))
+        self._dst = np.fromiter(peer_slots.values(), np.int64, len(peer_slots))
 
     async def _run(self) -> None:
         async with contextlib.aclosing(ticks(self.period_ns)) as schedule:

@@ -82,3 +82,13 @@ def test_diff_then_apply_reaches_desired(
     result = apply_diff(current, diff_mapping(current, desired, scope))
     assert result == desired
     validate_mapping(result, SPACE)
+
+
+def test_a_frozen_mapping_is_checked_once_and_a_bad_one_every_time() -> None:
+    space = PortSpace(4, 4)
+    good = frozenset({(1, 5), (2, 6)})
+    assert validate_mapping(good, space) is validate_mapping(good, space)  # the second from memory
+    bad = frozenset({(1, 5), (1, 6)})
+    for _ in range(2):  # a failure is not remembered as a pass
+        with pytest.raises(MappingError, match="ocs9: ingress port 1 is used twice"):
+            validate_mapping(bad, space, switch="ocs9")
