@@ -799,8 +799,8 @@ async def test_emulated_run_over_rdma_recovers_within_the_ack_timeout_it_was_giv
             .replace("repeat: 2 ", "repeat: 1 ")
             .replace("hold_s: 0.5 ", "hold_s: 0.1 ")
             .replace(
-                "  switch_power_hz: 0 ",
-                f"  transport: rdma\n  rdma: {{timeout: {timeout}, retry_cnt: 7}}\n  switch_power_hz: 0 ",
+                "  transport: udp ",
+                f"  rdma: {{timeout: {timeout}, retry_cnt: 7}}\n  transport: rdma ",
             )
         )
         outcome = await run_experiment(
@@ -851,8 +851,8 @@ async def test_emulated_run_past_the_retry_budget_reconnects_or_times_out_by_pol
             .replace("hold_s: 0.5 ", "hold_s: 0.1 ")
             .replace("recovery_timeout_s: 30 ", "recovery_timeout_s: 1.5 ")
             .replace(
-                "  switch_power_hz: 0 ",
-                f"  transport: rdma\n  rdma: {{timeout: 10, retry_cnt: 7, policy: {policy}}}\n  switch_power_hz: 0 ",
+                "  transport: udp ",
+                f"  rdma: {{timeout: 10, retry_cnt: 7, policy: {policy}}}\n  transport: rdma ",
             )
         )
         outcomes[policy] = await run_experiment(

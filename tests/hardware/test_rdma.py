@@ -28,7 +28,7 @@ def _rdma_experiment(tmp_path: Path, rdma: str = "{policy: reconnect}") -> Path:
         (REPO / "experiments" / "reconfig-timeline.yaml")
         .read_text()
         .replace("repeat: 2 ", "repeat: 1 ")
-        .replace("  switch_power_hz: 0 ", f"  transport: rdma\n  rdma: {rdma}\n  switch_power_hz: 0 ")
+        .replace("  transport: udp ", f"  rdma: {rdma}\n  transport: rdma ")
     )
     assert "transport: rdma" in text, "experiments/reconfig-timeline.yaml changed shape"
     path = tmp_path / "rdma.yaml"

@@ -20,7 +20,7 @@ def _experiment(tmp_path: Path, rdma: str) -> Path:
         .read_text()
         .replace("repeat: 2 ", "repeat: 1 ")
         .replace("hold_s: 0.5 ", "hold_s: 0.1 ")
-        .replace("  switch_power_hz: 0 ", f"  transport: rdma\n  rdma: {rdma}\n  switch_power_hz: 0 ")
+        .replace("  transport: udp ", f"  rdma: {rdma}\n  transport: rdma ")
     )
     path = tmp_path / "rdma.yaml"
     path.write_text(text)
