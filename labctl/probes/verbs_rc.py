@@ -210,7 +210,10 @@ class VerbsRcProbe(QueueProbe):
         await self.exchange.close()
         for end in self.ends.values():
             with end.lock:
-                end.qp.close()
+                try:  # one QP that fails to close must not keep the others open
+                    end.qp.close()
+                except Exception as e:
+                    log.warning("%s: closing its QP to %s: %s", end.local, end.peer, e)
 
     # -- circuit ends and their exchanges (on the loop) -------------------------------------------------
     def _end(self, local: str, peer: str) -> _End:
@@ -251,8 +254,9 @@ class VerbsRcProbe(QueueProbe):
             end.state = QpState.RTS
             end.connected_once = True
             end.failures = 0
+            # Read and cleared under the lock: an error the poller records right after is not wiped.
+            errored_at, end.errored_at = end.errored_at, None
         t = now_ns()
-        errored_at, end.errored_at = end.errored_at, None
         if errored_at is not None:
             self.reconnects += 1
             self._put(end, Kind.RDMA_RECONNECT, t, t - errored_at, psn=end.psn, remote_psn=theirs.psn)
@@ -287,6 +291,8 @@ class VerbsRcProbe(QueueProbe):
         if end.exchanging and local < peer:
             raise PeerBusy(f"{local} is connecting to {peer} itself")
         async with end.guard:
+            if self._closing:  # stopped while this answer waited: its QP is closed
+                raise ExchangeError(f"{local}: the probe is stopping")
             mine = self._fresh(end)
             self._connected(end, theirs)
             return mine
@@ -299,7 +305,11 @@ class VerbsRcProbe(QueueProbe):
             notes: list[Note] = []
             busy = False
             for end in list(self.ends.values()):
-                with end.lock:
+                # An end the loop is resetting or connecting (device calls, milliseconds on real verbs)
+                # is skipped this round, not waited for: the other QPs keep their timing.
+                if not end.lock.acquire(blocking=False):
+                    continue
+                try:
                     if end.state is QpState.RESET:
                         continue
                     try:
@@ -311,6 +321,8 @@ class VerbsRcProbe(QueueProbe):
                         t = now_ns()
                         end.errored_at = t
                         notes.append(("fault", end, 0, t, None, None, f"{type(e).__name__}: {e}"))
+                finally:
+                    end.lock.release()
             if notes:
                 loop.call_soon_threadsafe(self._on_notes, notes)
             if not busy:

@@ -151,6 +151,7 @@ async def test_a_gap_past_the_retry_budget_errors_and_reconnects_with_fresh_psns
         _circuit(probe)
         await _until(lambda: probe.completions >= 10)
         qpns = {end.local: end.qpn for end in probe.ends.values()}
+        psns = {end.local: end.psn for end in probe.ends.values()}
         fabric.darken([A.source, B.source])
         await asyncio.sleep(0.045)  # past 8 periods (33.6 ms): RETRY_EXC; the reconnected QPs ride on
         fabric.light([A.source, B.source])
@@ -167,6 +168,7 @@ async def test_a_gap_past_the_retry_budget_errors_and_reconnects_with_fresh_psns
     assert probe.reconnects == len(reconnects) and probe.stats()["errors"] >= 1
     # A reset keeps the QP number (as verbs does) and starts from a fresh PSN.
     assert {end.local: end.qpn for end in probe.ends.values()} == qpns
+    assert all(end.psn != psns[end.local] for end in probe.ends.values()), "a reset reused its PSN"
     assert any(e.kind == Kind.TRAFFIC_OK and e.t_ns > t_light for e in events)
 
 
