@@ -74,6 +74,7 @@ class _End:
     exchanging: bool = False
     qpn: int = 0
     psn: int = 0  # the starting PSN of its latest connection
+    rts_ns: int = 0  # when its latest connection reached RTS: an error stamped before is already over
     seq: int = 0
     ping: tuple[int, int, int | None] | None = None
     """The PING in flight: (sequence, post time, the post before it)."""
@@ -254,6 +255,7 @@ class VerbsRcProbe(QueueProbe):
             end.state = QpState.RTS
             end.connected_once = True
             end.failures = 0
+            end.rts_ns = now_ns()
             # Read and cleared under the lock: an error the poller records right after is not wiped.
             errored_at, end.errored_at = end.errored_at, None
         t = now_ns()
@@ -389,7 +391,9 @@ class VerbsRcProbe(QueueProbe):
                 self._put(end, Kind.RDMA_WC_ERROR, t, status, wr_id=posted)
             elif kind == "fault":
                 self._put(end, Kind.RDMA_WC_ERROR, t, status)
-            if kind in ("qp_err", "fault"):
+            # An error whose QP was reset and reconnected (by the peer's request) before this note came:
+            # the QP is in RTS again, so no ERR state and no second reconnect (its wc_error stands).
+            if kind in ("qp_err", "fault") and t >= end.rts_ns:
                 self._put(end, Kind.RDMA_QP_STATE, t, QpState.ERR.value, policy=self.settings.policy)
                 if active and self._initiates(end):
                     self._start_connect(end)
