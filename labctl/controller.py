@@ -35,7 +35,7 @@ from labctl.inventory import Inventory, NicPort
 from labctl.labs import build_lab, load
 from labctl.labs.base import Lab, LabContext
 from labctl.linux.timesync import clock_sync_state
-from labctl.looplag import LoopLagMonitor, frozen_heap, slice_deadline
+from labctl.looplag import LoopLagMonitor, frozen_heap, middle_generation_deferred, slice_deadline
 from labctl.mapping import Mapping, MappingDiff, diff_mapping, validate_mapping
 from labctl.probes import ProbeContext, probe_kinds
 from labctl.sampling import Probe
@@ -333,22 +333,24 @@ class Controller:
         self.loop_lag.open_window()
         await asyncio.sleep(0)  # let samplers due now run before the rails' commands are worked out
         try:
-            await asyncio.gather(*(self._apply_rail(rp) for rp in target.values()))
-            if wait:
-                try:
-                    await asyncio.wait_for(tracker.done.wait(), max(t0 + timeout_ns - now_ns(), 0) / 1e9)
-                except TimeoutError:
-                    pending = sorted(tracker.pending)
-                    self.events.emit(
-                        now_ns(),
-                        Kind.RUN_TIMEOUT,
-                        "controller",
-                        len(pending),
-                        meta={
-                            "pending": pending,
-                            "timeout_s": self.plan.spec.recovery_timeout_s,
-                        },
-                    )
+            with middle_generation_deferred():
+                await asyncio.gather(*(self._apply_rail(rp) for rp in target.values()))
+                if wait:
+                    try:
+                        await asyncio.wait_for(tracker.done.wait(), max(t0 + timeout_ns - now_ns(), 0) / 1e9)
+                    except TimeoutError:
+                        pending = sorted(tracker.pending)
+                        self.events.emit(
+                            now_ns(),
+                            Kind.RUN_TIMEOUT,
+                            "controller",
+                            len(pending),
+                            meta={
+                                "pending": pending,
+                                "timeout_s": self.plan.spec.recovery_timeout_s,
+                            },
+                        )
+
         finally:
             for probe in self.lab.window_probes:
                 probe.close_window()
@@ -658,6 +660,8 @@ async def run_experiment(
             # What carries the ping-pong that marks t5, and the QP attributes that shape its recovery.
             "transport": spec.probes.transport,
             **({"rdma": spec.probes.rdma.model_dump()} if spec.probes.transport == "rdma" else {}),
+            # Where the breakdown takes t2 from (absent: the DOM), so every recomputation agrees.
+            **({"t2_source": spec.analysis.t2_source} if spec.analysis.t2_source != "dom" else {}),
         },
     )
     for event in early:

@@ -22,8 +22,12 @@ from labctl.errors import InputError
 Value = int | float | str | None
 
 
-class Event(msgspec.Struct, kw_only=True):
-    """One observation. `t_ns` is on the run timebase (CLOCK_MONOTONIC of the controller)."""
+class Event(msgspec.Struct, kw_only=True, gc=False):
+    """One observation. `t_ns` is on the run timebase (CLOCK_MONOTONIC of the controller).
+
+    Not tracked by the cyclic garbage collector (`gc=False`): an event holds plain values and a meta dict
+    of them, never itself, so it cannot be part of a cycle; a 512-port run has thousands in flight (queues,
+    log batches), which the collector's passes in the middle of a reconfiguration need not walk."""
 
     seq: int = -1
     t_ns: int

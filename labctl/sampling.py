@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Literal, Protocol, Self, runtime_checkable
 
@@ -267,10 +267,89 @@ async def ticks(period_ns: int, max_lag_ns: int | None = None) -> AsyncGenerator
             alarm.close()
 
 
-def _alarm() -> Alarm | None:
+class TickCount:
+    """What a schedule did: ticks run and ticks skipped after stalls (each one a missed sample)."""
+
+    __slots__ = ("skipped", "stalls")
+
+    def __init__(self) -> None:
+        self.skipped = 0
+        self.stalls = 0
+
+
+async def run_ticks(
+    period_ns: int,
+    on_tick: Callable[[int], bool | None],
+    max_lag_ns: int | None = None,
+    count: TickCount | None = None,
+) -> None:
+    """Call `on_tick(t)` on the same absolute schedule as `ticks()` until it returns False (or the caller
+    is cancelled); its exceptions are raised here.
+
+    For samplers whose tick is synchronous (a vectorized read, reports deferred through `report()`): the
+    tick runs in the timerfd's reader callback, in the loop turn that sees the timer expire, instead of
+    one turn later when a task awaiting the alarm would be woken. In a burst (a 512-port reconfiguration)
+    a loop turn holds a slice of every busy source, so that turn is most of a tick's lateness. Catching up
+    after a short stall runs the next tick right after what else is ready, as `ticks()` does."""
+    max_lag = max_lag_ns if max_lag_ns is not None else max(2 * period_ns, 2_000_000)
+    loop = asyncio.get_running_loop()
+    finished: asyncio.Future[None] = loop.create_future()
+    next_t = now_ns()
+    soon: asyncio.Handle | None = None
+
+    def fire() -> None:
+        nonlocal next_t, soon
+        soon = None
+        if finished.done():
+            return
+        t = now_ns()
+        if t < next_t:  # a timer runs a hair early on some kernels: wait for the instant itself
+            arm(next_t)
+            return
+        try:
+            keep = on_tick(t)
+        except Exception as e:  # handed to the awaiting task, which raises it
+            finished.set_exception(e)
+            return
+        if keep is False:
+            finished.set_result(None)
+            return
+        next_t += period_ns
+        if t - next_t > max_lag:  # stalled: skip what was missed
+            if count is not None:
+                count.stalls += 1
+                count.skipped += (t - next_t) // period_ns + 1
+            next_t = t + period_ns
+        if next_t <= now_ns():
+            soon = loop.call_soon(fire)  # catching up: the loop runs in between
+        else:
+            arm(next_t)
+
+    alarm = _alarm(fire)
+    if alarm is None:  # no timerfd: the loop's own timers (whole milliseconds)
+
+        def arm(t_ns: int) -> None:
+            nonlocal soon
+            soon = loop.call_at(t_ns / 1e9, fire)
+
+    else:
+        arm = alarm.arm
+    try:
+        soon = loop.call_soon(fire)
+        await finished
+    finally:
+        if soon is not None:
+            soon.cancel()
+        if alarm is not None:
+            alarm.close()
+        if not finished.done():
+            finished.cancel()
+
+
+def _alarm(on_fire: Callable[[], None] | None = None) -> Alarm | None:
     """A timerfd alarm where the platform has one (Linux); elsewhere ticks fall back to asyncio's sleep."""
     try:
-        return Alarm()
+        return Alarm(on_fire)
     except (OSError, AttributeError):
         return None
 

@@ -84,12 +84,17 @@ class Alarm:
     """`await alarm.at(t_ns)` wakes at a CLOCK_MONOTONIC instant (labctl.clock.now_ns) to within the
     kernel's timer slack (tens of µs), where `asyncio.sleep` would wake up to 1 ms late: a sampler on an
     absolute 1 kHz schedule then keeps that millisecond as headroom against a busy loop. One timerfd, armed
-    one-shot at an absolute time, re-armed per wait; `close()` releases it."""
+    one-shot at an absolute time, re-armed per wait; `close()` releases it.
 
-    def __init__(self) -> None:
+    With `on_fire`, `arm(t_ns)` calls it from the timerfd's reader callback instead: the loop turn that
+    sees the timer expire runs it, one turn before a task awaiting `at()` would be woken (the future's
+    wake-up is queued behind everything else that turn made ready)."""
+
+    def __init__(self, on_fire: Callable[[], None] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self.fd: int | None = _timerfd()
         self._waiter: asyncio.Future[None] | None = None
+        self._on_fire = on_fire
         self._loop.add_reader(self.fd, self._ready)
 
     def _ready(self) -> None:
@@ -99,17 +104,25 @@ class Alarm:
             os.read(self.fd, 8)
         except BlockingIOError:
             return
+        if self._on_fire is not None:
+            self._on_fire()
+            return
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def at(self, t_ns: int) -> None:
+    def arm(self, t_ns: int) -> None:
+        """Fire once at t_ns (an instant already past fires at once)."""
         if self.fd is None:
             raise RuntimeError("alarm closed")
-        if t_ns <= 0:  # an it_value of zero would disarm the timer instead of firing it
-            t_ns = 1
+        # an it_value of zero would disarm the timer instead of firing it
+        _settime(self.fd, TFD_TIMER_ABSTIME, _Itimerspec(_ts(0), _ts(max(t_ns, 1))))
+
+    async def at(self, t_ns: int) -> None:
+        if self._on_fire is not None:
+            raise RuntimeError("this alarm calls back on fire: use arm()")
         self._waiter = waiter = self._loop.create_future()
-        _settime(self.fd, TFD_TIMER_ABSTIME, _Itimerspec(_ts(0), _ts(t_ns)))
+        self.arm(t_ns)
         await waiter
 
     def close(self) -> None:

@@ -14,7 +14,6 @@ through the same read and decode path as a live module.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 from collections.abc import Iterator, Sequence
@@ -30,7 +29,7 @@ from labctl.probes import PortSite, ProbeContext, ProbeKind
 from labctl.probes.rdma import Deliver, RcTrafficProbe
 from labctl.probes.traffic import TrafficEndpoint
 from labctl.rdma.rc import Packet
-from labctl.sampling import Probe, QueueProbe, staggered_heartbeats, ticks
+from labctl.sampling import Probe, QueueProbe, run_ticks, staggered_heartbeats
 
 
 class SimLinkProbe(QueueProbe):
@@ -119,9 +118,7 @@ class SimTrafficProbe(QueueProbe):
         self._dst = np.fromiter(peer_slots.values(), np.int64, len(peer_slots))
 
     async def _run(self) -> None:
-        async with contextlib.aclosing(ticks(self.period_ns)) as schedule:
-            async for t in schedule:
-                self._ping_all(t)
+        await run_ticks(self.period_ns, self._ping_all)
 
     def _ping_all(self, t: int) -> None:
         src, dst = self._src, self._dst

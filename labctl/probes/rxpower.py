@@ -23,7 +23,6 @@ bench/dom.py on the target NIC before raising `hz` there.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -37,7 +36,7 @@ from labctl.clock import now_ns
 from labctl.events import Event, Kind
 from labctl.linux.ethtool import ModuleEepromError, open_module_eeprom
 from labctl.probes import ProbeContext, ProbeKind, RxPowerBatch
-from labctl.sampling import Probe, QueueProbe, staggered_heartbeats, ticks
+from labctl.sampling import Probe, QueueProbe, TickCount, run_ticks, staggered_heartbeats
 from labctl.transceiver import (
     A0H,
     A2H,
@@ -186,6 +185,7 @@ class RxPowerProbe(QueueProbe):
         self._lanes: _Lanes | None = None
         self.dense_window = True
         self.ticks = 0
+        self.tick_count = TickCount()
         self._first_tick_ns = self._last_tick_ns = 0
         """Report densely while light moves (`open_window`), unless told of switch acknowledgements."""
 
@@ -199,6 +199,9 @@ class RxPowerProbe(QueueProbe):
             span_s = (self._last_tick_ns - self._first_tick_ns + self.period_ns) / 1e9
             out["sampling_s"] = round(span_s, 3)
             out["ticks_per_s"] = round(self.ticks / span_s, 1)
+            # Ticks the schedule gave up after a stall of the loop (longer than the catch-up budget).
+            out["ticks_skipped"] = self.tick_count.skipped
+            out["stalls"] = self.tick_count.stalls
             out["samples_per_s_per_port"] = round(self.samples / span_s / sampled, 1)
         if self._lanes is not None:
             estimates = self._lanes.update_estimates()
@@ -428,40 +431,56 @@ class RxPowerProbe(QueueProbe):
             )
 
     def _report_update_intervals(self, lanes: _Lanes, t: int) -> None:
-        """An `rx_power.update` event per lane whose update-interval estimate is new or moved by > 25%."""
+        """An `rx_power.update` event per lane whose update-interval estimate is new or moved by > 25%.
+
+        The first revisit finds every lane new at once (512 events): they go through `report()`, a time
+        slice per loop turn, like any burst; values are fixed now, as observed."""
         estimates = lanes.update_estimates()
         moved = np.abs(estimates - lanes.update_reported) > 0.25 * lanes.update_reported
-        report = (estimates > 0) & ((lanes.update_reported == 0) | moved)
-        for k in np.flatnonzero(report).tolist():
-            p, lane = lanes.owner[k]
-            lanes.update_reported[k] = estimates[k]
-            self.queue.put(
-                Event(
+        rows = np.flatnonzero((estimates > 0) & ((lanes.update_reported == 0) | moved))
+        if not rows.size:
+            return
+        lanes.update_reported[rows] = estimates[rows]
+        values = zip(
+            rows.tolist(),
+            estimates[rows].tolist(),
+            lanes.value_changes[rows].tolist(),
+            lanes.steady_ns[rows].tolist(),
+            strict=True,
+        )
+
+        def events() -> Iterator[Event]:
+            for k, estimate, changes, steady_ns in values:
+                p, lane = lanes.owner[k]
+                yield Event(
                     t_ns=t,
                     kind=Kind.RX_UPDATE,
                     source=p.port.source,
                     host=p.port.host,
-                    value=int(estimates[k]),
+                    value=int(estimate),
                     meta={
                         "lane": p.info.lanes[p.lanes[lane]],
-                        "changes": int(lanes.value_changes[k]),
-                        "steady_ns": int(lanes.steady_ns[k]),
+                        "changes": int(changes),
+                        "steady_ns": int(steady_ns),
                         "sampling_period_ns": self.period_ns,
                     },
                 )
-            )
+
+        self.report(events(), int(rows.size))
 
     async def _run(self) -> None:
         lanes = self._lanes
         assert lanes is not None
-        async with contextlib.aclosing(ticks(self.period_ns)) as schedule:
-            async for tick in schedule:
-                if not self.ticks:
-                    self._first_tick_ns = tick
-                self.ticks += 1
-                self._last_tick_ns = tick
-                if not self._tick(lanes):
-                    return  # every module failed: nothing left to sample (each said why in the stream)
+
+        def tick(t: int) -> bool:
+            if not self.ticks:
+                self._first_tick_ns = t
+            self.ticks += 1
+            self._last_tick_ns = t
+            # False: every module failed, nothing left to sample (each said why in the stream)
+            return self._tick(lanes)
+
+        await run_ticks(self.period_ns, tick, count=self.tick_count)
 
     @property
     def failures(self) -> list[str]:

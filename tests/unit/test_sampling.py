@@ -168,3 +168,95 @@ async def test_a_burst_of_reports_is_put_in_order_in_slices_and_none_is_lost_at_
         assert 0 < len(burst.queue) < 5_000  # a burst: a slice per loop turn, not all in the tick's
     got = await _drain(burst)  # stopped mid-burst: the rest was put before the stream ended
     assert [e.t_ns for e in got] == list(range(1, 5_001))  # type: ignore[attr-defined]
+
+
+# -- run_ticks: a synchronous tick run from the timerfd's reader callback (real clock) -------------------
+async def test_run_ticks_runs_on_schedule_until_the_tick_says_stop() -> None:
+    from labctl.clock import now_ns
+
+    seen: list[int] = []
+
+    def tick(t: int) -> bool:
+        seen.append(t)
+        return len(seen) < 50
+
+    start = now_ns()
+    await sampling.run_ticks(1_000_000, tick)
+    assert len(seen) == 50
+    assert seen == sorted(seen) and seen[0] >= start
+    # an absolute schedule: 50 ticks span about 49 periods (generous: a loaded machine stalls now and then)
+    assert 45_000_000 <= seen[-1] - seen[0] < 500_000_000
+
+
+async def test_run_ticks_raises_what_the_tick_raised_and_releases_its_timer() -> None:
+    import os
+
+    fds = len(os.listdir("/proc/self/fd"))
+
+    def tick(t: int) -> None:
+        raise OSError(5, "module read failed")
+
+    with pytest.raises(OSError, match="module read failed"):
+        await sampling.run_ticks(1_000_000, tick)
+    assert len(os.listdir("/proc/self/fd")) == fds  # the timerfd is closed
+
+
+async def test_run_ticks_counts_what_a_stall_skipped_and_does_not_replay_it() -> None:
+    import time
+
+    count = sampling.TickCount()
+    seen: list[int] = []
+
+    def tick(t: int) -> bool:
+        seen.append(t)
+        if len(seen) == 10:
+            time.sleep(0.030)  # the loop is held for 30 ms: ~30 ticks cannot be taken on time
+        return len(seen) < 40
+
+    await sampling.run_ticks(1_000_000, tick, count=count)
+    assert count.stalls >= 1
+    assert count.skipped >= 20  # counted as missed samples...
+    after = [b - a for a, b in itertools.pairwise(seen[10:])]
+    assert sum(g < 200_000 for g in after) < 5  # ...not taken back to back afterwards
+
+
+async def test_cancelling_run_ticks_stops_its_ticks_and_closes_its_timer() -> None:
+    import os
+
+    fds = len(os.listdir("/proc/self/fd"))
+    seen: list[int] = []
+    task = asyncio.create_task(sampling.run_ticks(1_000_000, seen.append))
+    while len(seen) < 5:
+        await asyncio.sleep(0.001)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    n = len(seen)
+    await asyncio.sleep(0.01)
+    assert len(seen) == n
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_the_middle_generation_waits_out_a_burst_and_is_collected_after_it() -> None:
+    import gc
+
+    from labctl.looplag import BURST_GEN1_THRESHOLD, middle_generation_deferred
+
+    before = gc.get_threshold()
+    collections = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop":
+            collections.append(info["generation"])
+
+    with middle_generation_deferred():
+        assert gc.get_threshold()[1] == max(before[1], BURST_GEN1_THRESHOLD)
+        with middle_generation_deferred():  # nested (two rails, two runs): the outermost decides
+            pass
+        assert gc.get_threshold()[1] == max(before[1], BURST_GEN1_THRESHOLD)
+        gc.callbacks.append(seen)
+    try:
+        assert gc.get_threshold() == before
+        assert collections and collections[-1] >= 1  # collected once the burst is over
+    finally:
+        gc.callbacks.remove(seen)
