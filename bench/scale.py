@@ -4,7 +4,8 @@
 
 Part 1, full runs: the simulated lab (fast profile) of `ports / 4` hosts × 2 rails × 2 ports on one
 ports×ports switch, one DP → PP → DP swap with every port moving, each run in a fresh process. Per size,
-medians over rounds: achieved Rx-power samples/s per port (configured 1,000), pings/s per port, the event
+medians over rounds: achieved Rx-power samples/s per port (configured 1,000; also the worst round, and
+the ticks the sampler skipped after stalls of the loop), pings/s per port, the event
 loop's lag p99, controller CPU-seconds per port-second, flagged rows (impossible or unresolved phases).
 With `--kernel` (root), the same on the kernel-real netns fabric for the given sizes.
 Part 2, the peer: Rx-power sampling alone on the same model at each size, our poller (one ticker, one
@@ -86,6 +87,7 @@ def one_run(ports: int, kind: str) -> dict[str, Any]:
     return {
         "status": outcome.status,
         "samples_per_s_per_port": rx.get("samples_per_s_per_port"),
+        "ticks_skipped": rx.get("ticks_skipped"),
         "pings_per_s_per_port": round((traffic.get("pings_per_s") or 0) / ports, 1),
         "loop_lag_p99_ms": run["loop_lag_ns"].get("p99", 0) / 1e6,
         "cpu_s_per_port_s": cpu / (ports * running),
@@ -200,7 +202,7 @@ def main() -> None:
     if any(kind == "kernel" for kind, _ in plan) and os.geteuid() != 0:
         raise SystemExit("--kernel needs root (network namespaces)")
     print(f"full runs, {args.rounds} rounds each (medians); fast profile, DP -> PP -> DP, every port moves")
-    header = f"{'lab':<10} {'ports':>5} {'samples/s/port':>14} {'pings/s/port':>12} {'lag p99':>8} "
+    header = f"{'lab':<10} {'ports':>5} {'samples/s/port':>14} {'(min)':>7} {'skipped':>7} {'pings/s/port':>12} {'lag p99':>8} "
     header += f"{'CPU/wall':>8} {'CPU s/port-s':>12} {'flagged':>7} {'optical':>8} {'t2 res':>7}"
     print(header)
     base_cpu: float | None = None
@@ -209,7 +211,8 @@ def main() -> None:
         cpu = median_of(rows, "cpu_s_per_port_s")
         base_cpu = base_cpu or cpu
         print(
-            f"{kind:<10} {n:>5} {median_of(rows, 'samples_per_s_per_port'):>14.0f} "
+            f"{kind:<10} {n:>5} {median_of(rows, 'samples_per_s_per_port'):>14.1f} "
+            f"{min(r['samples_per_s_per_port'] or 0 for r in rows):>7.1f} {median_of(rows, 'ticks_skipped'):>7.0f} "
             f"{median_of(rows, 'pings_per_s_per_port'):>12.0f} {median_of(rows, 'loop_lag_p99_ms'):>6.2f}ms "
             f"{median_of(rows, 'cpu_utilization'):>8.2f} {cpu * 1e3:>9.3f} ms {median_of(rows, 'flagged_rows'):>7.0f} "
             f"{median_of(rows, 'optical_median_ms'):>6.1f}ms {median_of(rows, 't2_resolution_median_ms'):>5.1f}ms"
