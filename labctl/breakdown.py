@@ -14,6 +14,11 @@ whose end precedes its start by more than the brackets allow is physically impos
 names it: a wrong clock, a mislabelled event); one that is negative within them is shorter than the
 marks resolve (`unresolved`, e.g. a starved sampler). Both are excluded from the summary, counted, and
 named by the report: a negative duration is never printed as a measurement.
+
+t2's source (the run's `analysis.t2_source`, recorded in run.start): `dom`, the port's transceiver
+(`rx_power` of the port itself, the default); `power-meter`, a bench meter channel tapping the port's
+receive fiber (`rx_power` whose `meta.nic` names the port); `auto`, the meter where one taps the port, else
+the DOM. The `t2_source` column says which supplied each row's t2 (empty: no t2), summary.json counts them.
 """
 
 from __future__ import annotations
@@ -65,12 +70,16 @@ COLUMNS = [
     "impossible",
     "unresolved",
     "transport",
+    "t2_source",
 ]
 DURATIONS = COLUMNS[COLUMNS.index("switch_ns") : COLUMNS.index("traffic_lost_ns") + 1]
 """The phase durations (and the two down-side delays): switch_ns .. traffic_lost_ns."""
 FLAG_COLUMNS = ("impossible", "unresolved")
 INT_COLUMNS = [c for c in COLUMNS if c.endswith("_ns")] + ["reconfig", "rail"]
 DEFAULT_THRESHOLD_DBM = -10.0
+T2_SOURCES = ("dom", "power-meter", "auto")
+METER = "rx_power<meter"
+"""The index key of the meter readings of a NIC port's receive fiber (rx_power events naming it in meta)."""
 CONTROL_KINDS = frozenset({Kind.PHASE, Kind.OCS_COMMAND, Kind.OCS_COMPLETE, Kind.RUN_TIMEOUT, Kind.RUN_START})
 SIGNAL_KINDS = (
     Kind.RX_POWER,
@@ -84,6 +93,7 @@ SIGNAL_KINDS = (
 
 class _LiteMeta(msgspec.Struct, frozen=True):
     peer: str | None = None
+    nic: str | None = None  # a power-meter channel's reading: the NIC port whose receive fiber it taps
     prev_ns: int | None = None
     after_ns: int | None = None  # the carrier and link-state polls' name for the same bracket start
     sampling_period_ns: int | None = None
@@ -138,6 +148,7 @@ class EventIndex:
         peer: str | None = None,
         prev_ns: int | None = None,
         sampling_period_ns: int | None = None,
+        nic: str | None = None,
     ) -> None:
         if kind == Kind.RX_UPDATE:
             # Longer than the sampling period: the module, not the poller, limits the optical mark.
@@ -150,6 +161,8 @@ class EventIndex:
         keys = [(source, kind)]
         if kind == Kind.TRAFFIC_OK and peer:
             keys.append((source, _ok_to(peer)))
+        elif kind == Kind.RX_POWER and nic:
+            keys.append((nic, METER))
         for key in keys:
             self._t[key].append(t_ns)
             self._v[key].append(v)
@@ -164,7 +177,16 @@ class EventIndex:
             elif e.kind in SIGNAL_KINDS:
                 m = e.meta
                 prev = m.get("prev_ns", m.get("after_ns"))
-                index.add(e.t_ns, e.source, e.kind, e.value, m.get("peer"), prev, m.get("sampling_period_ns"))
+                index.add(
+                    e.t_ns,
+                    e.source,
+                    e.kind,
+                    e.value,
+                    m.get("peer"),
+                    prev,
+                    m.get("sampling_period_ns"),
+                    m.get("nic"),
+                )
         return index
 
     @classmethod
@@ -190,7 +212,7 @@ class EventIndex:
             elif e.kind in SIGNAL_KINDS:
                 m = e.meta
                 prev = m.prev_ns if m.prev_ns is not None else m.after_ns
-                index.add(e.t_ns, e.source, e.kind, e.value, m.peer, prev, m.sampling_period_ns)
+                index.add(e.t_ns, e.source, e.kind, e.value, m.peer, prev, m.sampling_period_ns, m.nic)
         return index
 
     def series(self, source: str, kind: str) -> Series:
@@ -255,16 +277,22 @@ def compute_breakdown(
     events: Iterable[Event] | EventIndex,
     threshold_dbm: float | None = None,
     clock_uncertainty_ns: Mapping[str, int] | None = None,
+    t2_source: str | None = None,
 ) -> pd.DataFrame:
     """One row per measured reconfiguration × affected port; columns as in COLUMNS.
 
     `clock_uncertainty_ns`: per host, the uncertainty of its measured clock offset (agents' hosts); it
-    widens the brackets of phases that subtract a controller mark from one of that host's."""
+    widens the brackets of phases that subtract a controller mark from one of that host's.
+    `t2_source` (T2_SOURCES; None: as the run recorded it, else dom) picks where t2 comes from."""
     index = events if isinstance(events, EventIndex) else EventIndex.from_events(events)
     uncertainty = clock_uncertainty_ns or {}
     control = sorted(index.control, key=lambda e: (e.t_ns, e.seq))
     start = next((e for e in control if e.kind == Kind.RUN_START), None)
     transport = str(start.meta.get("transport", "udp")) if start else "udp"
+    if t2_source is None:
+        t2_source = str(start.meta.get("t2_source", "dom")) if start else "dom"
+    if t2_source not in T2_SOURCES:
+        raise InputError(f"t2_source {t2_source!r} is not one of {', '.join(T2_SOURCES)}")
     if threshold_dbm is None:
         threshold_dbm = (
             float(start.meta.get("rx_power_threshold_dbm", DEFAULT_THRESHOLD_DBM))
@@ -308,26 +336,30 @@ def compute_breakdown(
                 "impossible": "",
                 "unresolved": "",
                 "transport": transport,  # what carried the ping-pong whose first success is t5
+                "t2_source": "",
             }
             if t0 is None:
                 rows.append(row)
                 continue
             u = int(uncertainty.get(p["host"], 0))
-            marks = _marks(index, p, t0, t1, end, threshold_dbm, u)
+            rx_key = _t2_key(index, source, t2_source)
+            marks = _marks(index, p, t0, t1, end, threshold_dbm, u, rx_key)
+            dom = rx_key == Kind.RX_POWER
             row.update(
                 {
                     "t2_rx_power_ns": _at(marks["t2"]),
                     "t3_firmware_up_ns": _at(marks["t3"]),
                     "t4_carrier_up_ns": _at(marks["t4"]),
                     "t5_traffic_ns": _at(marks["t5"]),
-                    "t2_resolution_ns": _res(marks["t2"], index.update_ns.get(source, 0)),
+                    "t2_resolution_ns": _res(marks["t2"], index.update_ns.get(source, 0) if dom else 0),
                     "t3_resolution_ns": _res(marks["t3"]),
                     "t4_resolution_ns": _res(marks["t4"]),
                     "t5_resolution_ns": _res(marks["t5"]),
                     "clock_uncertainty_ns": u,
+                    "t2_source": ("dom" if dom else "power-meter") if marks["t2"] is not None else "",
                 }
             )
-            if marks["t2"] is not None and source in index.update_ns:
+            if marks["t2"] is not None and dom and source in index.update_ns:
                 marks["t2"] = Mark(marks["t2"].t, marks["t2"].resolution + index.update_ns[source])
             impossible: list[str] = []
             unresolved: list[str] = []
@@ -359,13 +391,14 @@ def _marks(
     end: float,
     threshold_dbm: float,
     uncertainty_ns: int = 0,
+    rx_key: str = Kind.RX_POWER,
 ) -> dict[str, Mark | None]:
     """Every mark of one port's row, searched from t0 to the next reconfiguration. The host's own marks
     are searched from as early as its clock's uncertainty allows (a host clock read slightly behind must
     not push its first sample out of the window); what then lands before t0 is a flag, not a fix."""
     source = p["source"]
     h0 = t0 - uncertainty_ns
-    rx = index.series(source, Kind.RX_POWER)
+    rx = index.series(source, rx_key)
     dark = rx.v < threshold_dbm
     t_dark = _find(rx, h0, end, dark)
     if t_dark is not None:
@@ -397,6 +430,13 @@ def _marks(
     return {**exact, "t2": t2, "t3": t3, "t4": t4, "t5": t5, "down": down, "lost": lost}
 
 
+def _t2_key(index: EventIndex, source: str, t2_source: str) -> str:
+    """The series t2 of this port is searched in: its DOM readings, or the meter's on its fiber."""
+    if t2_source == "dom" or (t2_source == "auto" and not index.series(source, METER).t.size):
+        return Kind.RX_POWER
+    return METER
+
+
 def _res(mark: Mark | None, extra: int = 0) -> int | None:
     return mark.resolution + extra if mark is not None else None
 
@@ -408,6 +448,7 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     frame["timed_out"] = frame["timed_out"].fillna(False).astype(bool)
     for col in ("phase", "host", "port", "source", "peer", "transport"):
         frame[col] = frame[col].astype("string")
+    frame["t2_source"] = frame["t2_source"].astype("string").fillna("")
     for col in FLAG_COLUMNS:
         frame[col] = frame[col].fillna("").astype("string")
     return frame
@@ -543,7 +584,16 @@ def summarize(frame: pd.DataFrame, *, exclude_setup: bool = True) -> dict[str, A
         "flagged_rows": int(flagged.sum()),
         "resolution": _resolution(rows),
         "phases": phases,
+        "t2_source": _t2_sources(rows),
     }
+
+
+def _t2_sources(rows: pd.DataFrame) -> dict[str, int]:
+    """How many rows took their t2 from each source (dom, power-meter)."""
+    if "t2_source" not in rows:
+        return {}
+    counts = rows["t2_source"].fillna("").value_counts()
+    return {str(name): int(n) for name, n in counts.items() if name}
 
 
 def _resolution(rows: pd.DataFrame) -> dict[str, Any]:

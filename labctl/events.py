@@ -54,6 +54,7 @@ class Kind:
     OCS_REPORT: Final = "ocs.report"  # an autonomous message from a switch (e.g. TL1 REPT)
     RX_POWER: Final = "rx_power"  # dBm, None = no light
     RX_UPDATE: Final = "rx_power.update"  # a module's estimated DOM update interval, ns
+    INSTRUMENT: Final = "instrument"  # a bench instrument as set up (value: *IDN?; meta: its settings)
     LINK_FIRMWARE: Final = "link.firmware"  # NIC firmware link state, where observable
     LINK_STATE: Final = "link.state"  # the driver's link state for ethtool: up, down, or why down
     CARRIER: Final = "carrier"

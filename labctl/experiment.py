@@ -41,6 +41,11 @@ class PhaseSpec(_Model):
 
 class AnalysisSettings(_Model):
     rx_power_threshold_dbm: float = Field(default=-10.0, ge=-60, le=30)
+    t2_source: Literal["dom", "power-meter", "auto"] = Field(
+        default="dom",
+        description="where t2 (light back) comes from: each port's transceiver DOM, a power meter channel "
+        "tapping its receive fiber (inventory power_meters:), or auto (the meter where one taps it)",
+    )
 
 
 class GpuSettings(_Model):

@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
@@ -112,6 +112,59 @@ class BrokerSpec(ConfigModel):
         return value
 
 
+class PowerMeterChannelSpec(ConfigModel):
+    """What one power-meter channel (an N77xx port, `slot` in its SCPI) measures: the light leaving a switch
+    egress port (`switch`, `port`), or the light arriving at a NIC port (`host`, `nic`: the fiber from its
+    `rx` egress port, tapped)."""
+
+    switch: str | None = None
+    port: int | None = Field(default=None, ge=1, le=8192, description="the switch's egress port")
+    host: str | None = None
+    nic: str | None = Field(default=None, min_length=1, max_length=15, description="the NIC port's ifname")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> PowerMeterChannelSpec:
+        on_switch = self.switch is not None or self.port is not None
+        on_nic = self.host is not None or self.nic is not None
+        if on_switch == on_nic:
+            raise ValueError("a channel measures either {switch, port} or {host, nic}")
+        if on_switch and (self.switch is None or self.port is None):
+            raise ValueError("a switch channel needs both `switch` and `port`")
+        if on_nic and (self.host is None or self.nic is None):
+            raise ValueError("a NIC channel needs both `host` and `nic`")
+        return self
+
+
+class PowerMeterSpec(ConfigModel):
+    """A bench optical power meter (Keysight N77xx over SCPI, TCP port 5025) whose channels tap the fibers
+    of switch egress or NIC ports: a second Rx-power source (labctl.probes.power_meter)."""
+
+    driver: Literal["keysight-n77xx"] = "keysight-n77xx"
+    address: str | None = Field(default=None, description="host name or IP of the meter (not with emulate)")
+    port: int = Field(default=5025, ge=1, le=65535)
+    emulate: bool = Field(
+        default=False, description="poll an N77xx emulator that reads the lab's switch models instead"
+    )
+    averaging_time_ms: float = Field(
+        default=1.0, ge=0.001, le=10_000, description="SENS:POW:ATIM (1 us .. 10 s); the device's is recorded"
+    )
+    wavelength_nm: float = Field(default=1310.0, ge=1250, le=1625)
+    poll_hz: float | None = Field(
+        default=None,
+        gt=0,
+        le=10_000,
+        description="fetches a second (default: one per averaging time, <= 1 kHz)",
+    )
+    timeout_s: float = Field(default=2.0, gt=0, le=60, description="per SCPI query")
+    channels: dict[Annotated[int, Field(ge=1, le=8)], PowerMeterChannelSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _reachable(self) -> PowerMeterSpec:
+        if not self.emulate and self.address is None:
+            raise ValueError("a power meter needs `address` (or `emulate: true` to poll its emulator)")
+        return self
+
+
 class InventoryModel(ConfigModel):
     lab: str = Field(min_length=1)
     switches: dict[str, SwitchSpec] = Field(min_length=1)
@@ -128,6 +181,9 @@ class InventoryModel(ConfigModel):
     )
     broker: BrokerSpec | None = Field(
         default=None, description="MQTT broker between the controller and `labctl agent`s"
+    )
+    power_meters: dict[str, PowerMeterSpec] = Field(
+        default_factory=dict, description="bench power meters whose channels tap switch or NIC ports"
     )
 
     @field_validator("kind")
@@ -179,6 +235,25 @@ class NicPort:
         return f"{self.host}/{self.ifname}"
 
 
+@dataclass(frozen=True, slots=True)
+class MeterChannel:
+    """One power-meter channel, resolved against the inventory: the switch egress port whose light it
+    measures and the NIC port that light feeds (None: a switch port no NIC listens on)."""
+
+    meter: str
+    channel: int
+    switch: str
+    egress: int
+    nic: NicPort | None
+    label: str
+    """What it is mapped to, as the inventory writes it: `<switch>/<port>` or `<host>/<ifname>`."""
+
+    @property
+    def source(self) -> str:
+        """The event `source` of its readings: pm:<meter>/ch<channel>."""
+        return f"pm:{self.meter}/ch{self.channel}"
+
+
 class Inventory:
     """A validated inventory with lookups the controller needs."""
 
@@ -228,6 +303,22 @@ class Inventory:
 
     def port_by_source(self, source: str) -> NicPort:
         return self._by_source[source]
+
+    def meter_channels(self, meter: str) -> list[MeterChannel]:
+        """The channels of power meter `meter`, in channel order, each resolved to its switch egress port
+        and the NIC port it feeds (the inventory's references were checked when it loaded)."""
+        by_rx = {(p.switch, p.rx): p for p in self.ports}
+        by_name = {(p.host, p.ifname): p for p in self.ports}
+        out = []
+        for number, ch in sorted(self.model.power_meters[meter].channels.items()):
+            if ch.host is not None and ch.nic is not None:
+                nic = by_name[(ch.host, ch.nic)]
+                out.append(MeterChannel(meter, number, nic.switch, nic.rx, nic, nic.label))
+            else:
+                assert ch.switch is not None and ch.port is not None
+                fed = by_rx.get((ch.switch, ch.port))
+                out.append(MeterChannel(meter, number, ch.switch, ch.port, fed, f"{ch.switch}/{ch.port}"))
+        return out
 
     def profile(self, name: str | None = None) -> Profile:
         return resolve_profile(name or self.model.profile, self.model.profiles)
@@ -297,6 +388,7 @@ def load_inventory(path: Path | str) -> Inventory:
     except ValidationError as e:
         raise InputError(pydantic_error_line(src, e)) from None
     _check_references(model, src)
+    _check_power_meters(model, src)
     inventory = Inventory(model, path, src)
     try:
         inventory.profile()
@@ -368,3 +460,43 @@ def _check_references(model: InventoryModel, src: SourcedYaml) -> None:
                     f"rail {nic.rail} is on {other} (at {format_loc(other_loc)}); one rail is one switch",
                 )
             rail_switch.setdefault(nic.rail, (nic.switch, (*base, "switch")))
+
+
+def _check_power_meters(model: InventoryModel, src: SourcedYaml) -> None:
+    """Each power-meter channel names a switch egress port or a NIC port of this inventory, and no fiber is
+    tapped twice."""
+    nics = {(host, n.ifname): n for host, spec in model.hosts.items() for n in spec.nics}
+    tapped: dict[tuple[str, int], Loc] = {}
+    for name, meter in model.power_meters.items():
+        for number, ch in meter.channels.items():
+            base: Loc = ("power_meters", name, "channels", str(number))
+            if ch.host is not None and ch.nic is not None:
+                if ch.host not in model.hosts:
+                    known = ", ".join(model.hosts) or "none"
+                    raise _fail(src, (*base, "host"), f"unknown host {ch.host!r} (known: {known})")
+                nic = nics.get((ch.host, ch.nic))
+                if nic is None:
+                    known = ", ".join(n.ifname for n in model.hosts[ch.host].nics)
+                    raise _fail(src, (*base, "nic"), f"{ch.host} has no NIC port {ch.nic!r} (known: {known})")
+                key, loc = (nic.switch, nic.rx), (*base, "nic")
+            else:
+                assert ch.switch is not None and ch.port is not None
+                switch = model.switches.get(ch.switch)
+                if switch is None:
+                    known = ", ".join(model.switches)
+                    raise _fail(src, (*base, "switch"), f"unknown switch {ch.switch!r} (known: {known})")
+                space = switch.space
+                if not space.is_egress(ch.port):
+                    raise _fail(
+                        src,
+                        (*base, "port"),
+                        f"port {ch.port} is not an egress port of {ch.switch} "
+                        f"({space.egress.start}..{space.egress.stop - 1}): a meter measures the light a "
+                        "switch sends out",
+                    )
+                key, loc = (ch.switch, ch.port), (*base, "port")
+            if key in tapped:
+                raise _fail(
+                    src, loc, f"{key[0]} port {key[1]} is already measured (at {format_loc(tapped[key])})"
+                )
+            tapped[key] = loc

@@ -22,6 +22,7 @@ from labctl.errors import InputError
 SWITCH_DRIVERS: Mapping[str, str] = {
     "sim": "labctl.drivers.sim:DRIVER",
     "polatis-tl1": "labctl.drivers.polatis_tl1:DRIVER",
+    "polatis-scpi": "labctl.drivers.polatis_scpi:DRIVER",
 }
 DEFAULT_LAB_KIND = "simulated"
 LAB_KINDS: Mapping[str, str] = {
@@ -41,6 +42,7 @@ PROBES: Mapping[str, str] = {
     "verbs-rc": "labctl.probes.verbs_rc:PROBE",
     "switch-power": "labctl.probes.switch_power:PROBE",
     "link-state": "labctl.probes.linkstate:PROBE",
+    "power-meter": "labctl.probes.power_meter:PROBE",
 }
 
 

@@ -115,8 +115,8 @@ def emulate_ocs(
         raise InputError(f"--port {port}: must be 0..65535")
     if switching_ms is not None and not 0 <= switching_ms < 1e6:
         raise InputError(f"--switching-ms {switching_ms}: must be 0 or more (ms)")
-    password = os.environ.get(password_env)
-    if not password:
+    password = os.environ.get(password_env, "") if password_env else ""  # "": a protocol without login
+    if password_env and not password:
         raise InputError(f"set {password_env} to the password the emulator should accept (--password-env)")
     plan = load_faults(faults) if faults is not None else None
     switch_name, space, timing = "emulated", PortSpace.parse(size), resolve_profile("fast")
@@ -179,9 +179,13 @@ def emulate_ocs(
             f"{driver} emulator ({front.protocol}, {space}, switching {model_profile.switching_ms[1]:g} ms"
             + (f", moving {inventory}'s fabric" if kernel is not None else "")
             + f") listening on "
-            f"{host}:{emulator.port}; user {user}, password from ${password_env}; Ctrl-C stops",
+            f"{host}:{emulator.port}; "
+            + (f"user {user}, password from ${password_env}; " if password_env else "")
+            + "Ctrl-C stops",
             flush=True,
         )
+        for endpoint in getattr(emulator, "endpoints", ()):  # front ends with more than one way in
+            print(f"  reachable at {endpoint}", flush=True)
         try:
             await stop.wait()
         finally:

@@ -104,6 +104,8 @@ class SwitchEmulator:
 
     change_verbs: frozenset[str] = frozenset()
     """Commands that change patches: the ones a fault plan refuses unless it names others."""
+    max_input: int = MAX_INPUT
+    """Bytes of one unfinished command a session may buffer before it is hung up."""
 
     def __init__(
         self,
@@ -189,6 +191,11 @@ class SwitchEmulator:
         """Act on one command, inside `ordered()`; reply through `deliver()`."""
         raise NotImplementedError
 
+    def frame(self, session: Session, buf: bytearray) -> str | None:
+        """`next_command` for one session: a protocol whose framing changes within a session (NETCONF,
+        after the hello) overrides this; the session loop calls it."""
+        return self.next_command(buf)
+
     # -- what a front end calls ------------------------------------------------------------------------------
     def arrived(self) -> CommandFaults:
         """Count a command and decide what the fault plan does to it. Loses the state now if it says so."""
@@ -238,13 +245,15 @@ class SwitchEmulator:
         *,
         garbage_at: int,
         forbidden: bytes,
-    ) -> None:
+    ) -> asyncio.Task[None]:
         """Send `data` once the mirrors have settled and the injected delay has passed, with the plan's
         faults: garbage bytes (none of `forbidden`, so noise cannot forge a message) at `garbage_at` or
-        before the reply, or half the reply and a hang-up. Replies of one session may overlap."""
+        before the reply, or half the reply and a hang-up. Replies of one session may overlap; the job
+        returned lets a front end whose protocol orders replies make the next one wait for it."""
         job = asyncio.create_task(self._deliver(session, data, moving, faults, garbage_at, forbidden))
         session.replies.add(job)
         job.add_done_callback(session.replies.discard)
+        return job
 
     async def _deliver(
         self,
@@ -277,8 +286,12 @@ class SwitchEmulator:
         session.write(data)
 
     # -- one connection --------------------------------------------------------------------------------------
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        session = Session(writer)
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: Session | None = None
+    ) -> None:
+        """One session over a reader/writer pair: a TCP connection, or any other stream a front end
+        wraps (a pty), with its own `Session` subclass where a drop means something else than a hang-up."""
+        session = session or Session(writer)
         task = asyncio.current_task()
         assert task is not None
         self._sessions[session] = task
@@ -295,7 +308,7 @@ class SwitchEmulator:
                     break
                 buf += data
                 while not session.closed:
-                    text = self.next_command(buf)
+                    text = self.frame(session, buf)
                     if text is None:
                         break
                     # One command at a time, from every session, is checked and applied to the model;
@@ -303,7 +316,7 @@ class SwitchEmulator:
                     # both be granted one port.
                     async with self._order:
                         await self.handle(session, text)
-                if len(buf) > MAX_INPUT:
+                if len(buf) > self.max_input:
                     break
         except (ConnectionError, OSError):
             pass

@@ -17,7 +17,13 @@ from labctl.clock import now_ns
 from labctl.events import Kind
 from labctl.inventory import Inventory, NicPort
 from labctl.labs.base import Lab, LabContext, LabKind, require_transport
-from labctl.labs.world import check_switches_over_models, drive_models, switch_models
+from labctl.labs.world import (
+    add_power_meters,
+    check_power_meters,
+    check_switches_over_models,
+    drive_models,
+    switch_models,
+)
 from labctl.models.fabric import TRANSPORT, SimFabric
 from labctl.models.probes import model_sites
 from labctl.probes import ProbeContext
@@ -42,6 +48,7 @@ def check(inventory: Inventory) -> None:
     if inventory.model.broker is None:
         raise inventory.fail(("broker",), "an agents lab needs a `broker:` section (url: mqtt://HOST:PORT)")
     check_switches_over_models(inventory, "agents")
+    check_power_meters(inventory, "agents", over_models=True)
     BrokerSettings.check_names(inventory)
 
 
@@ -55,6 +62,7 @@ def build(ctx: LabContext) -> Lab:
     lab = Lab(close_hooks=[fabric.cancel_pending])
     drive_models(ctx, models, lab)
     hub = run_probes_on_agents(lab, ctx, PROBES)
+    add_power_meters(lab, ctx, models)  # polled from the controller, like the switches
     by_rx = {(p.switch, p.rx): p for p in inv.ports}
     by_tx = {(p.switch, p.tx): p for p in inv.ports}
     # A change announced before it happens has no settle time yet (the fabric draws it when the light

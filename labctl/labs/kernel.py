@@ -25,7 +25,9 @@ from labctl.errors import HardwareError
 from labctl.inventory import Inventory
 from labctl.labs.base import Lab, LabContext, LabKind
 from labctl.labs.world import (
+    add_power_meters,
     build_probes,
+    check_power_meters,
     check_switches_over_models,
     drive_models,
     no_broker,
@@ -121,6 +123,7 @@ TRAFFIC_PROBE = {"udp": "traffic", "rdma": "rc-traffic"}
 def check(inventory: Inventory) -> None:
     no_broker(inventory, "kernel")
     check_switches_over_models(inventory, "kernel")
+    check_power_meters(inventory, "kernel", over_models=True)
     FabricLayout.of(inventory, managed_prefix(inventory))  # names and addresses the fabric needs
 
 
@@ -146,6 +149,7 @@ def build(ctx: LabContext) -> Lab:
     sites = [dataclasses.replace(optical[fp.port], netns=fp.host_netns, ip=fp.ip) for fp in layout.ports]
     probes = tuple(TRAFFIC_PROBE[ctx.probes.transport] if name == "traffic" else name for name in PROBES)
     lab.probes = build_probes(probes, ProbeContext(ctx.probes, ports=sites))
+    add_power_meters(lab, ctx, models)
 
     async def start_fabric() -> None:
         await asyncio.to_thread(lease.acquire, fabric)

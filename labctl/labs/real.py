@@ -17,6 +17,7 @@ from labctl.agents.broker import BrokerSettings
 from labctl.agents.hub import run_probes_on_agents
 from labctl.inventory import Inventory
 from labctl.labs.base import Lab, LabContext, LabKind, require_transport
+from labctl.labs.world import add_power_meters, check_power_meters
 from labctl.models.fabric import SimFabric
 from labctl.probes import PortSite, ProbeContext
 from labctl.sampling import ProbeSettings
@@ -61,6 +62,7 @@ def check(inventory: Inventory) -> None:
                 "`emulate: true` and give its address)",
             )
     inventory.port_addresses("the traffic probe")  # both ends of every circuit ping from their address
+    check_power_meters(inventory, "real", over_models=False)
     BrokerSettings.check_names(inventory)
 
 
@@ -72,6 +74,7 @@ def build(ctx: LabContext) -> Lab:
         switches={name: open_switch(name, spec, ctx.emit) for name, spec in ctx.inventory.switches.items()}
     )
     run_probes_on_agents(lab, ctx, probes_for(ctx.probes))
+    add_power_meters(lab, ctx, None)  # polled from the controller, at their addresses
     return lab
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 from labctl.inventory import Inventory
 from labctl.labs.base import Lab, LabContext, LabKind, require_transport
 from labctl.labs.world import (
+    add_power_meters,
     build_probes,
+    check_power_meters,
     check_switches_over_models,
     drive_models,
     no_broker,
@@ -29,6 +31,7 @@ TRAFFIC_PROBE = {"udp": "model-traffic", "rdma": "model-rc-traffic"}
 def check(inventory: Inventory) -> None:
     no_broker(inventory, "simulated")
     check_switches_over_models(inventory, "simulated")
+    check_power_meters(inventory, "simulated", over_models=True)
 
 
 def build(ctx: LabContext) -> Lab:
@@ -42,6 +45,7 @@ def build(ctx: LabContext) -> Lab:
         TRAFFIC_PROBE[ctx.probes.transport] if name == "model-traffic" else name for name in PROBES
     )
     lab.probes = build_probes(probes, ProbeContext(ctx.probes, ports=sites, world=fabric))
+    add_power_meters(lab, ctx, models)
     return lab
 
 

@@ -4,12 +4,13 @@ emulator for `emulate: true`), and model-driven transceivers for the Rx-power po
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 from labctl.inventory import Inventory
 from labctl.labs.base import Lab, LabContext
 from labctl.models.switch import SwitchModel
-from labctl.probes import ProbeContext, probe_kinds
+from labctl.probes import MeterSite, ProbeContext, probe_kinds
 from labctl.sampling import Probe
 from labctl.switches import emulate_switch, switch_drivers
 
@@ -56,3 +57,49 @@ def drive_models(ctx: LabContext, models: dict[str, SwitchModel], lab: Lab) -> N
 
 def build_probes(names: Sequence[str], ctx: ProbeContext) -> list[Probe]:
     return [probe_kinds.get(name).build(ctx) for name in names]
+
+
+def check_power_meters(inventory: Inventory, kind: str, *, over_models: bool) -> None:
+    """Power meters this lab can poll: emulated ones reading its switch models (`over_models`), or meters
+    at their addresses (a real lab)."""
+    for name, spec in inventory.model.power_meters.items():
+        if over_models and not spec.emulate:
+            raise inventory.fail(
+                ("power_meters", name),
+                f"the light of a {kind} lab exists only in its switch models: set `emulate: true` to poll an "
+                "N77xx emulator that reads them",
+            )
+        if not over_models and spec.emulate:
+            raise inventory.fail(
+                ("power_meters", name),
+                f"a {kind} lab polls power meters at their addresses: drop `emulate: true`, give `address`",
+            )
+
+
+def add_power_meters(lab: Lab, ctx: LabContext, models: dict[str, SwitchModel] | None) -> None:
+    """The power-meter probe on the inventory's meters (none: nothing): an emulated meter is an N77xx
+    emulator of the switch models at the mapped ports, served from the lab's start to its close; the probe
+    reaches every meter over TCP either way."""
+    meters = ctx.inventory.model.power_meters
+    if not meters:
+        return
+    sites = []
+    for name, spec in meters.items():
+        channels = ctx.inventory.meter_channels(name)
+        if spec.emulate:
+            from labctl.emulators.power_meter import meter_emulator
+
+            assert models is not None, "checked: emulated meters only where the lab has switch models"
+            emulator = meter_emulator(name, channels, models)
+            lab.start_hooks.append(emulator.start)
+            lab.async_close_hooks.append(emulator.close)
+            # Its port exists once it has started: asked for when the probe starts.
+            sites.append(MeterSite(name, spec, channels, functools.partial(getattr, emulator, "address")))
+        else:
+            assert spec.address is not None
+            sites.append(MeterSite(name, spec, channels, _fixed((spec.address, spec.port))))
+    lab.probes.extend(build_probes(("power-meter",), ProbeContext(ctx.probes, meters=sites)))
+
+
+def _fixed(address: tuple[str, int]) -> Callable[[], tuple[str, int]]:
+    return lambda: address

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from labctl.errors import InputError
-from labctl.inventory import NicPort
+from labctl.inventory import MeterChannel, NicPort, PowerMeterSpec
 from labctl.models.fabric import SimFabric
 from labctl.ocs import OpticalSwitch
 from labctl.registry import PROBES, Registry
@@ -50,6 +50,17 @@ class RxPowerBatch(Protocol):
 
 
 @dataclass(frozen=True)
+class MeterSite:
+    """A bench power meter the power-meter probe polls: its inventory entry, its channels, and where to
+    reach it (`endpoint()`, asked at start: an emulated meter's port exists once the lab started it)."""
+
+    name: str
+    spec: PowerMeterSpec
+    channels: Sequence[MeterChannel]
+    endpoint: Callable[[], tuple[str, int]]
+
+
+@dataclass(frozen=True)
 class ProbeContext:
     """Everything a probe factory may draw on; each uses what its signal needs."""
 
@@ -62,6 +73,8 @@ class ProbeContext:
     """The lab's behaviour model, for probes that read it directly."""
     switches: Sequence[tuple[OpticalSwitch, Sequence[int]]] = ()
     """Switches and the ports on each to watch (the switches' own power monitors)."""
+    meters: Sequence[MeterSite] = ()
+    """Bench power meters (labctl.probes.power_meter)."""
 
     @property
     def report_interval_ns(self) -> int:

@@ -152,6 +152,59 @@ async def model_world(tmp_path: Path, *, view: str) -> AsyncIterator[Rig]:
             m.cancel_pending()
 
 
+# -- a bench power meter: power-meter ------------------------------------------------------------------------
+METER = """
+power_meters:
+  pm1:
+    emulate: true
+    averaging_time_ms: 1
+    channels:
+      1: {host: h1, nic: ens1f0np0}
+      2: {switch: ocs1, port: 6}
+"""
+
+
+@contextlib.asynccontextmanager
+async def meter_world(tmp_path: Path) -> AsyncIterator[Rig]:
+    """The model world's two receive fibers tapped by an emulated N77xx (one by NIC port, one by switch
+    port) over real TCP; the flip darkens and relights both."""
+    pytest.importorskip("pyvisa", reason="the power-meter probe needs the [scpi] extra")
+    from labctl.drivers.sim.switch import SimSwitch as Control
+    from labctl.emulators.power_meter import meter_emulator
+    from labctl.probes import MeterSite
+
+    path = tmp_path / "inventory.yaml"
+    path.write_text(TINY.format(a="ens1f0np0", b="ens1f0np0") + METER)
+    inv = load_inventory(path)
+    profile = inv.profile()
+    rng = random.Random(11)
+    models = SwitchModel.many({name: spec.space for name, spec in inv.switches.items()}, profile, rng)
+    fabric = SimFabric(inv, models, profile, rng)
+    control = Control(models["ocs1"], lambda _e: None)
+    a, b = inv.ports
+    circuit = [(a.tx, b.rx), (b.tx, a.rx)]
+
+    async def flip() -> None:
+        await control.disconnect(sorted({a.tx, a.rx, b.tx, b.rx}))
+        await asyncio.sleep(0.01)
+        await control.apply(circuit)
+
+    channels = inv.meter_channels("pm1")
+    emulator = meter_emulator("pm1", channels, models)
+    await control.connect()
+    await emulator.start()
+    try:
+        await control.apply(circuit)
+        site = MeterSite("pm1", inv.model.power_meters["pm1"], channels, lambda: emulator.address)
+        yield Rig(ProbeContext(SETTINGS, meters=[site]), flip, {})
+    finally:
+        await emulator.close()
+        await control.close()
+        fabric.cancel_pending()
+        for m in models.values():
+            m.cancel_pending()
+
+
 # -- the kernel: carrier, traffic over a veth pair between two namespaces ------------------------------------
 _rigs = itertools.count()
 NS_PREFIX = f"lt{os.getpid()}-pc"
@@ -260,6 +313,7 @@ HARNESSES: dict[str, Harness] = {
     "rc-traffic": Harness(veth_pair_rc, root=True),
     "verbs-rc": Harness(rdma_device),
     "link-state": Harness(veth_pair, root=True, window=True),
+    "power-meter": Harness(meter_world),
 }
 
 
@@ -432,6 +486,9 @@ async def test_events_are_declared_signals_of_its_own_ports(name: str, rig: Rig)
     for switch, ports in rig.ctx.switches:
         hosts[f"ocs:{switch.name}"] = ""
         hosts.update({f"ocs:{switch.name}/{port}": "" for port in ports})
+    for meter in rig.ctx.meters:  # a bench meter's readings: its channels, on the controller (no host)
+        hosts[f"pm:{meter.name}"] = ""
+        hosts.update({channel.source: "" for channel in meter.channels})
     probe = build(name, rig)
     t0 = now_ns()
     async with reading(probe) as reader:

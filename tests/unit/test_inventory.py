@@ -12,6 +12,7 @@ from labctl.cli import main
 from labctl.config import NetworkSwitchConfig
 from labctl.errors import InputError
 from labctl.inventory import load_inventory
+from labctl.switches import switch_drivers
 
 GOOD = """\
 lab: tiny
@@ -114,8 +115,10 @@ def test_default_inventory_is_the_opus_testbed(inventory_path: Path) -> None:
             id="fiber-on-a-foreign-port",
         ),
         pytest.param(
-            GOOD.replace("{driver: sim, size: 4x4}", "{driver: polatis-netconf, size: 4x4}"),
-            "inventory.yaml:3: switches.ocs1.driver: unknown driver 'polatis-netconf' (known: polatis-tl1, sim)",
+            GOOD.replace("{driver: sim, size: 4x4}", "{driver: calient-tl1, size: 4x4}"),
+            "inventory.yaml:3: switches.ocs1.driver: unknown driver 'calient-tl1' (known: "
+            + ", ".join(switch_drivers.names())
+            + ")",
             id="unregistered-driver",
         ),
         pytest.param(GOOD + "profile: nope\n", "profile: unknown profile 'nope'", id="unknown-profile"),
