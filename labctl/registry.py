@@ -22,6 +22,7 @@ from labctl.errors import InputError
 SWITCH_DRIVERS: Mapping[str, str] = {
     "sim": "labctl.drivers.sim:DRIVER",
     "polatis-tl1": "labctl.drivers.polatis_tl1:DRIVER",
+    "polatis-netconf": "labctl.drivers.polatis_netconf:DRIVER",
     "polatis-scpi": "labctl.drivers.polatis_scpi:DRIVER",
 }
 DEFAULT_LAB_KIND = "simulated"

@@ -186,6 +186,12 @@ def emulate_ocs(
         )
         for endpoint in getattr(emulator, "endpoints", ()):  # front ends with more than one way in
             print(f"  reachable at {endpoint}", flush=True)
+        fingerprint = getattr(emulator, "host_key_sha256", None)
+        if fingerprint:  # an SSH front end's key lives as long as the server: a client must pin this one
+            print(
+                f"  host key {fingerprint} (inventory: host_key: pinned, host_key_sha256: {fingerprint})",
+                flush=True,
+            )
         try:
             await stop.wait()
         finally:
