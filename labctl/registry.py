@@ -24,6 +24,7 @@ SWITCH_DRIVERS: Mapping[str, str] = {
     "polatis-tl1": "labctl.drivers.polatis_tl1:DRIVER",
     "polatis-netconf": "labctl.drivers.polatis_netconf:DRIVER",
     "polatis-scpi": "labctl.drivers.polatis_scpi:DRIVER",
+    "dicon-serial": "labctl.drivers.dicon_serial:DRIVER",
 }
 DEFAULT_LAB_KIND = "simulated"
 LAB_KINDS: Mapping[str, str] = {

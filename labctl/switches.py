@@ -80,6 +80,9 @@ class SwitchDriver(Generic[C]):
     open: Callable[[str, C, EventSink], OpticalSwitch] | None = None
     emulate: Callable[[str, C, SwitchModel, EventSink], EmulatedSwitch] | None = None
     emulator: EmulatorFrontEnd | None = None
+    measures_power: bool = True
+    """The switch has optical power monitors; without them `port_power` reads None (nothing measured)
+    for every port and the switch-power probe has nothing to sample."""
 
 
 switch_drivers: Registry[SwitchDriver[Any]] = Registry("switch driver", SWITCH_DRIVERS, SwitchDriver)

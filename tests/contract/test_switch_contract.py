@@ -323,6 +323,8 @@ async def test_changes_and_power_readings_are_events(rig: Rig) -> None:
     timed = await sw.port_power(ports)
     assert timed.start_ns <= timed.end_ns
     assert set(timed.value) == set(ports)
+    if not switch_drivers.get(rig.driver).measures_power:  # no monitors: nothing measured, said per port
+        expected = dict.fromkeys(ports)
     for port, dbm in expected.items():
         assert timed.value[port] == (None if dbm is None else pytest.approx(dbm, abs=0.01)), port
     rx = rig.since(mark, Kind.RX_POWER)

@@ -1,0 +1,285 @@
+"""The dicon-serial driver against its emulator over real serial lines: a pty (a real tty, opened by
+pyserial as a device), raw TCP (`socket://`) and RFC 2217 (`rfc2217://`); every fault of the plan, resync
+after line noise, wrong line settings, a missing pyserial; nothing left behind (tasks, threads, fds)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sys
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import pytest
+
+from labctl.drivers.dicon_serial.port import LineSettings
+from labctl.drivers.dicon_serial.switch import DiconSerialSwitch
+from labctl.emulators.core import FaultPlan
+from labctl.emulators.serial import DiconSerialEmulator
+from labctl.errors import HardwareError, InputError
+from labctl.events import Event, Kind
+from labctl.extras import MissingExtra
+from labctl.mapping import PortSpace
+from labctl.models.switch import SwitchModel
+from labctl.ocs import TimeoutPolicy
+from labctl.profiles import resolve_profile
+
+SPACE = PortSpace(8, 8)
+TRANSPORTS = ("pty", "socket", "rfc2217")
+DEADLINE_S = 10.0  # generous: a loaded CI machine (decision 0018)
+
+
+@dataclass
+class Bench:
+    emulator: DiconSerialEmulator
+    switch: DiconSerialSwitch
+    model: SwitchModel
+    events: list[Event]
+
+    def kinds(self, kind: str) -> list[Event]:
+        return [e for e in self.events if e.kind == kind]
+
+
+def url_of(emulator: DiconSerialEmulator, transport: str) -> str:
+    if transport == "pty":
+        assert emulator.pty_path is not None
+        return emulator.pty_path
+    if transport == "socket":
+        return f"socket://127.0.0.1:{emulator.port}"
+    return f"rfc2217://127.0.0.1:{emulator.rfc2217_port}"
+
+
+@asynccontextmanager
+async def bench(
+    transport: str,
+    *,
+    faults: FaultPlan | None = None,
+    settings: LineSettings | None = None,
+    reply_timeout_s: float = 0.25,
+    connect: bool = True,
+) -> AsyncIterator[Bench]:
+    model = SwitchModel("ocs1", SPACE, resolve_profile("fast"), random.Random(3))
+    emulator = DiconSerialEmulator(
+        model, tcp=transport == "socket", pty=transport != "socket", rfc2217=transport == "rfc2217"
+    )
+    await emulator.start()
+    events: list[Event] = []
+    switch = DiconSerialSwitch(
+        "ocs1",
+        SPACE,
+        url=url_of(emulator, transport),
+        settings=settings or LineSettings(),
+        emit=events.append,
+        timeouts=TimeoutPolicy(connect_s=DEADLINE_S, operation_s=DEADLINE_S),
+        reply_timeout_s=reply_timeout_s,
+        settle_timeout_s=1.0,
+    )
+    try:
+        if connect:
+            await switch.connect()
+        if faults is not None:
+            emulator.set_faults(faults)
+        yield Bench(emulator, switch, model, events)
+    finally:
+        await switch.close()
+        await emulator.close()
+        model.cancel_pending()
+
+
+def serial_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(("serial:", "pySerial"))]
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+# -- apply, read back, events -----------------------------------------------------------------------------
+async def test_apply_reads_back_and_every_wire_command_is_an_event(transport: str) -> None:
+    fds = open_fds()
+    async with bench(transport) as b:
+        assert b.switch.identity[:2] == ("Dicon Fiberoptics Inc", "GP600")
+        await b.switch.apply({(1, 9), (2, 10)})
+        mark = len(b.events)
+        result = await b.switch.apply({(1, 10), (2, 9), (3, 11)})  # a swap and a new patch
+        assert result.value.mapping == {(1, 10), (2, 9), (3, 11)} == b.model.patches
+        assert (await b.switch.get_mapping()).value == b.model.patches
+        io = [e for e in b.events[mark:] if e.kind == Kind.OCS_IO]
+        sent = [e.meta["command"] for e in io]
+        assert sent.count("X1 CH 1?") == 3  # read before, read after, get_mapping
+        changes = [c for c in sent if not c.endswith("?") or c == "SYST:ERR?"]
+        assert changes == ["X1 CH 3 3", "X1 CH 1 0", "X1 CH 2 1", "X1 CH 1 2", "SYST:ERR?"]
+        assert all(e.value >= 0 and e.meta["status"] == "ok" for e in io)
+        assert b.kinds(Kind.OCS_COMPLETE)
+    assert not serial_threads(), "a port thread outlived its driver"
+    assert open_fds() == fds, "a file descriptor outlived the driver and emulator"
+
+
+async def test_power_is_not_measured_and_says_so(transport: str) -> None:
+    async with bench(transport) as b:
+        timed = await b.switch.port_power([1, 9])
+        assert timed.value == {1: None, 9: None}
+        rx = b.kinds(Kind.RX_POWER)
+        assert [e.meta["monitor"] for e in rx] == ["none", "none"]
+
+
+# -- faults -------------------------------------------------------------------------------------------------
+async def test_a_drop_mid_command_is_recovered_and_verified(transport: str) -> None:
+    """The emulator goes silent (pty: as a device that browned out; TCP: hangs up) on the 2nd command after
+    the faults are set: the read-back query that hit it is asked again, the change goes through."""
+    async with bench(transport, faults=FaultPlan(drop_after_commands=2)) as b:
+        result = await b.switch.apply({(1, 9), (2, 10)})
+        assert result.value.mapping == {(1, 9), (2, 10)} == b.model.patches
+        statuses = {e.meta["status"] for e in b.kinds(Kind.OCS_IO)}
+        assert statuses & {"no reply", "lost"}
+        if transport == "socket":  # TCP hangs up; a device (behind a console server or not) goes silent
+            assert b.switch.reconnects >= 1
+
+
+async def test_a_drop_mid_reply_is_recovered(transport: str) -> None:
+    async with bench(transport, faults=FaultPlan(drop_mid_reply_after_commands=3)) as b:
+        result = await b.switch.apply({(1, 9)})
+        assert result.value.mapping == {(1, 9)} == b.model.patches
+        assert (await b.switch.get_mapping()).value == {(1, 9)}
+
+
+async def test_a_drop_of_the_acknowledgement_is_left_to_the_read_back(transport: str) -> None:
+    """The change arrives, the SYST:ERR? after it is dropped: the attempt fails, the read-back shows the
+    change took effect, nothing is sent twice."""
+    async with bench(transport) as b:
+        await b.switch.apply({(1, 9)})
+        # the apply below sends 8 queries, then X1 CH 2 2, then SYST:ERR? (the 10th command)
+        b.emulator.set_faults(FaultPlan(drop_after_commands=10))
+        result = await b.switch.apply({(1, 9), (2, 10)})
+        assert result.value.mapping == {(1, 9), (2, 10)} == b.model.patches
+        assert result.value.attempts == 1
+        assert b.kinds(Kind.OCS_ERROR)  # the attempt without acknowledgement is on the record
+
+
+async def test_refusals_are_reported_in_the_switchs_words_and_retried(transport: str) -> None:
+    async with bench(transport, faults=FaultPlan(deny_probability=1.0)) as b:
+        with pytest.raises(HardwareError, match=r"-200, Execution error; injected refusal"):
+            await b.switch.apply({(1, 9)})
+        assert b.model.patches == frozenset()
+        b.emulator.set_faults(FaultPlan())
+        assert (await b.switch.apply({(1, 9)})).value.mapping == {(1, 9)}
+        # an output in use is refused by the switch itself, before the model is asked
+        b.model.patches = frozenset({(1, 9)})
+        await b.switch._change(["X1 CH 1 1"])
+        with pytest.raises(HardwareError, match=r"-221, Settings conflict; output 1 is in use by input 1"):
+            await b.switch._change(["X1 CH 2 1"])
+
+
+@pytest.mark.parametrize("position", ["inside", "between"])
+async def test_the_driver_resynchronises_after_line_noise(transport: str, position: str) -> None:
+    """Garbage with every 3rd reply (inside the reply line, or as a line of its own before it): applies
+    and reads still come out right; the noise is counted and on the record."""
+    plan = FaultPlan(garbage_every=3, garbage_position=position, seed=5)  # type: ignore[arg-type]
+    async with bench(transport, faults=plan) as b:
+        for mapping in ({(1, 9), (2, 10)}, {(1, 10), (2, 9), (5, 13)}, {(3, 11)}):
+            result = await b.switch.apply(mapping, scope={1, 2, 3, 5, 9, 10, 11, 13})
+            assert result.value.mapping == mapping == b.model.patches
+        assert (await b.switch.get_mapping()).value == {(3, 11)}
+        assert b.switch.noise_lines > 0
+        assert any(e.value == "noise" for e in b.kinds(Kind.OCS_SESSION))
+
+
+async def test_lost_state_is_repaired_by_a_verified_apply(transport: str) -> None:
+    async with bench(transport) as b:
+        await b.switch.apply({(1, 9), (2, 10)})
+        b.emulator.set_faults(FaultPlan(lose_state_after_commands=1))  # reboots on the next command
+        result = await b.switch.apply({(1, 9), (2, 10), (3, 11)})
+        assert result.value.mapping == {(1, 9), (2, 10), (3, 11)} == b.model.patches
+
+
+async def test_a_reply_later_than_the_reply_timeout_is_asked_again_and_late_ones_are_discarded(
+    transport: str,
+) -> None:
+    async with bench(transport, reply_timeout_s=0.3) as b:
+        await b.switch.apply({(1, 9)})
+        b.emulator.set_faults(FaultPlan(delay_ms=2500))  # later than all three tries together
+        with pytest.raises(HardwareError, match=r"no valid reply to X1 CH 1\?"):
+            await b.switch.get_mapping()
+        b.emulator.set_faults(FaultPlan())
+        assert (await b.switch.get_mapping()).value == {(1, 9)}
+        assert b.switch._line is not None
+        resyncs = b.switch._line.resyncs
+        await asyncio.sleep(2.5)  # the late replies of the failed tries arrive, unasked
+        b.model.patches = frozenset({(2, 10)})  # the switch changed meanwhile: stale replies would lie
+        assert (await b.switch.get_mapping()).value == {(2, 10)}
+        assert b.switch._line.resyncs > resyncs  # the unasked bytes were discarded first
+
+
+async def test_the_operation_deadline_bounds_a_slow_switch(transport: str) -> None:
+    async with bench(transport) as b:
+        b.switch.timeouts = TimeoutPolicy(connect_s=DEADLINE_S, operation_s=0.3)
+        b.emulator.set_faults(FaultPlan(delay_ms=3000))
+        with pytest.raises(HardwareError, match=r"apply did not finish within 0\.3 s"):
+            await b.switch.apply({(1, 9)})
+        b.emulator.set_faults(FaultPlan())
+        b.switch.timeouts = TimeoutPolicy(connect_s=DEADLINE_S, operation_s=DEADLINE_S)
+        assert (await b.switch.apply({(1, 9)})).value.mapping == {(1, 9)}
+
+
+# -- the line itself ------------------------------------------------------------------------------------------
+async def test_the_pty_is_a_real_tty_at_the_configured_line_settings() -> None:
+    import termios
+
+    async with bench("pty") as b:
+        assert b.emulator.pty_path is not None and os.isatty(b.emulator._slave or -1)
+        attrs = termios.tcgetattr(b.emulator._slave or -1)
+        assert attrs[4] == attrs[5] == termios.B115200
+        assert attrs[2] & termios.CSIZE == termios.CS8 and not attrs[2] & termios.PARENB
+        assert not attrs[3] & (termios.ICANON | termios.ECHO)  # raw: no line editing, no echo
+        assert b.emulator.line_matches()
+
+
+@pytest.mark.parametrize("transport", ["pty", "rfc2217"])
+async def test_wrong_line_settings_fail_connect_in_one_line(transport: str) -> None:
+    """The driver opens the line at 9600 baud where the switch runs at 115200 (on rfc2217:// the console
+    server sets its port to what the client asked): what comes back is no reply."""
+    async with bench(transport, settings=LineSettings(baudrate=9600), connect=False) as b:
+        with pytest.raises(HardwareError, match=r"no valid reply to \*IDN\?.*9600 8N1.*line settings"):
+            await b.switch.connect()
+        assert b.emulator.mismatched_commands > 0
+    assert not serial_threads()
+
+
+async def test_a_device_that_is_not_a_dicon_matrix_of_that_size_is_refused() -> None:
+    async with bench("socket", connect=False) as b:
+        b.emulator.idn = "Acme Optics, SW-1, 1, 1.0"
+        with pytest.raises(InputError, match="is not a DiCon switch"):
+            await b.switch.connect()
+    async with bench("socket", connect=False) as b:
+        b.switch.space = PortSpace(16, 16)
+        with pytest.raises(InputError, match="inventory says 16x16 but the switch reports 8x8"):
+            await b.switch.connect()
+
+
+async def test_a_missing_device_is_one_line() -> None:
+    switch = DiconSerialSwitch(
+        "ocs1", SPACE, url="/dev/labctl-no-such-tty", settings=LineSettings(), emit=lambda e: None
+    )
+    with pytest.raises(HardwareError, match="cannot open /dev/labctl-no-such-tty"):
+        await switch.connect()
+    assert not serial_threads()
+
+
+async def test_missing_pyserial_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "serial", None)  # `import serial` now raises ImportError
+    switch = DiconSerialSwitch("ocs1", SPACE, url="socket://127.0.0.1:9", settings=LineSettings(), emit=print)
+    with pytest.raises(MissingExtra) as info:
+        await switch.connect()
+    assert str(info.value) == (
+        "the DiCon serial switch driver needs serial (it is not installed): pip install 'labctl[serial]'"
+    )
+    assert not serial_threads()
