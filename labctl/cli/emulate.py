@@ -45,6 +45,13 @@ def emulate_ocs(
     list_drivers: Annotated[
         bool, typer.Option("--list", help="List the drivers that have an emulator, and exit.")
     ] = False,
+    protocol: Annotated[
+        str | None,
+        typer.Option(
+            help="Pick the emulator by protocol instead of DRIVER: tl1, netconf, scpi, serial (the last part "
+            "of a driver's name)."
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[
         int | None, typer.Option(help="TCP port (0 = pick a free one and print it; default: the protocol's).")
@@ -98,6 +105,15 @@ def emulate_ocs(
     from labctl.switches import EmulatorOptions, switch_drivers
 
     serving = {name: e.emulator for name, e in switch_drivers.all().items() if e.emulator is not None}
+    if protocol is not None:
+        speaking = [name for name in serving if name.rsplit("-", 1)[-1] == protocol.lower()]
+        known = sorted({name.rsplit("-", 1)[-1] for name in serving})
+        if len(speaking) != 1:
+            which = f"served by {', '.join(speaking)}: name one" if speaking else "no emulator speaks it"
+            raise InputError(f"--protocol {protocol}: {which} (protocols: {', '.join(known)})")
+        if driver and driver != speaking[0]:
+            raise InputError(f"--protocol {protocol} is driver {speaking[0]}, not {driver}: give one of them")
+        driver = speaking[0]
     if list_drivers or not driver:
         if not list_drivers:
             raise InputError(f"name the driver to emulate: {', '.join(serving)}")

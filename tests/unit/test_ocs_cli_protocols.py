@@ -60,8 +60,10 @@ def _switch_line(driver: str, transport: str, banner: list[str]) -> str:
 @pytest.mark.parametrize(("driver", "transport"), CASES)
 def test_labctl_ocs_against_the_protocol_emulator(driver: str, transport: str, tmp_path: Path) -> None:
     env = {**os.environ, "POLATIS_PASSWORD": PW}
+    # by protocol name, as a lab engineer who knows the protocol but not labctl's driver names would
+    chosen = ["--protocol", driver.rsplit("-", 1)[-1]]
     emu = subprocess.Popen(
-        [*LABCTL, "emulate", "ocs", driver, "--port", "0", "--size", "4x4", "--switching-ms", "1"],
+        [*LABCTL, "emulate", "ocs", *chosen, "--port", "0", "--size", "4x4", "--switching-ms", "1"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -112,3 +114,11 @@ def test_labctl_ocs_against_the_protocol_emulator(driver: str, transport: str, t
         if emu.stdout is not None:
             emu.stdout.close()
     assert emu.returncode == 0
+
+
+def test_an_unknown_protocol_is_one_line_naming_the_known_ones() -> None:
+    proc = subprocess.run(
+        [*LABCTL, "emulate", "ocs", "--protocol", "openflow"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "no emulator speaks it (protocols: netconf, scpi, serial, tl1)" in proc.stderr
