@@ -41,6 +41,7 @@ from labctl.probes import ProbeContext, probe_kinds
 from labctl.sampling import Probe
 from labctl.store import RunDir, new_run_id, read_run_json, versions
 from labctl.topology import peers_of, rail_scope
+from labctl.workload.steps import GpuBench, Hold, Reconfigure, ReplaySegment
 
 log = logging.getLogger("labctl.controller")
 
@@ -168,7 +169,7 @@ def planned_reconfigurations(plan: Plan, inventory: Inventory) -> list[PlannedRe
     with each switch's patch diff and the ports whose peer changes. Touches nothing."""
     current: dict[int, Mapping] = {rail: frozenset() for rail in plan.rails}
     out = []
-    for n, (step, phase) in enumerate([(None, plan.spec.baseline), *plan.steps]):
+    for n, (step, phase) in enumerate([(None, plan.baseline), *plan.steps]):
         changes: dict[str, MappingDiff] = {}
         moved: list[tuple[str, str | None, str | None]] = []
         for rail, rp in plan.phases[phase].items():
@@ -215,6 +216,7 @@ class Controller:
         self._abandon_restore = False
         self._connected: list[Any] = []
         self._touched = False  # a switch was told to change: a failure from here on must restore the baseline
+        self.replay_results: list[Any] = []  # labctl.workload.replay.ReplayResult, one per replay segment
 
     # -- one reconfiguration ---------------------------------------------------------------------------------
     def _affected(
@@ -244,7 +246,7 @@ class Controller:
         hundreds of ports each is milliseconds of loop time that would otherwise land on a sampler's tick
         at the start of its reconfiguration."""
         current = dict(self.current)
-        phases = [self.plan.spec.baseline] + [phase for _, phase in self.plan.steps]
+        phases = [self.plan.baseline] + [phase for _, phase in self.plan.steps]
         for phase in phases:
             target = self.plan.phases[phase]
             self._affected(target, current)
@@ -392,31 +394,93 @@ class Controller:
             self.events.flush()
 
     async def sequence(self) -> None:
-        spec = self.plan.spec
+        """Execute the plan's program, step by step (labctl.workload.steps; decision 0037)."""
         gpu = self._gpu_step()
-        if gpu is not None:
-            await gpu.run("before")
+        for step in self.plan.program:
+            if isinstance(step, GpuBench):
+                if gpu is not None:
+                    await gpu.run(step.stage)
+            elif isinstance(step, Reconfigure):
+                if step.baseline:
+                    await self._baseline(step.phase)
+                else:
+                    await self.reconfigure(
+                        step.phase, step.step, stage=Stage("step", step.phase, step.index, step.of)
+                    )
+            elif isinstance(step, Hold):
+                # The baseline holds like every step: the next reconfiguration must not cut its last port's
+                # recovery short.
+                await asyncio.sleep(step.seconds)
+            elif isinstance(step, ReplaySegment):
+                await self._replay(step)
+            else:  # a new step type reached a controller that does not know it
+                raise LabctlError(f"the controller cannot execute plan step {step!r}")
+
+    async def _baseline(self, phase: str) -> None:
+        spec = self.plan.spec
         expected = sum(
             peer is not None
-            for rail, rp in self.plan.phases[spec.baseline].items()
+            for rail, rp in self.plan.phases[phase].items()
             for _, peer in self._moved(rail, self.current[rail], rp.mapping)
         )
-        pending = await self.reconfigure(spec.baseline, None, measured=True)
+        pending = await self.reconfigure(phase, None, measured=True)
         if pending:
             # Every later measurement would start from a broken lab: say so and stop, not "completed".
             shown = ", ".join(pending[:8]) + (" ..." if len(pending) > 8 else "")
             raise LabctlError(
-                f"baseline '{spec.baseline}' did not come up: {len(pending)} of {expected} ports not "
+                f"baseline '{phase}' did not come up: {len(pending)} of {expected} ports not "
                 f"recovered within {spec.recovery_timeout_s:g} s ({shown})"
             )
-        # The baseline holds like every step: reconfiguration 1 must not cut its last port's recovery short.
-        await asyncio.sleep(spec.hold_s)
-        steps = self.plan.steps
-        for i, (step, phase) in enumerate(steps, start=1):
-            await self.reconfigure(phase, step, stage=Stage("step", phase, i, len(steps)))
-            await asyncio.sleep(spec.hold_s)
-        if gpu is not None:
-            await gpu.run("after")
+
+    # -- replay segments (labctl.workload) --------------------------------------------------------------
+    async def _replay(self, segment: ReplaySegment) -> None:
+        """Replay a trace from the baseline's circuits: its topo writes re-target the probes like any
+        reconfiguration; its events carry no reconfiguration number (they are not link-up breakdown rows)."""
+        self._touched = True
+        self.events.reconfig = None
+        self.progress.message(f"replaying {segment.replay.trace.name} ({segment.replay.spec.mode})")
+        try:
+            await segment.replay.run(self)  # its result lands in replay_results, even a partial one
+        finally:
+            await self.events.flush_durably()
+
+    def rail_changed(self, rail: int, before: Mapping, after: Mapping) -> None:
+        """A replay changed part of a rail: remember it and re-target the probes (as `_apply_rail` does)."""
+        self.current[rail] = after
+        moved = [port.source for port, _ in self._moved(rail, before, after)]
+        for aware in self.lab.switch_aware_probes:
+            aware.switched(moved)
+        circuits = self._circuits(rail, after)
+        for probe in self.lab.circuit_probes:
+            probe.set_circuits(dict(circuits))
+
+    async def links_up(self, changes: list[tuple[int, Mapping, Mapping]], t0_ns: int) -> None:
+        """Until every port the changes moved carries traffic to its new peer (a replay's `ready: link`), or
+        the recovery timeout (recorded as `run.timeout`, like a reconfiguration's)."""
+        expected = {
+            port.source: peer.source
+            for rail, before, after in changes
+            for port, peer in self._moved(rail, before, after)
+            if peer is not None
+        }
+        timeout_s = self.plan.spec.recovery_timeout_s
+        tracker = RecoveryTracker(expected, t0_ns, lambda k: None, deadline_ns=t0_ns + round(timeout_s * 1e9))
+        unsubscribe = self.events.subscribe(tracker)
+        try:
+            await asyncio.wait_for(
+                tracker.done.wait(), max(t0_ns + round(timeout_s * 1e9) - now_ns(), 0) / 1e9
+            )
+        except TimeoutError:
+            pending = sorted(tracker.pending)
+            self.events.emit(
+                now_ns(),
+                Kind.RUN_TIMEOUT,
+                "controller",
+                len(pending),
+                meta={"pending": pending, "timeout_s": timeout_s},
+            )
+        finally:
+            unsubscribe()
 
     def _gpu_step(self) -> Any:
         """The optional `gpu:` step of the experiment (skipped, with an event, without a GPU)."""
@@ -447,9 +511,9 @@ class Controller:
         work.result()
 
     async def restore_baseline(self) -> None:
-        baseline = self.plan.phases[self.plan.spec.baseline]
+        baseline = self.plan.phases[self.plan.baseline]
         if any(self.current[rail] != rp.mapping for rail, rp in baseline.items()):
-            phase = self.plan.spec.baseline
+            phase = self.plan.baseline
             await self.reconfigure(phase, None, measured=False, wait=False, stage=Stage("restore", phase))
 
     def _switch_power_probes(self) -> list[Probe]:
@@ -614,9 +678,13 @@ async def run_experiment(
     """Everything `labctl run` does: validate, run, analyse, plot. InputErrors surface before any I/O."""
     progress = progress or NullProgress()
     inventory = load(inventory_path)
-    spec, src = load_experiment(experiment)
-    plan = build_plan(spec, inventory, src)
+    plan = compile_experiment(experiment, inventory)
+    spec = plan.spec
     profile_obj = inventory.profile(profile)
+    # A replay may fix the switching time (Figure 10's x-axis): the run records the profile it ran on.
+    profile_update: dict[str, Any] = getattr(spec, "profile_update", dict)()
+    if profile_update:
+        profile_obj = profile_obj.model_copy(update=profile_update)
     profile_name = profile or inventory.model.profile
     seed = seed if seed is not None else secrets.randbits(32)
     # The lab is built before anything is written, so any input error leaves no run directory behind.
@@ -687,14 +755,39 @@ async def run_experiment(
             **{**lab.meta, "time_sync": {**run.meta["time_sync"], **lab.meta.get("time_sync", {})}},
         )
     outcome = RunOutcome(run.path, status, error, events=events.count)
+    replay = _record_replays(run, controller.replay_results)
     try:
         outcome.summary = analyse(run.path, spec.analysis.rx_power_threshold_dbm, plots=plots)
+        if replay:
+            outcome.summary["replay"] = replay
+            write_json_atomic(run.path / "summary.json", outcome.summary)
     except Exception as e:  # the events are on disk: `labctl report` can recompute once this is fixed
         log.exception("analysis failed")
         cause = f"analysis failed: {type(e).__name__}: {e}"
         outcome.status, outcome.error = "failed", "; ".join(filter(None, [error, cause]))
         run.update(status=outcome.status, error=outcome.error)
     return outcome
+
+
+def compile_experiment(experiment: Path, inventory: Inventory) -> Plan:
+    """Any experiment kind, compiled to a plan of typed steps against the inventory."""
+    from labctl.workload.experiment import is_replay, load_replay_plan
+
+    if is_replay(experiment):
+        return load_replay_plan(experiment, inventory)
+    spec, src = load_experiment(experiment)
+    return build_plan(spec, inventory, src)
+
+
+def _record_replays(run: RunDir, results: list[Any]) -> dict[str, Any] | None:
+    """A replay's per-step and per-operation CSVs in the run directory, its summary in run.json."""
+    if not results:
+        return None
+    result = results[-1]
+    result.write_csv(run.path)
+    summary: dict[str, Any] = result.summary()
+    run.update(replay=summary)
+    return summary
 
 
 def analyse(run_dir: Path, threshold_dbm: float | None = None, *, plots: bool = True) -> dict[str, Any]:

@@ -79,6 +79,13 @@ class Kind:
     RUN_ABORT: Final = "run.abort"
     RUN_FAULT: Final = "run.fault"  # the lab reported a fault (value: why); the run stops and restores
     AGENT_LOST: Final = "agent.lost"  # a host's agent went offline mid-run (meta: events received before)
+    # Workload replay (labctl.workload, issue 16)
+    WORKLOAD_TOPO: Final = "workload.topo_write"  # a topo_id write on every rail (value: the topo_id)
+    WORKLOAD_OP: Final = "workload.op"  # a replayed collective (value: its label; meta: times, exposed)
+    WORKLOAD_STEP: Final = "workload.step"  # a replayed step (value: step time ns; meta: stall, waits)
+    WORKLOAD_RETRY: Final = "workload.retry"  # a rail's change failed and is tried again (value: why)
+    WORKLOAD_FALLBACK: Final = "workload.fallback"  # the job fell back to the static giant ring (value: why)
+    WORKLOAD_REPLAY: Final = "workload.replay"  # a replay segment starts (value: the trace; meta: mode)
 
 
 KINDS = frozenset(v for k, v in vars(Kind).items() if k.isupper())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -19,6 +19,7 @@ from labctl.inventory import Inventory
 from labctl.mapping import Mapping
 from labctl.sampling import ProbeSettings
 from labctl.topology import Link, links_to_mapping, pairs_links, ring_links
+from labctl.workload.steps import Reconfigure, Step, check_program, timeline_program
 from labctl.yamlio import SourcedYaml, format_loc, load_yaml, pydantic_error_line
 
 
@@ -133,19 +134,57 @@ class RailPhase:
     mapping: Mapping
 
 
+class RunSpec(Protocol):
+    """What the controller reads of any experiment kind (a timeline ExperimentSpec, a replay's spec)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def recovery_timeout_s(self) -> float: ...
+    @property
+    def hold_s(self) -> float: ...
+    @property
+    def probes(self) -> ProbeSettings: ...
+    @property
+    def analysis(self) -> AnalysisSettings: ...
+    @property
+    def gpu(self) -> GpuSettings | None: ...
+
+    def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class Plan:
-    """An experiment compiled against an inventory: everything the controller needs, validated."""
+    """An experiment compiled against an inventory: everything the controller needs, validated.
 
-    spec: ExperimentSpec
+    `program` is the checked sequence of typed steps the controller executes (labctl.workload.steps); a
+    timeline experiment's is the fixed order it always had (GPU before, baseline, hold, per step
+    reconfigure + hold, GPU after)."""
+
+    spec: RunSpec
     path: Path | None
     rails: tuple[int, ...]
     phases: dict[str, dict[int, RailPhase]]
+    program: tuple[Step, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.program and isinstance(self.spec, ExperimentSpec):
+            steps = [(rep, name) for rep in range(self.spec.repeat) for name in self.spec.cycle]
+            program = timeline_program(
+                self.spec.baseline, steps, self.spec.hold_s, gpu=self.spec.gpu is not None
+            )
+            object.__setattr__(self, "program", program)
+        check_program(self.program, self.phases)
+
+    @property
+    def baseline(self) -> str:
+        """The phase the plan sets up first and restores at the end."""
+        return next(s.phase for s in self.program if isinstance(s, Reconfigure) and s.baseline)
 
     @property
     def steps(self) -> list[tuple[int, str]]:
         """(step index, phase name) for every reconfiguration after the baseline."""
-        return [(rep, name) for rep in range(self.spec.repeat) for name in self.spec.cycle]
+        return [(s.step, s.phase) for s in self.program if isinstance(s, Reconfigure) and s.step is not None]
 
     @property
     def hosts(self) -> set[str]:

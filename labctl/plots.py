@@ -721,3 +721,54 @@ def plot_run(
     paths = plot_timeline(index, frame, first, out_dir / "timeline", **options)
     paths += plot_distributions(frame, out_dir / "distributions", style=style)
     return paths
+
+
+# --- step time vs switching delay (Opus Figure 10; labctl.workload.sweep) ------------------------------
+
+
+def plot_step_time_vs_delay(
+    rows: Sequence[dict[str, Any]], out: Path, *, title: str = "", style: str | os.PathLike[str] | None = None
+) -> list[Path]:
+    """Step time over native against the switching delay: measured on demand and with provisioning, the
+    estimate T_native + T_reconfig × N, and the stall model Σ max(0, T − Wᵢ) from the trace's windows.
+    `rows`: one per (switching_ms, mode) with step_ns, native_ns, estimate_ns, model_ns (sweep.csv)."""
+    with styled(style):
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        for mode, colour, marker in (("on-demand", "C0", "o"), ("provisioning", "C1", "s")):
+            mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: float(r["switching_ms"]))
+            if not mine:
+                continue
+            x = [float(r["switching_ms"]) for r in mine]
+            ax.plot(
+                x,
+                [int(r["step_ns"]) / int(r["native_ns"]) for r in mine],
+                marker=marker,
+                color=colour,
+                label=f"{mode} (replayed)",
+            )
+            if mode == "provisioning":
+                ax.plot(
+                    x,
+                    [int(r["model_ns"]) / int(r["native_ns"]) for r in mine],
+                    ls=":",
+                    color=colour,
+                    label="stall model Σ max(0, T − Wᵢ)",
+                )
+            else:
+                ax.plot(
+                    x,
+                    [int(r["estimate_ns"]) / int(r["native_ns"]) for r in mine],
+                    ls="--",
+                    color="0.4",
+                    label="estimate T_native + T × N",
+                )
+        ax.axhline(1.0, color="0.7", lw=0.8, label="native")
+        ax.set_xlabel("switching delay (ms)")
+        ax.set_ylabel("step time / native")
+        if title:
+            ax.set_title(title)
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        paths = _save(fig, out)
+        plt.close(fig)
+    return paths

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from labctl.cli import agent, bench, dom, emulate, inventory, lab, ocs, plan, probe, queue, run
+from labctl.cli import agent, bench, dom, emulate, inventory, lab, ocs, plan, probe, queue, replay, run
 from labctl.cli.common import EXIT_ABORTED, err, out
 from labctl.errors import InputError, LabctlError
 
@@ -26,7 +26,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for group in (run, inventory, lab, ocs, emulate, probe, dom, bench, queue, agent, plan):
+for group in (run, inventory, lab, ocs, emulate, probe, dom, bench, queue, agent, plan, replay):
     group.register(app)
 
 

@@ -270,7 +270,7 @@ def run(
                 f"reconfigurations, {outcome.summary.get('rows', 0)} port rows)",
             )
         )
-    else:  # a run that failed before its first reconfiguration: an all-dash table says nothing
+    elif not outcome.summary.get("replay"):  # failed before its first reconfiguration: say only that
         out.print("no reconfiguration was measured")
     if outcome.summary.get("timed_out"):
         out.print(f"[red]{outcome.summary['timed_out']} port recoveries timed out[/]")
@@ -278,6 +278,10 @@ def run(
         out.print(line, highlight=False)
     for caveat in outcome.summary.get("clock_caveats", []):
         out.print(f"[yellow]clock: {caveat}[/]", highlight=False)
+    from labctl.cli.replay import replay_lines  # a `kind: replay` experiment's own lines (issue 16)
+
+    for line in replay_lines(outcome.summary):
+        out.print(line, highlight=False)
     out.print(f"status: [bold]{outcome.status}[/]" + (f" ({outcome.error})" if outcome.error else ""))
     if outcome.status == "aborted":
         raise typer.Exit(EXIT_ABORTED)
@@ -291,6 +295,10 @@ def _dry_run(experiment: Path, inventory_path: Path, profile: str | None) -> Non
     from labctl.labs import load
 
     inventory = load(inventory_path)
+    from labctl.cli.replay import dry_run_replay  # a `kind: replay` experiment (issue 16)
+
+    if dry_run_replay(experiment, inventory, profile):
+        return
     spec, src = load_experiment(experiment)
     plan = build_plan(spec, inventory, src)
     inventory.profile(profile)

@@ -8,6 +8,7 @@ recover with every mark present. A driver registered with an emulator is enrolle
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ TL1_SWITCH = "{driver: polatis-tl1, emulate: true, size: 32x32}"
 EMULATED = tuple(
     name
     for name in switch_drivers.names()
-    if switch_drivers.get(name).emulate is not None and "emulate" in switch_drivers.get(name).config.model_fields
+    if switch_drivers.get(name).emulate is not None
+    and "emulate" in switch_drivers.get(name).config.model_fields
 )
 EXPERIMENT = (
     "name: parity\nrails: [0, 1]\nphases:\n  dp: {pairs: [[h1, h2], [h3, h4]]}\n"
@@ -39,7 +41,7 @@ def test_every_protocol_with_an_emulator_is_in_the_parity_run() -> None:
 
 
 async def _run(driver: str, tmp_path: Path) -> tuple[list[tuple[Any, ...]], Any]:
-    tmp_path.mkdir(parents=True, exist_ok=True)
+    os.makedirs(tmp_path, exist_ok=True)
     inventory = tmp_path / f"{driver}.yaml"
     source = TL1_INVENTORY.read_text()
     assert TL1_SWITCH in source
@@ -51,7 +53,12 @@ async def _run(driver: str, tmp_path: Path) -> tuple[list[tuple[Any, ...]], Any]
     )
     assert outcome.status == "completed", f"{driver}: {outcome.error}"
     commands = [
-        (e.reconfig, e.meta.get("rail"), tuple(map(tuple, e.meta["remove"])), tuple(map(tuple, e.meta["add"])))
+        (
+            e.reconfig,
+            e.meta.get("rail"),
+            tuple(map(tuple, e.meta["remove"])),
+            tuple(map(tuple, e.meta["add"])),
+        )
         for e in read_events(outcome.run_dir / "events.jsonl")
         if e.kind == Kind.OCS_COMMAND
     ]

@@ -225,9 +225,15 @@ async def test_cancelling_run_ticks_stops_its_ticks_and_closes_its_timer() -> No
 
     fds = len(os.listdir("/proc/self/fd"))
     seen: list[int] = []
-    task = asyncio.create_task(sampling.run_ticks(1_000_000, seen.append))
-    while len(seen) < 5:
-        await asyncio.sleep(0.001)
+    five = asyncio.Event()
+
+    def tick(t: int) -> None:
+        seen.append(t)
+        if len(seen) == 5:
+            five.set()
+
+    task = asyncio.create_task(sampling.run_ticks(1_000_000, tick))
+    await asyncio.wait_for(five.wait(), 10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -1,0 +1,250 @@
+"""`kind: replay` experiments: replay a trace on a lab, compiled to a plan of typed steps.
+
+    name: replay-opus-testbed
+    kind: replay
+    trace: opus-testbed          # a built-in trace, or a trace file (relative to this file)
+    mode: provisioning           # or on-demand
+    switching_ms: 25             # every switch takes exactly this long (overrides the profile's range)
+    ready: switch                # an op may start once the orchestrators acknowledged (switch), or once
+                                 # every moved port carries traffic again (link: firmware link-up counts)
+    steps: 2                     # steps to replay (default: the trace's)
+
+The plan: the baseline (the circuits the trace's first rail operation needs, set on every rail and waited
+for like any baseline), a hold, and one replay segment. Per step the run records step time, stall, each
+switch's exposed part and the G1/G2 waits (events `workload.*`, replay_steps.csv and replay_ops.csv).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from labctl.clock import now_ns
+from labctl.errors import InputError, LabctlError
+from labctl.events import EventLog, Kind
+from labctl.experiment import _NAME_OK, AnalysisSettings, GpuSettings, Plan, RailPhase
+from labctl.inventory import Inventory
+from labctl.labs.base import Lab
+from labctl.models.switch import SwitchModel
+from labctl.sampling import ProbeSettings
+from labctl.topology import Link, pairs_links, ring_links
+from labctl.workload.circuits import JobCircuits, TopoState, initial_state, topo_id
+from labctl.workload.orchestrator import JobOrchestrator
+from labctl.workload.replay import LinksUp, ReplayEngine, ReplayResult
+from labctl.workload.stall import switch_points
+from labctl.workload.steps import Hold, Reconfigure, ReplaySegment, check_program
+from labctl.workload.trace import Trace, get_trace
+from labctl.yamlio import SourcedYaml, load_yaml, pydantic_error_line
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class ReplayFaults(_Model):
+    """Persistent switch failure, injected into the lab's switch models (simulated lab)."""
+
+    refuse_changes: int = Field(ge=1, le=1_000_000, description="refuse this many of the next changes")
+    after_writes: int = Field(
+        default=1, ge=0, le=1_000_000, description="starting after this many topo writes"
+    )
+
+
+class SweepSettings(_Model):
+    """Figure 10: the same replay at each switching delay, on demand and with provisioning."""
+
+    switching_ms: list[Annotated[float, Field(ge=0, le=3_600_000)]] = Field(min_length=1, max_length=100)
+    modes: list[Literal["provisioning", "on-demand"]] = Field(
+        default=["on-demand", "provisioning"], min_length=1
+    )
+
+
+class ReplaySpec(_Model):
+    name: str = Field(min_length=1, max_length=80, pattern=_NAME_OK.pattern)
+    kind: Literal["replay"]
+    description: str = ""
+    trace: str = Field(min_length=1, max_length=4096)
+    mode: Literal["provisioning", "on-demand"] = "provisioning"
+    switching_ms: float | None = Field(default=None, ge=0, le=3_600_000)
+    ready: Literal["switch", "link"] = "switch"
+    steps: int | None = Field(default=None, ge=1, le=100_000)
+    learn_steps: int = Field(
+        default=0, ge=0, le=100_000, description="steps replayed on demand first (O1's table)"
+    )
+    time_scale: float = Field(default=1.0, gt=0, le=1000, description="multiply every trace time by this")
+    rails: list[Annotated[int, Field(ge=0, le=1023)]] | None = None
+    retries: int = Field(default=2, ge=0, le=100)
+    switch_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    faults: ReplayFaults | None = None
+    sweep: SweepSettings | None = Field(default=None, description="run with `labctl replay sweep`")
+    recovery_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    hold_s: float = Field(default=0.5, ge=0, le=3600)
+    probes: ProbeSettings = ProbeSettings()
+    analysis: AnalysisSettings = AnalysisSettings()
+    gpu: GpuSettings | None = Field(default=None, description="not run by a replay")
+
+    def profile_update(self) -> dict[str, Any]:
+        """What this replay changes in the lab's delay profile."""
+        if self.switching_ms is None:
+            return {}
+        return {"switching_ms": (self.switching_ms, self.switching_ms)}
+
+
+class ReplayHost(Protocol):
+    """What a replay segment needs from the controller that runs it."""
+
+    lab: Lab
+    events: EventLog
+    replay_results: list[Any]
+
+    def rail_changed(self, rail: int, before: Any, after: Any) -> None: ...
+
+    async def links_up(self, changes: list[tuple[int, Any, Any]], t0_ns: int) -> None: ...
+
+
+@dataclass
+class CompiledReplay:
+    spec: ReplaySpec
+    trace: Trace
+    circuits: JobCircuits
+    initial: TopoState
+
+    async def run(self, host: ReplayHost) -> ReplayResult:
+        models: list[SwitchModel] = []
+        if self.spec.faults is not None:
+            found = [getattr(sw, "model", None) for sw in host.lab.switches.values()]
+            models = [m for m in found if isinstance(m, SwitchModel)]
+            if len(models) != len(found):
+                raise LabctlError(
+                    "replay faults: this lab's switches are not behaviour models (simulated lab)"
+                )
+        faults = self.spec.faults
+
+        def on_write(n: int) -> None:
+            if faults is not None and n == faults.after_writes:
+                for model in models:
+                    model.refusals = faults.refuse_changes
+
+        orch = JobOrchestrator(
+            self.circuits,
+            host.lab.switches,
+            self.initial,
+            host.events.record,
+            rail_changed=host.rail_changed,
+            retries=self.spec.retries,
+            switch_timeout_s=self.spec.switch_timeout_s,
+            on_write=on_write,
+        )
+        links: LinksUp | None = host.links_up if self.spec.ready == "link" else None
+        engine = ReplayEngine(
+            self.trace,
+            orch,
+            host.events.record,
+            mode=self.spec.mode,
+            learn_steps=self.spec.learn_steps,
+            links_up=links,
+        )
+        t0 = now_ns()
+        host.events.emit(
+            t0,
+            Kind.WORKLOAD_REPLAY,
+            "replay",
+            self.trace.name,
+            meta={
+                "mode": self.spec.mode,
+                "steps": len(self.trace.steps),
+                "ready": self.spec.ready,
+                "topo_id": topo_id(self.initial),
+            },
+        )
+        result = ReplayResult(self.spec.mode)
+        host.replay_results.append(result)  # kept, as far as it got, if the replay fails
+        return await engine.run(result)
+
+
+def is_replay(path: Path) -> bool:
+    """Whether an experiment file says `kind: replay` (read again by the loader; errors there)."""
+    src = load_yaml(Path(path), "experiment")
+    return bool(src.data.get("kind") == "replay")
+
+
+def load_replay(path: Path | str) -> tuple[ReplaySpec, SourcedYaml, Trace]:
+    path = Path(path)
+    src = load_yaml(path, "experiment")
+    try:
+        spec = ReplaySpec.model_validate(src.data)
+    except ValidationError as e:
+        raise InputError(pydantic_error_line(src, e)) from None
+    try:
+        trace = get_trace(spec.trace, path.parent)
+    except InputError as e:
+        raise InputError(f"{src.where(('trace',))}: trace: {e}") from None
+    if spec.time_scale != 1.0:
+        trace = trace.scaled(spec.time_scale)
+    if spec.steps is not None:
+        trace = trace.with_steps(spec.steps)
+    return spec, src, trace
+
+
+def _links(circuits: JobCircuits, rail: int, state: TopoState) -> tuple[Link, ...]:
+    """The links of a state on a rail (for the plan's host list and a person reading it)."""
+    inv, out = circuits.inventory, []
+    for s, owner in enumerate(state):
+        if owner.dim == "pp":
+            if owner.partner is not None and s < owner.partner:
+                pairs = [
+                    list(p)
+                    for p in zip(circuits.stage_hosts[s], circuits.stage_hosts[owner.partner], strict=True)
+                ]
+                out += pairs_links(inv, rail, pairs, f"stage {s}")
+        else:
+            for group in circuits.groups(s, owner.dim):
+                if len(group) == 2:
+                    out += pairs_links(inv, rail, [group], f"stage {s}")
+                elif len(group) > 2:
+                    out += ring_links(inv, rail, group, f"stage {s}")
+    return tuple(out)
+
+
+def build_replay_plan(
+    spec: ReplaySpec, trace: Trace, inventory: Inventory, src: SourcedYaml | None, path: Path | None
+) -> Plan:
+    """Resolve the job on the inventory, check every state the replay asks for, compile the program."""
+    if spec.sweep is not None:
+        at = src.where(("sweep",)) if src is not None else "sweep"
+        raise InputError(
+            f"{at}: sweep: a sweep of replays runs with `labctl replay sweep {path or '<file>'}`"
+        )
+    where = src.where(("trace",)) if src is not None else "trace"
+    try:
+        circuits = JobCircuits(trace.job, inventory, spec.rails)
+        initial = initial_state(trace.job, (op for _, op in trace.rail_ops()))
+        circuits.check_states([initial, *(p.after for p in switch_points(trace))])
+        for rail in circuits.rails:
+            circuits.giant_ring(rail)
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
+    phase = f"topo-{topo_id(initial)}"
+    phases = {
+        phase: {
+            rail: RailPhase(
+                rail,
+                circuits.switch(rail),
+                _links(circuits, rail, initial),
+                circuits.rail_mapping(rail, initial),
+            )
+            for rail in circuits.rails
+        }
+    }
+    replay = CompiledReplay(spec, trace, circuits, initial)
+    program = (Reconfigure(phase, None, baseline=True), Hold(spec.hold_s), ReplaySegment(replay))
+    check_program(program, phases)
+    return Plan(spec=spec, path=path, rails=circuits.rails, phases=phases, program=program)
+
+
+def load_replay_plan(path: Path, inventory: Inventory) -> Plan:
+    spec, src, trace = load_replay(path)
+    return build_replay_plan(spec, trace, inventory, src, path)

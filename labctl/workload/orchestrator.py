@@ -1,0 +1,359 @@
+"""Per-rail orchestrators and the per-job controller that writes `topo_id` across the rails (Opus §4).
+
+Each rail's orchestrator keeps one sub-mapping per PP stage and, for a new topo_id, applies only the stages
+whose digit (owner) changed: one `apply(mapping, scope=those stages' ports)` through the lab's driver, whose
+convergence sends only the diff. Two guarantees, from one lock per (rail, stage):
+
+- G1: no operation runs on a topology being changed: an operation takes its stages' locks shared and waits
+  while a change holds one;
+- G2: no change starts while an operation is in flight on an affected sub-mapping: a change takes its
+  stages' locks exclusively and waits for the operations holding them.
+
+A change that fails (a refusal, a timeout) is retried; after `retries` more failures the job falls back to
+one static giant ring through every host on every rail, records a `workload.fallback` event, and every later
+write is a no-op (the job is told: each operation's record says it ran on the giant ring).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from labctl.clock import now_ns
+from labctl.errors import HardwareError
+from labctl.events import Event, Kind
+from labctl.mapping import Mapping
+from labctl.ocs import OpticalSwitch
+from labctl.workload.circuits import JobCircuits, TopoState, changed_stages, topo_id
+
+EventSink = Callable[[Event], object]
+RailChanged = Callable[[int, Mapping, Mapping], None]
+"""Told after each rail change (rail, mapping before, after): the controller re-targets its probes."""
+
+
+class StageLock:
+    """Shared (operations) / exclusive (changes) lock of one stage's sub-mapping on one rail."""
+
+    def __init__(self) -> None:
+        self.readers = 0
+        self.writing = False
+        self._changed = asyncio.Condition()
+
+    async def acquire_shared(self) -> bool:
+        """True when it had to wait for a change to finish."""
+        async with self._changed:
+            blocked = self.writing
+            await self._changed.wait_for(lambda: not self.writing)
+            self.readers += 1
+            return blocked
+
+    async def release_shared(self) -> None:
+        async with self._changed:
+            self.readers -= 1
+            self._changed.notify_all()
+
+    async def acquire_exclusive(self) -> bool:
+        """True when it had to wait (for an operation in flight, or another change)."""
+        async with self._changed:
+            blocked = self.writing or self.readers > 0
+            await self._changed.wait_for(lambda: not self.writing and self.readers == 0)
+            self.writing = True
+            return blocked
+
+    async def release_exclusive(self) -> None:
+        async with self._changed:
+            self.writing = False
+            self._changed.notify_all()
+
+
+class NoLock(StageLock):
+    """No guarantee at all: what the G1/G2 tests run against to show that they would catch a violation."""
+
+    async def acquire_shared(self) -> bool:
+        self.readers += 1
+        return False
+
+    async def release_shared(self) -> None:
+        self.readers -= 1
+
+    async def acquire_exclusive(self) -> bool:
+        self.writing = True
+        return False
+
+    async def release_exclusive(self) -> None:
+        self.writing = False
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """Who held which (rail, stage) sub-mappings from when to when (for the G1/G2 audit)."""
+
+    what: str  # "op" or "change"
+    label: str
+    cells: frozenset[tuple[int, int]]
+    start_ns: int
+    end_ns: int
+
+
+def violations(intervals: Sequence[Interval]) -> list[tuple[Interval, Interval]]:
+    """Every operation and change that overlapped in time on a shared (rail, stage): empty under G1/G2."""
+    ops = [i for i in intervals if i.what == "op"]
+    changes = [i for i in intervals if i.what == "change"]
+    return [
+        (op, ch)
+        for op in ops
+        for ch in changes
+        if op.cells & ch.cells and op.start_ns < ch.end_ns and ch.start_ns < op.end_ns
+    ]
+
+
+class SwitchFailed(HardwareError):
+    """A rail's change failed on every try."""
+
+
+@dataclass
+class WriteResult:
+    topo_id: str
+    stages: tuple[int, ...]
+    request_ns: int
+    ready_ns: int
+    """When every rail acknowledged (the job's ranks are released)."""
+    switch_done_ns: int | None
+    """The latest `ocs.complete` stamp of the change (None: nothing was sent)."""
+    g2_wait_ns: int
+    tries: int
+    changes: list[tuple[int, Mapping, Mapping]] = field(default_factory=list)
+    fallback: bool = False
+
+
+class RailOrchestrator:
+    """One rail: its stage sub-mappings, its locks, and its switch."""
+
+    def __init__(
+        self,
+        rail: int,
+        switch: OpticalSwitch,
+        circuits: JobCircuits,
+        state: TopoState,
+        *,
+        locking: bool = True,
+    ) -> None:
+        self.rail = rail
+        self.switch = switch
+        self.circuits = circuits
+        self.state = state
+        self.locks = [StageLock() if locking else NoLock() for _ in state]
+
+    @property
+    def mapping(self) -> Mapping:
+        return self.circuits.rail_mapping(self.rail, self.state)
+
+    async def apply(
+        self, target: TopoState, stages: Sequence[int], timeout_s: float, context: dict[str, Any]
+    ) -> Any:
+        mapping = frozenset(p for s in stages for p in self.circuits.sub_mapping(self.rail, s, target[s]))
+        scope = {p for s in stages for p in self.circuits.stage_ports(self.rail, s)}
+        async with asyncio.timeout(timeout_s):
+            return await self.switch.apply(mapping, scope=scope, context=context)
+
+
+class JobOrchestrator:
+    """The per-job controller: topo_id writes to every rail's orchestrator, operations under G1, retries and
+    the giant-ring fallback. Its `intervals` are the audit trail of who held what."""
+
+    def __init__(
+        self,
+        circuits: JobCircuits,
+        switches: dict[str, OpticalSwitch],
+        state: TopoState,
+        emit: EventSink,
+        *,
+        rail_changed: RailChanged | None = None,
+        retries: int = 2,
+        switch_timeout_s: float = 10.0,
+        locking: bool = True,
+        on_write: Callable[[int], None] | None = None,
+    ) -> None:
+        self.circuits = circuits
+        self.on_write = on_write
+        """Told the number of topo writes before each one (fault injection counts them)."""
+        self.writes = 0
+        self.rails = [
+            RailOrchestrator(rail, switches[circuits.switch(rail)], circuits, state, locking=locking)
+            for rail in circuits.rails
+        ]
+        self.emit = emit
+        self.rail_changed = rail_changed
+        self.retries = retries
+        self.switch_timeout_s = switch_timeout_s
+        self.fallback: dict[str, Any] | None = None
+        self.intervals: list[Interval] = []
+
+    @property
+    def state(self) -> TopoState:
+        return self.rails[0].state
+
+    @property
+    def topo_id(self) -> str:
+        return topo_id(self.state)
+
+    @contextlib.asynccontextmanager
+    async def operation(self, label: str, stages: Sequence[int]) -> AsyncIterator[int]:
+        """Hold the op's stages shared on every rail (G1); yields how long a change made it wait (ns, 0 when
+        none was in the way)."""
+        t0 = now_ns()
+        locks = [r.locks[s] for r in self.rails for s in sorted(stages)]
+        taken: list[StageLock] = []
+        blocked = False
+        try:
+            for lock in locks:
+                blocked = await lock.acquire_shared() or blocked
+                taken.append(lock)
+            start = now_ns()
+            yield start - t0 if blocked else 0
+        finally:
+            end = now_ns()
+            for lock in taken:
+                await lock.release_shared()
+            if len(taken) == len(locks):
+                cells = frozenset((r.rail, s) for r in self.rails for s in stages)
+                self.intervals.append(Interval("op", label, cells, start, end))
+
+    async def write(self, target: TopoState, context: dict[str, Any] | None = None) -> WriteResult:
+        """Move every rail to `target`, changing only the stages whose owner differs (G2 first)."""
+        request = now_ns()
+        stages = changed_stages(self.state, target)
+        tid = topo_id(target)
+        if self.fallback is not None or not stages:
+            return WriteResult(tid, stages, request, request, None, 0, 0, fallback=self.fallback is not None)
+        if self.on_write is not None:
+            self.on_write(self.writes)
+        self.writes += 1
+        locks = [r.locks[s] for r in self.rails for s in stages]
+        taken: list[StageLock] = []
+        blocked = False
+        try:
+            for lock in locks:
+                blocked = await lock.acquire_exclusive() or blocked
+                taken.append(lock)
+            start = now_ns()
+            g2_wait = start - request if blocked else 0
+            result = await self._write_rails(target, stages, request, g2_wait, context or {})
+            end = now_ns()
+            cells = frozenset((r.rail, s) for r in self.rails for s in stages)
+            self.intervals.append(Interval("change", tid, cells, start, end))
+            return result
+        finally:
+            for lock in taken:
+                await lock.release_exclusive()
+
+    async def _write_rails(
+        self, target: TopoState, stages: tuple[int, ...], request: int, g2_wait: int, context: dict[str, Any]
+    ) -> WriteResult:
+        tid = topo_id(target)
+        ctx = {**context, "topo_id": tid, "stages": list(stages)}
+        pending = list(self.rails)
+        done_ns: list[int] = []
+        changes: list[tuple[int, Mapping, Mapping]] = []
+        tries = 0
+        error: str | None = None
+        while pending and tries <= self.retries:
+            tries += 1
+            results = await asyncio.gather(
+                *(
+                    r.apply(target, stages, self.switch_timeout_s, {**ctx, "rail": r.rail, "try": tries})
+                    for r in pending
+                ),
+                return_exceptions=True,
+            )
+            failed = []
+            for r, res in zip(pending, results, strict=True):
+                if isinstance(res, BaseException):
+                    if not isinstance(res, HardwareError | TimeoutError):
+                        raise res
+                    error = (
+                        str(res)
+                        or f"{r.switch.name}: apply did not finish within {self.switch_timeout_s:g} s"
+                    )
+                    self.emit(
+                        Event(
+                            t_ns=now_ns(),
+                            kind=Kind.WORKLOAD_RETRY,
+                            source=f"rail:{r.rail}",
+                            value=error,
+                            meta={**ctx, "rail": r.rail, "try": tries},
+                        )
+                    )
+                    failed.append(r)
+                    continue
+                before = r.mapping
+                r.state = target
+                after = r.mapping
+                changes.append((r.rail, before, after))
+                if res.value.complete_ns is not None:
+                    done_ns.append(res.value.complete_ns)
+                if self.rail_changed is not None:
+                    self.rail_changed(r.rail, before, after)
+            pending = failed
+        if pending:
+            await self._fall_back(tid, error or "failed", changes)
+            return WriteResult(
+                tid,
+                stages,
+                request,
+                now_ns(),
+                max(done_ns, default=None),
+                g2_wait,
+                tries,
+                changes,
+                fallback=True,
+            )
+        return WriteResult(
+            tid, stages, request, now_ns(), max(done_ns, default=None), g2_wait, tries, changes
+        )
+
+    async def _fall_back(self, tid: str, error: str, changes: list[tuple[int, Mapping, Mapping]]) -> None:
+        """Every rail onto its giant ring (full rail scope); later writes are no-ops."""
+        t0 = now_ns()
+        self.fallback = {"at_topo_id": tid, "error": error, "t_ns": t0}
+        self.emit(
+            Event(
+                t_ns=t0,
+                kind=Kind.WORKLOAD_FALLBACK,
+                source="orchestrator",
+                value=error,
+                meta={"topo_id": tid, "phase": "start"},
+            )
+        )
+        results = []
+        for r in self.rails:
+            ring = self.circuits.giant_ring(r.rail)
+            before = r.mapping
+            try:
+                async with asyncio.timeout(self.switch_timeout_s):
+                    await r.switch.apply(
+                        ring,
+                        scope=self.circuits.rail_scope(r.rail),
+                        context={"rail": r.rail, "giant_ring": True},
+                    )
+            except (HardwareError, TimeoutError) as e:
+                results.append(f"rail {r.rail}: {e or 'timed out'}")
+                continue
+            if self.rail_changed is not None:
+                self.rail_changed(r.rail, before, ring)
+            changes.append((r.rail, before, ring))
+        self.fallback["giant_ring_failed"] = results
+        self.emit(
+            Event(
+                t_ns=now_ns(),
+                kind=Kind.WORKLOAD_FALLBACK,
+                source="orchestrator",
+                value="giant ring up" if not results else "; ".join(results),
+                meta={"topo_id": tid, "phase": "done", "failed": results},
+            )
+        )
+        if results:  # nothing left to fall back to: the job cannot go on
+            raise SwitchFailed(f"giant-ring fallback failed after {error}: {'; '.join(results)}")

@@ -1,0 +1,300 @@
+"""Trace replay in real time: each rail operation holds its circuits for its duration; phase boundaries write
+topo_id on demand (when the next operation arrives) or with provisioning (as soon as the phase ends).
+
+The replay keeps its own timeline in integer ns on the run's clock. An operation arrives its trace gap
+after the previous one ended (so a stall shifts everything after it, as in a job); it starts when it has
+arrived and its circuits are ready (the orchestrators acknowledged, or with `ready: link` every moved port
+carries traffic again); it ends `duration` later. The loop sleeps to those absolute times, so being woken
+late never drifts the timeline; how late it ran is recorded per operation (`late_ns`). Per switch, with
+boundary b (provisioning: the previous operation's end; on demand: the arrival) and ready r, the
+reconfiguration time the job saw is T = r − b and the part it exposed is max(0, r − arrival): with
+provisioning exactly max(0, T − W), on demand T. A step's time is its trace length plus what its
+switches exposed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from labctl.clock import now_ns
+from labctl.events import Event, Kind
+from labctl.workload.circuits import TopoState, after_op, topo_id
+from labctl.workload.orchestrator import JobOrchestrator, WriteResult
+from labctl.workload.trace import Op, Trace
+
+Mode = Literal["provisioning", "on-demand"]
+LinksUp = Callable[[list[tuple[int, Any, Any]], int], Awaitable[None]]
+"""Waits until every port the given rail changes moved carries traffic again (ready: link)."""
+
+OPS_CSV = "replay_ops.csv"
+STEPS_CSV = "replay_steps.csv"
+
+
+@dataclass
+class OpRecord:
+    step: int
+    index: int
+    op: str
+    group: str
+    type: str
+    bytes: int
+    stages: str
+    topo_id: str
+    switched: bool
+    window_ns: int
+    arrival_ns: int
+    boundary_ns: int | None
+    request_ns: int | None
+    switch_done_ns: int | None
+    ready_ns: int | None
+    start_ns: int
+    end_ns: int
+    reconfig_ns: int | None
+    """T as the job saw it: ready − boundary."""
+    exposed_ns: int
+    g1_wait_ns: int
+    g2_wait_ns: int
+    late_ns: int
+    """How late the replay woke for this operation's start (its own overhead, not in the step time)."""
+    fallback: bool
+
+
+@dataclass
+class StepRecord:
+    step: int
+    native_ns: int
+    step_ns: int
+    stall_ns: int
+    switches: int
+    exposed_ns: str
+    """Each switch's exposed part, ';'-joined, in order."""
+    model_stall_ns: int
+    """The stall model on this step's windows with the reconfiguration times the job saw."""
+    g1_wait_ns: int
+    g2_wait_ns: int
+    fallback: bool
+
+
+@dataclass
+class ReplayResult:
+    mode: Mode
+    ops: list[OpRecord] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    fallback: dict[str, Any] | None = None
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self.steps) or 1
+        return {
+            "mode": self.mode,
+            "steps": len(self.steps),
+            "native_ns": round(sum(s.native_ns for s in self.steps) / n),
+            "step_ns": round(sum(s.step_ns for s in self.steps) / n),
+            "stall_ns": round(sum(s.stall_ns for s in self.steps) / n),
+            "switches_per_step": sum(s.switches for s in self.steps) / n,
+            "model_stall_ns": round(sum(s.model_stall_ns for s in self.steps) / n),
+            "g1_wait_ns": sum(s.g1_wait_ns for s in self.steps),
+            "g2_wait_ns": sum(s.g2_wait_ns for s in self.steps),
+            "late_ns_max": max((o.late_ns for o in self.ops), default=0),
+            "fallback": self.fallback,
+        }
+
+    def write_csv(self, run_dir: Path) -> None:
+        for name, rows, cls in ((OPS_CSV, self.ops, OpRecord), (STEPS_CSV, self.steps, StepRecord)):
+            with open(run_dir / name, "w", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, fieldnames=list(cls.__dataclass_fields__))
+                writer.writeheader()
+                for row in rows:
+                    writer.writerow({k: ("" if v is None else v) for k, v in asdict(row).items()})
+
+
+async def sleep_until(t_ns: int) -> None:
+    delay = t_ns - now_ns()
+    if delay > 0:
+        await asyncio.sleep(delay / 1e9)
+
+
+class ReplayEngine:
+    def __init__(
+        self,
+        trace: Trace,
+        orchestrator: JobOrchestrator,
+        emit: Callable[[Event], object],
+        *,
+        mode: Mode = "provisioning",
+        learn_steps: int = 0,
+        links_up: LinksUp | None = None,
+        on_step: Callable[[StepRecord], None] | None = None,
+    ) -> None:
+        self.trace = trace
+        self.orch = orchestrator
+        self.emit = emit
+        self.mode = mode
+        self.learn_steps = learn_steps
+        self.links_up = links_up
+        self.on_step = on_step
+
+    async def _write(self, target: TopoState, op: Op) -> WriteResult:
+        result = await self.orch.write(target, {"step": op.step, "op": op.label})
+        if result.changes and self.links_up is not None and not result.fallback:
+            await self.links_up(result.changes, result.request_ns)
+            result.ready_ns = now_ns()
+        self.emit(
+            Event(
+                t_ns=result.ready_ns,
+                kind=Kind.WORKLOAD_TOPO,
+                source="orchestrator",
+                value=result.topo_id,
+                meta={
+                    "step": op.step,
+                    "op": op.label,
+                    "stages": list(result.stages),
+                    "request_ns": result.request_ns,
+                    "switch_done_ns": result.switch_done_ns,
+                    "g2_wait_ns": result.g2_wait_ns,
+                    "tries": result.tries,
+                    "fallback": result.fallback,
+                },
+            )
+        )
+        return result
+
+    async def run(self, out: ReplayResult | None = None) -> ReplayResult:
+        """Replay every step; `out` is filled as it goes (a failed replay keeps what it recorded)."""
+        out = out if out is not None else ReplayResult(self.mode)
+        rail = [op for step in self.trace.steps for op in step if op.on_rail]
+        state = self.orch.state
+        clock = now_ns()  # the timeline's origin: step 0 starts here
+        step_start = {0: clock - (rail[0].start_ns if rail else 0)}
+        prev: Op | None = None
+        prev_end = clock
+        pending: tuple[TopoState, asyncio.Task[WriteResult], int] | None = None
+        offsets = [0]
+        for length in self.trace.step_lengths_ns:
+            offsets.append(offsets[-1] + length)
+        try:
+            for i, op in enumerate(rail):
+                gap = (
+                    0
+                    if prev is None
+                    else (offsets[op.step] + op.start_ns) - (offsets[prev.step] + prev.end_ns)
+                )
+                arrival = prev_end + gap
+                if op.step not in step_start:
+                    step_start[op.step] = arrival - op.start_ns
+                target = after_op(state, op)
+                switched = target != state
+                result: WriteResult | None = None
+                boundary: int | None = None
+                if switched:
+                    if pending is not None and pending[0] == target:
+                        boundary, task = pending[2], pending[1]
+                        await sleep_until(arrival)
+                        result = await task
+                    else:
+                        await sleep_until(arrival)
+                        boundary = arrival
+                        result = await self._write(target, op)
+                    pending = None
+                else:
+                    await sleep_until(arrival)
+                start = max(arrival, result.ready_ns) if result is not None else arrival
+                await sleep_until(start)
+                late = max(0, now_ns() - start)
+                async with self.orch.operation(op.label, op.stages) as g1_wait:
+                    if g1_wait:  # a change still held a stage (G1): the op starts when it let go
+                        start = now_ns()
+                    end = start + op.duration_ns
+                    await sleep_until(end)
+                state = target
+                record = OpRecord(
+                    op.step,
+                    op.index,
+                    op.label,
+                    op.group,
+                    op.type,
+                    op.bytes,
+                    " ".join(map(str, op.stages)),
+                    topo_id(target),
+                    switched,
+                    gap,
+                    arrival,
+                    boundary,
+                    result.request_ns if result else None,
+                    result.switch_done_ns if result else None,
+                    result.ready_ns if result else None,
+                    start,
+                    end,
+                    (result.ready_ns - boundary) if result is not None and boundary is not None else None,
+                    start - arrival,
+                    g1_wait,
+                    result.g2_wait_ns if result else 0,
+                    late,
+                    self.orch.fallback is not None,
+                )
+                out.ops.append(record)
+                self.emit(
+                    Event(
+                        t_ns=end,
+                        kind=Kind.WORKLOAD_OP,
+                        source="replay",
+                        value=op.label,
+                        meta={k: v for k, v in asdict(record).items() if k not in ("op",)},
+                    )
+                )
+                prev, prev_end = op, end
+                nxt = rail[i + 1] if i + 1 < len(rail) else None
+                if nxt is not None and self.mode == "provisioning" and nxt.step >= self.learn_steps:
+                    nxt_target = after_op(state, nxt)
+                    if nxt_target != state:  # the phase ends here: ask for the next one's circuits now
+                        pending = (nxt_target, asyncio.create_task(self._write(nxt_target, nxt)), end)
+                if nxt is None or nxt.step != op.step:
+                    self._close_step(
+                        out,
+                        op.step,
+                        step_start[op.step],
+                        end + (self.trace.step_lengths_ns[op.step] - op.end_ns),
+                    )
+        finally:
+            if pending is not None and not pending[1].done():
+                pending[1].cancel()
+                await asyncio.gather(pending[1], return_exceptions=True)
+            out.fallback = self.orch.fallback
+        return out
+
+    def _close_step(self, out: ReplayResult, step: int, start_ns: int, end_ns: int) -> None:
+        ops = [o for o in out.ops if o.step == step]
+        switches = [o for o in ops if o.switched]
+        model = (
+            sum(max(0, (o.reconfig_ns or 0) - o.window_ns) for o in switches)
+            if self.mode == "provisioning"
+            else sum(o.reconfig_ns or 0 for o in switches)
+        )
+        record = StepRecord(
+            step,
+            self.trace.step_lengths_ns[step],
+            end_ns - start_ns,
+            sum(o.exposed_ns for o in ops),
+            len(switches),
+            ";".join(str(o.exposed_ns) for o in switches),
+            model,
+            sum(o.g1_wait_ns for o in ops),
+            sum(o.g2_wait_ns for o in ops),
+            any(o.fallback for o in ops),
+        )
+        out.steps.append(record)
+        self.emit(
+            Event(
+                t_ns=end_ns,
+                kind=Kind.WORKLOAD_STEP,
+                source="replay",
+                value=record.step_ns,
+                meta=asdict(record),
+            )
+        )
+        if self.on_step is not None:
+            self.on_step(record)

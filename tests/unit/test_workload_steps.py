@@ -1,0 +1,102 @@
+"""Plans as typed steps: a timeline experiment compiles to the order the controller always ran; a bad
+program is refused before anything moves; the replay commands' CLI (dry run, model, Kineto import)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from labctl.cli import app
+from labctl.errors import InputError
+from labctl.experiment import build_plan, load_experiment
+from labctl.inventory import load_inventory
+from labctl.workload.steps import GpuBench, Hold, Reconfigure, ReplaySegment, check_program, timeline_program
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_timeline_experiment_is_the_old_order() -> None:
+    spec, src = load_experiment(REPO / "experiments" / "reconfig-timeline.yaml")
+    plan = build_plan(spec, load_inventory(REPO / "inventory.yaml"), src)
+    assert plan.program[:2] == (Reconfigure("dp", None, baseline=True), Hold(0.5))
+    assert plan.program[2:4] == (Reconfigure("pp", 0, index=1, of=8), Hold(0.5))
+    assert len(plan.program) == 2 + 2 * 8 and plan.baseline == "dp"
+    assert plan.steps == [(rep, name) for rep in range(2) for name in ["pp", "dp", "pp", "dp"]]
+    with_gpu = timeline_program("dp", [(0, "pp")], 0.1, gpu=True)
+    assert with_gpu[0] == GpuBench("before") and with_gpu[-1] == GpuBench("after")
+
+
+def test_bad_programs_are_refused() -> None:
+    with pytest.raises(InputError, match="the first reconfiguration must set up the baseline"):
+        check_program([Reconfigure("pp", 0)], {"pp"})
+    with pytest.raises(InputError, match="unknown phase 'xx'"):
+        check_program([Reconfigure("xx", None, baseline=True)], {"dp"})
+    with pytest.raises(InputError, match="a replay segment needs the baseline"):
+        check_program([ReplaySegment(None)], {"dp"})
+    with pytest.raises(InputError, match="hold -1 s"):
+        check_program([Reconfigure("dp", None, baseline=True), Hold(-1)], {"dp"})
+
+
+def test_replay_cli_dry_run_model_and_import(tmp_path: Path) -> None:
+    runner = CliRunner()
+    dry = runner.invoke(
+        app,
+        [
+            "run",
+            str(REPO / "experiments" / "replay-opus-testbed.yaml"),
+            "--dry-run",
+            "--inventory",
+            str(REPO / "inventory.yaml"),
+        ],
+    )
+    assert dry.exit_code == 0, dry.output
+    assert "8 topo writes" in dry.output and "topo_id 00 (stages [0, 1]), window 7.0 ms" in dry.output
+    model = runner.invoke(app, ["replay", "model", "opus-testbed", "--switching-ms", "25", "--json"])
+    assert model.exit_code == 0, model.output
+    data = json.loads(model.output)
+    assert data["windows_ns"] == [7_000_000, 480_000_000, 7_000_000, 1_000_000_000]
+    assert data["rows"][0]["provisioning_ns"] - data["rows"][0]["native_ns"] == 36_000_000
+    kineto = tmp_path / "k.json"
+    kineto.write_text(
+        json.dumps(
+            {
+                "traceEvents": [
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "name": "ncclDevKernel_AllGather_RING_LL(x)",
+                        "ts": 0,
+                        "dur": 1000,
+                        "args": {"Out msg nelems": 1_000_000, "dtype": "Float"},
+                    },
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "name": "ncclKernel_SendRecv(x)",
+                        "ts": 5000,
+                        "dur": 1000,
+                        "args": {
+                            "In msg nelems": 1_000_000,
+                            "dtype": "Float",
+                            "Process Group Ranks": "[0, 4]",
+                        },
+                    },
+                ]
+            }
+        )
+    )
+    job = tmp_path / "job.yaml"
+    job.write_text("{hosts: [h1, h2, h3, h4], gpus_per_host: 2, tp: 2, dp: 2, pp: 2}\n")
+    out = tmp_path / "trace.yaml"
+    imported = runner.invoke(app, ["replay", "import-kineto", str(kineto), "--job", str(job), "-o", str(out)])
+    assert imported.exit_code == 0, imported.output
+    assert "2 NCCL kernels in 1 steps" in imported.output
+    again = runner.invoke(app, ["replay", "model", str(out), "--switching-ms", "0", "--json"])
+    assert json.loads(again.output)["windows_ns"] == [4_000_000]
+    bad = runner.invoke(
+        app, ["replay", "import-kineto", str(kineto), "--job", str(job), "-o", str(out), "--group", "x=ep"]
+    )
+    assert isinstance(bad.exception, InputError) and "use PG=DIM" in str(bad.exception)  # main(): exit 2
