@@ -208,12 +208,13 @@ def replay_lines(summary: dict[str, Any]) -> list[str]:
     if not rep:
         return []
     native, step = rep.get("native_ns") or 0, rep.get("step_ns") or 0
+    n = rep["steps"]
     lines = [
-        f"replay ({rep['mode']}): {rep['steps']} steps, {rep['switches_per_step']:g} switches per step; step "
-        f"{fmt_ns(step)} vs native {fmt_ns(native)}"
+        f"replay ({rep['mode']}), means over {n} step{'s' if n != 1 else ''} of "
+        f"{rep['switches_per_step']:g} switches: step {fmt_ns(step)} vs native {fmt_ns(native)}"
         + (f" ({step / native:.3f}x)" if native else "")
-        + f", stall {fmt_ns(rep['stall_ns'])} per step (model {fmt_ns(rep['model_stall_ns'])}); "
-        f"G1 waits {fmt_ns(rep['g1_wait_ns'])}, G2 waits {fmt_ns(rep['g2_wait_ns'])}"
+        + f", stall {fmt_ns(rep['stall_ns'])} (model {fmt_ns(rep['model_stall_ns'])}); "
+        f"lock waits in all: G1 {fmt_ns(rep['g1_wait_ns'])}, G2 {fmt_ns(rep['g2_wait_ns'])}"
     ]
     fallback = rep.get("fallback")
     if fallback:

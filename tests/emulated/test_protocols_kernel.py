@@ -50,3 +50,36 @@ async def test_the_kernel_lab_runs_behind_every_protocol(
     assert rows[[*marks, "t5_traffic_ns"]].notna().all().all()
     io = [e for e in read_events(outcome.run_dir / "events.jsonl") if e.kind == Kind.OCS_IO]
     assert io, "the driver's wire commands are in the record"
+
+
+async def test_a_replayed_job_waits_for_real_traffic_on_the_kernel_lab(
+    tmp_path: Path, fabric_prefix: str
+) -> None:
+    """`ready: link` on the kernel lab: each replayed operation waits until every moved port carries real
+    UDP traffic again, so a switch's exposed part includes the (emulated) firmware link-up; the stall still
+    equals the model over the run's own recorded switch times."""
+    import csv
+
+    experiment = tmp_path / "replay.yaml"
+    experiment.write_text(
+        (REPO / "experiments" / "replay-opus-testbed.yaml")
+        .read_text()
+        .replace("ready: switch", "ready: link")
+        .replace("steps: 2", "steps: 1")
+    )
+    outcome = await run_experiment(
+        experiment, EMULATED, profile="emulated-fast", out_dir=tmp_path / "runs", seed=2
+    )
+    assert outcome.status == "completed", outcome.error
+    [step] = list(csv.DictReader((outcome.run_dir / "replay_steps.csv").read_text().splitlines()))
+    assert int(step["stall_ns"]) == int(step["model_stall_ns"]) > 0
+    assert step["fallback"] == "False"
+    events = list(read_events(outcome.run_dir / "events.jsonl"))
+    ok = [e.t_ns for e in events if e.kind == Kind.TRAFFIC_OK]
+    switched = [e.meta for e in events if e.kind == "workload.op" and e.meta["switched"]]
+    assert len(switched) == 4
+    for op in switched:
+        # released only once a real kernel ping-pong answered on the new circuits, which took the
+        # emulated firmware link-up (emulated-fast: 100-150 ms) after the switch acknowledged
+        assert op["ready_ns"] - op["switch_done_ns"] >= 90_000_000, op
+        assert any(op["switch_done_ns"] < t <= op["ready_ns"] for t in ok), op
