@@ -367,7 +367,10 @@ class RxPowerProbe(QueueProbe):
             dbm = np.where(lit, 10.0 * np.log10(np.where(lit, mw, 1.0)), -math.inf)
         above = lit & (dbm >= self.threshold_dbm)  # with no threshold (-inf): lit
         last = lanes.last_dbm
-        moved = (lit != (last > -math.inf)) | (above != (last >= self.threshold_dbm))
+        was_lit = last > -math.inf
+        # -inf >= -inf: without a threshold a dark lane's last value would count as "above" and differ
+        # from its (dark) reading every tick, a report per tick of an unchanged dark lane
+        moved = (lit != was_lit) | (above != (was_lit & (last >= self.threshold_dbm)))
         moved |= lit & (np.abs(dbm - np.where(last > -math.inf, last, 0.0)) >= self.deadband_db)
         changed = read & (~lanes.reported | moved | lanes.force)
         lanes.force &= ~read

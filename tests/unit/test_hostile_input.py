@@ -153,6 +153,26 @@ FULL_INVENTORY: dict[str, Any] = {
             "timeout_s": 10.0,
             "pipeline_depth": 8,
         },
+        "ocs3": {
+            "driver": "dicon-serial",
+            "url": "/dev/ttyUSB0",
+            "size": "4x4",
+            "timeout_s": 10.0,
+            "baudrate": 115200,
+            "reply_timeout_s": 1.0,
+            "settle_timeout_s": 2.0,
+        },
+    },
+    "power_meters": {
+        "pm1": {
+            "address": "127.0.0.1",
+            "port": 5025,
+            "averaging_time_ms": 1.0,
+            "wavelength_nm": 1310.0,
+            "poll_hz": 500.0,
+            "timeout_s": 2.0,
+            "channels": {1: {"switch": "ocs1", "port": 5}, 2: {"host": "b", "nic": "eth0"}},
+        }
     },
     "broker": {
         "url": "mqtt://127.0.0.1:1883",
@@ -267,6 +287,9 @@ def test_the_full_files_set_every_numeric_field() -> None:
         for doc in (FULL_INVENTORY, FULL_EXPERIMENT, FULL_FAULTS)
         for loc in numeric_leaves(doc)
     }
+    # Channel numbers are mapping keys, not values the cases below can replace: test_channel_numbers_out_of_
+    # range_are_one_line bounds them.
+    written |= {"channels"}
     missing = wanted - written
     # A new numeric field must be added to the FULL_* files above, so the next test bounds it too.
     assert not missing, f"numeric fields no test sets: {sorted(missing)}"
@@ -380,3 +403,15 @@ def test_cli_refuses_a_negative_seed(tmp_path: Path, experiment_path: Path, inve
     )
     assert proc.returncode == 2, proc.stderr
     assert "seed" in proc.stderr
+
+
+@pytest.mark.parametrize("channel", [0, 9, -1, 10**12, "x"])
+def test_channel_numbers_out_of_range_are_one_line(tmp_path: Path, channel: Any) -> None:
+    inventory = copy.deepcopy(FULL_INVENTORY)
+    inventory["power_meters"]["pm1"]["channels"] = {channel: {"switch": "ocs1", "port": 5}}
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(inventory))
+    with pytest.raises(InputError) as caught:
+        load_inventory(path)
+    text = str(caught.value)
+    assert "\n" not in text and "inventory.yaml:" in text and "power_meters.pm1.channels" in text

@@ -144,3 +144,14 @@ def test_without_a_threshold_the_window_closes_when_the_light_is_seen_gone_and_b
     probe.open_window(None)
     _feed(probe, lanes, [(MS, [0.0]), (2 * MS, [lit])])
     assert _feed(probe, lanes, [(t * MS, [lit]) for t in range(3, 60)]) == []  # closed: no dense reports
+
+
+def test_a_dark_lane_is_reported_once_with_or_without_a_threshold() -> None:
+    for threshold in (-10.0, None):
+        probe, lanes, _ = _probe(n=1, threshold_dbm=threshold)
+        first = _feed(probe, lanes, [(MS, [0.0])])
+        assert [e.value for e in first] == [None]
+        # unchanged darkness is news only at the heartbeat (100 ms), not every tick
+        assert _feed(probe, lanes, [(t * MS, [0.0]) for t in range(2, 50)]) == [], threshold
+        (back,) = _feed(probe, lanes, [(50 * MS, [0.5])])
+        assert back.value is not None and round(back.value, 2) == -3.01
