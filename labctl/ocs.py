@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -244,3 +244,132 @@ async def converge(
         command_ns=command_ns,
         complete_ns=complete_ns,
     )
+
+
+class VerifiedSwitch:
+    """The `OpticalSwitch` methods every protocol driver writes alike, over its own wire read and send.
+
+    A driver (TL1, NETCONF, SCPI, serial) sets `name`, `space`, `timeouts`, `attempts`, `owned`,
+    `_source` and `_emit_sink` and implements `_read` (the switch's patches, off the wire) and `_send` (one
+    diff), plus `_require_conn` (raise unless connected) and `port_power`; `get_mapping`, `apply` and
+    `disconnect` are then the same for all: one deadline per operation (`_timed`), apply-with-verify
+    through `converge`, an `ocs.read` event per read-back. One shallow base, not a tree: a driver adds
+    what its protocol needs beside it (`_apply_meta`, `_conversation`, `_read_for_apply`)."""
+
+    name: str
+    space: PortSpace
+    timeouts: TimeoutPolicy
+    attempts: int
+    owned: frozenset[int] | None
+    _source: str
+    _emit_sink: EventSink
+    reconnects: int
+    read_operation = "read"
+    """How the deadline's error names a read-back (the protocol's own word: RTRV-PATCH, *IDN?...)."""
+
+    def _require_conn(self) -> object:
+        raise NotImplementedError
+
+    async def _read(self) -> Mapping:
+        raise NotImplementedError
+
+    async def _send(self, diff: MappingDiff) -> None:
+        raise NotImplementedError
+
+    def _apply_meta(self) -> dict[str, Any]:
+        """What `ocs.command`/`ocs.complete` carry about the driver (its name, protocol settings)."""
+        return {}
+
+    def _conversation(self) -> AbstractAsyncContextManager[object]:
+        """Held around each operation (a serial line takes one conversation at a time)."""
+        return nullcontext()
+
+    async def _read_for_apply(self) -> Mapping:
+        """The read-back `converge` diffs against (a driver may remember it to order its commands)."""
+        return await self._read()
+
+    def _emit(self, kind: str, value: Any, t_ns: int | None = None, **meta: Any) -> None:
+        self._emit_sink(Event(t_ns=t_ns or now_ns(), kind=kind, source=self._source, value=value, meta=meta))
+
+    def _scrub(self, text: str) -> str:
+        """What may be logged of a message (a driver holding a password removes it; see TL1)."""
+        return text
+
+    async def _reopen(
+        self, open_session: Callable[[], Awaitable[None]], lost: type[HardwareError], reason: str, what: str
+    ) -> None:
+        """After `what` was lost: an `ocs.session` lost event, then `open_session()` again with backoff
+        (20 ms doubling to 1 s, a `reconnect-failed` event per failure, `lost` the failures it retries)
+        until the policy's connect_s; then `lost`, saying so. Counts `reconnects`."""
+        self._emit(Kind.OCS_SESSION, "lost", reason=self._scrub(reason))
+        delay_s = 0.02
+        try:
+            async with asyncio.timeout(self.timeouts.connect_s):
+                while True:
+                    try:
+                        await open_session()
+                        break
+                    except lost as e:
+                        self._emit(Kind.OCS_SESSION, "reconnect-failed", reason=self._scrub(str(e)))
+                        await asyncio.sleep(delay_s)
+                        delay_s = min(delay_s * 2, 1.0)
+        except TimeoutError:
+            raise lost(
+                f"{self.name}: {what} lost ({self._scrub(reason)}) and not re-established within "
+                f"{self.timeouts.connect_s:g} s"
+            ) from None
+        self.reconnects += 1
+
+    def _emit_powers(self, powers: dict[int, float | None], t_ns: int, monitor: str = "switch") -> None:
+        """One `rx_power` event per port read (None: no light, or nothing measured for `monitor: none`)."""
+        for port, dbm in powers.items():
+            self._emit_sink(
+                Event(
+                    t_ns=t_ns,
+                    kind=Kind.RX_POWER,
+                    source=f"{self._source}/{port}",
+                    value=dbm,
+                    meta={"monitor": monitor},
+                )
+            )
+
+    async def _timed(self, operation: str, coro: Callable[[], Awaitable[T]]) -> Timed[T]:
+        self._require_conn()
+        start = now_ns()
+        async with self.timeouts.deadline(self.name, operation), self._conversation():
+            value = await coro()
+        return Timed(value, start, now_ns())
+
+    async def get_mapping(self) -> Timed[Mapping]:
+        result = await self._timed(self.read_operation, self._read)
+        self._emit(
+            Kind.OCS_READ,
+            len(result.value),
+            result.end_ns,
+            patches=sorted(result.value),
+            elapsed_ns=result.elapsed_ns,
+        )
+        return result
+
+    async def apply(
+        self,
+        mapping: Iterable[tuple[int, int]],
+        *,
+        scope: Iterable[int] | None = None,
+        context: dict[str, Any] | None = None,
+    ) -> Timed[ApplyResult]:
+        ops = SwitchOps(
+            self._read_for_apply,
+            self._send,
+            attempts=self.attempts,
+            extra_meta=self._apply_meta(),
+            owned=self.owned,
+        )
+        return await self._timed(
+            "apply", lambda: converge(self.name, self.space, ops, mapping, scope, self._emit_sink, context)
+        )
+
+    async def disconnect(
+        self, ports: Iterable[int], *, context: dict[str, Any] | None = None
+    ) -> Timed[ApplyResult]:
+        return await self.apply((), scope=ports, context=context)

@@ -12,14 +12,20 @@ the line has been resynchronised (decision 0033).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from labctl.clock import now_ns
 from labctl.errors import HardwareError, InputError
-from labctl.events import Event, Kind
+from labctl.events import Kind
 from labctl.mapping import Mapping, MappingDiff, PortSpace
-from labctl.ocs import ApplyResult, EventSink, SwitchOps, Timed, TimeoutPolicy, check_ports, converge
+from labctl.ocs import (
+    EventSink,
+    Timed,
+    TimeoutPolicy,
+    VerifiedSwitch,
+    check_ports,
+)
 
 from .codec import (
     CONF_QUERY,
@@ -44,11 +50,13 @@ TRIES = 3  # times a query batch is asked before the driver gives up on it
 MAX_ERRORS_READ = 16  # error-queue entries drained after a failed change
 
 
-class DiconSerialSwitch:
+class DiconSerialSwitch(VerifiedSwitch):
     """A DiCon 3D MEMS matrix switch (GP600/GP700 `X1`) on a serial line. Satisfies `OpticalSwitch`.
 
     Ports: switch input i is ingress i, switch output o is egress N_in + o. The switch has no optical power
     monitor in its documented command set: `port_power` answers None (nothing measured) for every port."""
+
+    read_operation = "X1 CH read-back"
 
     def __init__(
         self,
@@ -86,8 +94,12 @@ class DiconSerialSwitch:
         self._last_read: Mapping = frozenset()
 
     # -- events ------------------------------------------------------------------------------------------
-    def _emit(self, kind: str, value: Any, t_ns: int | None = None, **meta: Any) -> None:
-        self._emit_sink(Event(t_ns=t_ns or now_ns(), kind=kind, source=self._source, value=value, meta=meta))
+
+    def _apply_meta(self) -> dict[str, Any]:
+        return {"driver": "dicon-serial", "url": self.url}
+
+    def _conversation(self) -> asyncio.Lock:
+        return self._lock  # one conversation on the line at a time: replies are matched by order
 
     def _io(self, command: str, sent_ns: int, end_ns: int, status: str, reply: str | None = None) -> None:
         self._emit(Kind.OCS_IO, end_ns - sent_ns, end_ns, command=command, status=status, reply=reply)
@@ -97,7 +109,7 @@ class DiconSerialSwitch:
         self._emit(Kind.OCS_SESSION, "noise", t_ns, text=repr(data[:64]), length=len(data))
 
     # -- the line ------------------------------------------------------------------------------------------
-    def _require_line(self) -> SerialLine:
+    def _require_conn(self) -> SerialLine:
         if self._closed or self._line is None:
             raise HardwareError(f"{self.name}: not connected")
         return self._line
@@ -106,31 +118,14 @@ class DiconSerialSwitch:
         self, payload: bytes, done: Callable[[Sequence[bytes]], bool], first_s: float
     ) -> Transaction:
         """One batch on the line; a port that failed is reopened first (once per failure)."""
-        line = self._require_line()
+        line = self._require_conn()
         if not line.is_open:
-            await self._reopen("the port had failed")
+            await self._reopen_line("the port had failed")
         return await line.transact(payload, done, first_s, self.reply_timeout_s)
 
-    async def _reopen(self, reason: str) -> None:
-        line = self._require_line()
-        self._emit(Kind.OCS_SESSION, "lost", reason=reason)
-        delay_s = 0.02
-        try:
-            async with asyncio.timeout(self.timeouts.connect_s):
-                while True:
-                    try:
-                        await line.open()
-                        break
-                    except PortLost as e:
-                        self._emit(Kind.OCS_SESSION, "reconnect-failed", reason=str(e))
-                        await asyncio.sleep(delay_s)
-                        delay_s = min(delay_s * 2, 1.0)
-        except TimeoutError:
-            raise PortLost(
-                f"{self.name}: {self.url} lost ({reason}) and not reopened within "
-                f"{self.timeouts.connect_s:g} s"
-            ) from None
-        self.reconnects += 1
+    async def _reopen_line(self, reason: str) -> None:
+        line = self._require_conn()
+        await self._reopen(line.open, PortLost, reason, self.url)
         self._emit(Kind.OCS_SESSION, "reconnected", url=self.url)
 
     async def _ask(self, queries: Sequence[Query[T]]) -> list[T]:
@@ -168,7 +163,7 @@ class DiconSerialSwitch:
         except PortLost as e:
             for q in batch:
                 self._io(q.text, now_ns(), now_ns(), "lost")
-            await self._reopen(str(e))
+            await self._reopen_line(str(e))
             return
         cursor = 0
         for line in result.lines:
@@ -187,7 +182,7 @@ class DiconSerialSwitch:
         for q in batch[cursor:]:
             self._io(q.text, result.sent_ns, end, "no reply")
         if cursor < len(batch):
-            self._require_line().mark_dirty()
+            self._require_conn().mark_dirty()
 
     async def _change(self, commands: list[str]) -> None:
         """Send `X1 CH` commands and `SYST:ERR?` in one write; its reply comes once the switch has carried
@@ -204,7 +199,7 @@ class DiconSerialSwitch:
             end = now_ns()
             for command in [*commands, ERROR_QUERY.text]:
                 self._io(command, end, end, "lost")
-            await self._reopen(str(e))
+            await self._reopen_line(str(e))
             raise HardwareError(
                 f"{self.name}: {self.url} lost during {commands[0]}"
                 + (f" (+{len(commands) - 1} more)" if len(commands) > 1 else "")
@@ -223,7 +218,7 @@ class DiconSerialSwitch:
             self._io(command, result.sent_ns, t_reply, status)
         self._io(ERROR_QUERY.text, result.sent_ns, t_reply, status, None if error is None else str(error))
         if error is None:
-            self._require_line().mark_dirty()
+            self._require_conn().mark_dirty()
             raise HardwareError(
                 f"{self.name}: no valid reply to SYST:ERR? after {len(commands)} change(s) (line noise or a "
                 "device that stopped answering); the read-back decides what took effect"
@@ -294,20 +289,12 @@ class DiconSerialSwitch:
             await line.close()
 
     # -- OpticalSwitch ---------------------------------------------------------------------------------------
-    async def _timed(self, operation: str, coro: Callable[[], Awaitable[T]]) -> Timed[T]:
-        self._require_line()
-        start = now_ns()
-        async with self.timeouts.deadline(self.name, operation):
-            async with self._lock:  # one conversation on the line at a time: replies are matched by order
-                value = await coro()
-        return Timed(value, start, now_ns())
-
     async def _read(self) -> Mapping:
         inputs = list(self.space.ingress)
         outputs = await self._ask([channel_query(i) for i in inputs])
         return mapping_from_channels(self.space, dict(zip(inputs, outputs, strict=True)), self.name)
 
-    async def _read_and_remember(self) -> Mapping:
+    async def _read_for_apply(self) -> Mapping:
         self._last_read = await self._read()
         return self._last_read
 
@@ -316,55 +303,12 @@ class DiconSerialSwitch:
         # go of an output first) is worked out from that same read-back
         await self._change(change_commands(self.space, self._last_read, diff))
 
-    async def get_mapping(self) -> Timed[Mapping]:
-        result = await self._timed("X1 CH read-back", self._read)
-        self._emit(
-            Kind.OCS_READ,
-            len(result.value),
-            result.end_ns,
-            patches=sorted(result.value),
-            elapsed_ns=result.elapsed_ns,
-        )
-        return result
-
-    async def apply(
-        self,
-        mapping: Iterable[tuple[int, int]],
-        *,
-        scope: Iterable[int] | None = None,
-        context: dict[str, Any] | None = None,
-    ) -> Timed[ApplyResult]:
-        ops = SwitchOps(
-            self._read_and_remember,
-            self._send,
-            attempts=self.attempts,
-            extra_meta={"driver": "dicon-serial", "url": self.url},
-            owned=self.owned,
-        )
-        return await self._timed(
-            "apply", lambda: converge(self.name, self.space, ops, mapping, scope, self._emit_sink, context)
-        )
-
-    async def disconnect(
-        self, ports: Iterable[int], *, context: dict[str, Any] | None = None
-    ) -> Timed[ApplyResult]:
-        return await self.apply((), scope=ports, context=context)
-
     async def port_power(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
         """No power monitor in the protocol: None (nothing measured) for every port, at no wire cost; the
         readings are still events, marked `monitor: none`, so a power probe shows why it sees no light."""
         wanted = check_ports(self.name, self.space, ports)
-        self._require_line()
+        self._require_conn()
         start = now_ns()
         powers: dict[int, float | None] = dict.fromkeys(wanted)
-        for port in wanted:
-            self._emit_sink(
-                Event(
-                    t_ns=start,
-                    kind=Kind.RX_POWER,
-                    source=f"{self._source}/{port}",
-                    value=None,
-                    meta={"monitor": "none"},
-                )
-            )
+        self._emit_powers(powers, start, monitor="none")
         return Timed(powers, start, now_ns())

@@ -13,23 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from labctl.clock import now_ns
 from labctl.config import Secret, SecretRef
 from labctl.errors import HardwareError, InputError
-from labctl.events import Event, Kind
+from labctl.events import Kind
 from labctl.mapping import Mapping, MappingDiff, PortSpace
 from labctl.ocs import (
-    ApplyResult,
     EventSink,
-    SwitchOps,
     Timed,
     TimeoutPolicy,
+    VerifiedSwitch,
     check_owned,
     check_ports,
-    converge,
 )
 
 from . import codec
@@ -56,10 +54,12 @@ __all__ = [
 ]
 
 
-class PolatisNetconfSwitch:
+class PolatisNetconfSwitch(VerifiedSwitch):
     """A Polatis switch over NETCONF. Satisfies `OpticalSwitch`; every call returns a `Timed` result and
     writes events (`ocs.io` per RPC, `ocs.session`, `ocs.report`, `ocs.read`, `rx_power`, and the
     `ocs.command`/`ocs.complete`/`ocs.error` of `converge`)."""
+
+    read_operation = "get cross-connects"
 
     def __init__(
         self,
@@ -96,8 +96,9 @@ class PolatisNetconfSwitch:
         self._closed = True
 
     # -- events ---------------------------------------------------------------------------------------------
-    def _emit(self, kind: str, value: Any, t_ns: int | None = None, **meta: Any) -> None:
-        self._emit_sink(Event(t_ns=t_ns or now_ns(), kind=kind, source=self._source, value=value, meta=meta))
+
+    def _apply_meta(self) -> dict[str, Any]:
+        return {"driver": "polatis-netconf", "revision": self.revision}
 
     def _on_message(self, kind: str, raw: str) -> None:
         """What no request waits for: a notification (`ocs.report`), a reply that came after its request was
@@ -223,24 +224,7 @@ class PolatisNetconfSwitch:
         async with self._recover_lock:
             if self._generation != generation or self._closed:
                 return None
-            self._emit(Kind.OCS_SESSION, "lost", reason=reason)
-            delay_s = 0.02
-            try:
-                async with asyncio.timeout(self.timeouts.connect_s):
-                    while True:
-                        try:
-                            await self._open()
-                            break
-                        except NetconfConnectionLost as e:
-                            self._emit(Kind.OCS_SESSION, "reconnect-failed", reason=str(e))
-                            await asyncio.sleep(delay_s)
-                            delay_s = min(delay_s * 2, 1.0)
-            except TimeoutError:
-                raise NetconfConnectionLost(
-                    f"{self.name}: session lost ({reason}) and not re-established within "
-                    f"{self.timeouts.connect_s:g} s"
-                ) from None
-            self.reconnects += 1
+            await self._reopen(self._open, NetconfConnectionLost, reason, "session")
             assert self._conn is not None
             patches = await self._read_on(self._conn)
             self._emit(Kind.OCS_SESSION, "reconnected", patches=len(patches))
@@ -309,47 +293,6 @@ class PolatisNetconfSwitch:
         """The whole diff as one edit-config: delete the removed pairs, merge the new ones."""
         await self._rpc("edit-config", codec.edit_config(diff, self.list_name), idempotent=False)
 
-    async def _timed(self, operation: str, coro: Callable[[], Awaitable[T]]) -> Timed[T]:
-        self._require_conn()
-        start = now_ns()
-        async with self.timeouts.deadline(self.name, operation):
-            value = await coro()
-        return Timed(value, start, now_ns())
-
-    async def get_mapping(self) -> Timed[Mapping]:
-        result = await self._timed("get cross-connects", self._read)
-        self._emit(
-            Kind.OCS_READ,
-            len(result.value),
-            result.end_ns,
-            patches=sorted(result.value),
-            elapsed_ns=result.elapsed_ns,
-        )
-        return result
-
-    async def apply(
-        self,
-        mapping: Iterable[tuple[int, int]],
-        *,
-        scope: Iterable[int] | None = None,
-        context: dict[str, Any] | None = None,
-    ) -> Timed[ApplyResult]:
-        ops = SwitchOps(
-            self._read,
-            self._send,
-            attempts=self.attempts,
-            extra_meta={"driver": "polatis-netconf", "revision": self.revision},
-            owned=self.owned,
-        )
-        return await self._timed(
-            "apply", lambda: converge(self.name, self.space, ops, mapping, scope, self._emit_sink, context)
-        )
-
-    async def disconnect(
-        self, ports: Iterable[int], *, context: dict[str, Any] | None = None
-    ) -> Timed[ApplyResult]:
-        return await self.apply((), scope=ports, context=context)
-
     async def port_power(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
         wanted = check_ports(self.name, self.space, ports)
 
@@ -361,16 +304,7 @@ class PolatisNetconfSwitch:
             return {p: powers.get(p) for p in wanted}
 
         result = await self._timed("get opm-power", read)
-        for port, dbm in result.value.items():
-            self._emit_sink(
-                Event(
-                    t_ns=result.end_ns,
-                    kind=Kind.RX_POWER,
-                    source=f"{self._source}/{port}",
-                    value=dbm,
-                    meta={"monitor": "switch"},
-                )
-            )
+        self._emit_powers(result.value, result.end_ns)
         return result
 
     # -- beyond OpticalSwitch: port admin state, product information ----------------------------------------

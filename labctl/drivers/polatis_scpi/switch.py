@@ -14,22 +14,20 @@ import contextlib
 import contextvars
 import functools
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from labctl.clock import now_ns
 from labctl.errors import HardwareError, InputError
-from labctl.events import Event, Kind
+from labctl.events import Kind
 from labctl.mapping import Mapping, MappingDiff, PortSpace
 from labctl.ocs import (
-    ApplyResult,
     EventSink,
-    SwitchOps,
     Timed,
     TimeoutPolicy,
+    VerifiedSwitch,
     check_ports,
-    converge,
 )
 
 from . import DEFAULT_PORT
@@ -85,10 +83,15 @@ class ScpiEndpoint:
     port: int = DEFAULT_PORT
 
 
-class PolatisScpiSwitch:
+class PolatisScpiSwitch(VerifiedSwitch):
     """A Polatis switch over SCPI. Satisfies `OpticalSwitch`; every call returns a `Timed` result and
     writes events (`ocs.io` per wire command, `ocs.session`, `ocs.read`, `rx_power`, and the
     `ocs.command`/`ocs.complete`/`ocs.error` of `converge`)."""
+
+    read_operation = CONNECTIONS_QUERY
+
+    def _apply_meta(self) -> dict[str, Any]:
+        return {"driver": "polatis-scpi"}
 
     def __init__(
         self,
@@ -120,9 +123,6 @@ class PolatisScpiSwitch:
         self._closed = True
 
     # -- events ----------------------------------------------------------------------------------------------
-    def _emit(self, kind: str, value: Any, t_ns: int | None = None, **meta: Any) -> None:
-        self._emit_sink(Event(t_ns=t_ns or now_ns(), kind=kind, source=self._source, value=value, meta=meta))
-
     # -- deadlines -------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _until(self, seconds: float) -> Iterator[None]:
@@ -131,6 +131,13 @@ class PolatisScpiSwitch:
             yield
         finally:
             _deadline.reset(token)
+
+    @contextlib.asynccontextmanager
+    async def _conversation(self) -> AsyncIterator[None]:
+        """Each operation's wire reads wait at most until its deadline (the worker thread's socket timeout
+        follows it)."""
+        with self._until(self.timeouts.operation_s):
+            yield
 
     def _wire_timeout(self) -> float:
         ends = _deadline.get()
@@ -290,24 +297,7 @@ class PolatisScpiSwitch:
         async with self._recover_lock:
             if self._generation != generation or self._closed:
                 return None
-            self._emit(Kind.OCS_SESSION, "lost", reason=reason)
-            delay_s = 0.02
-            try:
-                async with asyncio.timeout(self.timeouts.connect_s):
-                    while True:
-                        try:
-                            await self._open()
-                            break
-                        except ScpiConnectionLost as e:
-                            self._emit(Kind.OCS_SESSION, "reconnect-failed", reason=str(e))
-                            await asyncio.sleep(delay_s)
-                            delay_s = min(delay_s * 2, 1.0)
-            except TimeoutError:
-                raise ScpiConnectionLost(
-                    f"{self.name}: session lost ({reason}) and not re-established within "
-                    f"{self.timeouts.connect_s:g} s"
-                ) from None
-            self.reconnects += 1
+            await self._reopen(self._open, ScpiConnectionLost, reason, "session")
             conn = self._require_conn()
             try:
                 patches = await self._query(conn, CONNECTIONS_QUERY, parse_connections)
@@ -375,48 +365,6 @@ class PolatisScpiSwitch:
             await self._change(command)
         await self._call(OPERATION_COMPLETE_QUERY, parse_operation_complete, idempotent=False)
 
-    async def _timed(self, operation: str, coro: Callable[[], Awaitable[T]]) -> Timed[T]:
-        self._require_conn()
-        start = now_ns()
-        async with self.timeouts.deadline(self.name, operation):
-            with self._until(self.timeouts.operation_s):
-                value = await coro()
-        return Timed(value, start, now_ns())
-
-    async def get_mapping(self) -> Timed[Mapping]:
-        result = await self._timed(CONNECTIONS_QUERY, self._read)
-        self._emit(
-            Kind.OCS_READ,
-            len(result.value),
-            result.end_ns,
-            patches=sorted(result.value),
-            elapsed_ns=result.elapsed_ns,
-        )
-        return result
-
-    async def apply(
-        self,
-        mapping: Iterable[tuple[int, int]],
-        *,
-        scope: Iterable[int] | None = None,
-        context: dict[str, Any] | None = None,
-    ) -> Timed[ApplyResult]:
-        ops = SwitchOps(
-            self._read,
-            self._send,
-            attempts=self.attempts,
-            extra_meta={"driver": "polatis-scpi"},
-            owned=self.owned,
-        )
-        return await self._timed(
-            "apply", lambda: converge(self.name, self.space, ops, mapping, scope, self._emit_sink, context)
-        )
-
-    async def disconnect(
-        self, ports: Iterable[int], *, context: dict[str, Any] | None = None
-    ) -> Timed[ApplyResult]:
-        return await self.apply((), scope=ports, context=context)
-
     async def port_power(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
         wanted = check_ports(self.name, self.space, ports)
 
@@ -429,16 +377,7 @@ class PolatisScpiSwitch:
             return powers
 
         result = await self._timed(":PMON:POW?", read)
-        for port, dbm in result.value.items():
-            self._emit_sink(
-                Event(
-                    t_ns=result.end_ns,
-                    kind=Kind.RX_POWER,
-                    source=f"{self._source}/{port}",
-                    value=dbm,
-                    meta={"monitor": "switch"},
-                )
-            )
+        self._emit_powers(result.value, result.end_ns)
         return result
 
     # -- beyond the OpticalSwitch ----------------------------------------------------------------------------

@@ -18,17 +18,15 @@ from typing import Any, TypeVar
 from labctl.clock import now_ns
 from labctl.config import Secret, SecretRef
 from labctl.errors import HardwareError, InputError
-from labctl.events import Event, Kind
+from labctl.events import Kind
 from labctl.mapping import Mapping, MappingDiff, PortSpace
 from labctl.ocs import (
-    ApplyResult,
     EventSink,
-    SwitchOps,
     Timed,
     TimeoutPolicy,
+    VerifiedSwitch,
     check_owned,
     check_ports,
-    converge,
     refuse_crossing,
 )
 
@@ -77,10 +75,15 @@ class Tl1Endpoint:
     port: int = DEFAULT_PORT
 
 
-class PolatisTl1Switch:
+class PolatisTl1Switch(VerifiedSwitch):
     """A Polatis switch over TL1. Satisfies `OpticalSwitch`; every call returns a `Timed` result and
     writes events (`ocs.io` per command, `ocs.session`, `ocs.report`, `ocs.read`, `rx_power`, and the
     `ocs.command`/`ocs.complete`/`ocs.error` of `converge`)."""
+
+    read_operation = "RTRV-PATCH"
+
+    def _apply_meta(self) -> dict[str, Any]:
+        return {"driver": "polatis-tl1", "pipeline_depth": self.pipeline_depth}
 
     def __init__(
         self,
@@ -122,9 +125,6 @@ class PolatisTl1Switch:
         self._closed = True
 
     # -- events ----------------------------------------------------------------------------------------------
-    def _emit(self, kind: str, value: Any, t_ns: int | None = None, **meta: Any) -> None:
-        self._emit_sink(Event(t_ns=t_ns or now_ns(), kind=kind, source=self._source, value=value, meta=meta))
-
     def _scrub(self, text: str) -> str:
         """Never let the password through, even if a switch echoed it back in a comment."""
         if self._secret is not None and self._secret.reveal():
@@ -258,24 +258,7 @@ class PolatisTl1Switch:
         async with self._recover_lock:
             if self._generation != generation or self._closed:
                 return None
-            self._emit(Kind.OCS_SESSION, "lost", reason=self._scrub(reason))
-            delay_s = 0.02
-            try:
-                async with asyncio.timeout(self.timeouts.connect_s):
-                    while True:
-                        try:
-                            await self._open()
-                            break
-                        except Tl1ConnectionLost as e:
-                            self._emit(Kind.OCS_SESSION, "reconnect-failed", reason=self._scrub(str(e)))
-                            await asyncio.sleep(delay_s)
-                            delay_s = min(delay_s * 2, 1.0)
-            except TimeoutError:
-                raise Tl1ConnectionLost(
-                    f"{self.name}: connection lost ({self._scrub(reason)}) and not re-established within "
-                    f"{self.timeouts.connect_s:g} s"
-                ) from None
-            self.reconnects += 1
+            await self._reopen(self._open, Tl1ConnectionLost, reason, "connection")
             assert self._conn is not None
             patches = parse_patches((await self._exchange(self._conn, self._patch_command(self._conn))).lines)
             self._emit(Kind.OCS_SESSION, "reconnected", patches=len(patches))
@@ -380,47 +363,6 @@ class PolatisTl1Switch:
             [functools.partial(self._call, "ENT-PATCH", f"{i},{e}", idempotent=False) for i, e in adds]
         )
 
-    async def _timed(self, operation: str, coro: Callable[[], Awaitable[T]]) -> Timed[T]:
-        self._require_conn()
-        start = now_ns()
-        async with self.timeouts.deadline(self.name, operation):
-            value = await coro()
-        return Timed(value, start, now_ns())
-
-    async def get_mapping(self) -> Timed[Mapping]:
-        result = await self._timed("RTRV-PATCH", self._read)
-        self._emit(
-            Kind.OCS_READ,
-            len(result.value),
-            result.end_ns,
-            patches=sorted(result.value),
-            elapsed_ns=result.elapsed_ns,
-        )
-        return result
-
-    async def apply(
-        self,
-        mapping: Iterable[tuple[int, int]],
-        *,
-        scope: Iterable[int] | None = None,
-        context: dict[str, Any] | None = None,
-    ) -> Timed[ApplyResult]:
-        ops = SwitchOps(
-            self._read,
-            self._send,
-            attempts=self.attempts,
-            extra_meta={"driver": "polatis-tl1", "pipeline_depth": self.pipeline_depth},
-            owned=self.owned,
-        )
-        return await self._timed(
-            "apply", lambda: converge(self.name, self.space, ops, mapping, scope, self._emit_sink, context)
-        )
-
-    async def disconnect(
-        self, ports: Iterable[int], *, context: dict[str, Any] | None = None
-    ) -> Timed[ApplyResult]:
-        return await self.apply((), scope=ports, context=context)
-
     async def port_power(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
         wanted = sorted(set(ports))
         self._check_ports(wanted)
@@ -432,16 +374,7 @@ class PolatisTl1Switch:
             return {p: powers.get(p) for p in wanted}
 
         result = await self._timed("RTRV-PORT-POWER", read)
-        for port, dbm in result.value.items():
-            self._emit_sink(
-                Event(
-                    t_ns=result.end_ns,
-                    kind=Kind.RX_POWER,
-                    source=f"{self._source}/{port}",
-                    value=dbm,
-                    meta={"monitor": "switch"},
-                )
-            )
+        self._emit_powers(result.value, result.end_ns)
         return result
 
     # -- the rest of the TL1 command set ---------------------------------------------------------------------
