@@ -141,6 +141,42 @@ class RecoveryTracker:
                     self.done.set()
 
 
+class _LinkWatch:
+    """A replay's `ready: link` for one write: a RecoveryTracker subscribed from before the write."""
+
+    def __init__(
+        self,
+        tracker: RecoveryTracker,
+        unsubscribe: Callable[[], None],
+        deadline_ns: int,
+        events: EventLog,
+        timeout_s: float,
+    ) -> None:
+        self.tracker = tracker
+        self._unsubscribe: Callable[[], None] | None = unsubscribe
+        self.deadline_ns = deadline_ns
+        self.events = events
+        self.timeout_s = timeout_s
+
+    async def wait(self) -> None:
+        try:
+            await asyncio.wait_for(self.tracker.done.wait(), max(self.deadline_ns - now_ns(), 0) / 1e9)
+        except TimeoutError:
+            pending = sorted(self.tracker.pending)
+            self.events.emit(
+                now_ns(),
+                Kind.RUN_TIMEOUT,
+                "controller",
+                len(pending),
+                meta={"pending": pending, "timeout_s": self.timeout_s},
+            )
+
+    def close(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+
 @dataclass(frozen=True)
 class PlannedReconfig:
     """One reconfiguration of a plan, as the controller will carry it out (what `run --dry-run` prints)."""
@@ -216,6 +252,7 @@ class Controller:
         self._abandon_restore = False
         self._connected: list[Any] = []
         self._touched = False  # a switch was told to change: a failure from here on must restore the baseline
+        self._force_restore = False  # a replay ended unclean: what the switches hold is not known here
         self.replay_results: list[Any] = []  # labctl.workload.replay.ReplayResult, one per replay segment
 
     # -- one reconfiguration ---------------------------------------------------------------------------------
@@ -439,9 +476,15 @@ class Controller:
         self._touched = True
         self.events.reconfig = None
         self.progress.message(f"replaying {segment.replay.trace.name} ({segment.replay.spec.mode})")
+        finished = False
         try:
             await segment.replay.run(self)  # its result lands in replay_results, even a partial one
+            finished = True
         finally:
+            if not finished:
+                # A write cut short (cancelled, timed out, failed) may have moved part of a rail that
+                # `current` still calls the baseline: the restore must not be skipped as "nothing moved".
+                self._force_restore = True
             await self.events.flush_durably()
 
     def rail_changed(self, rail: int, before: Mapping, after: Mapping) -> None:
@@ -454,9 +497,11 @@ class Controller:
         for probe in self.lab.circuit_probes:
             probe.set_circuits(dict(circuits))
 
-    async def links_up(self, changes: list[tuple[int, Mapping, Mapping]], t0_ns: int) -> None:
-        """Until every port the changes moved carries traffic to its new peer (a replay's `ready: link`), or
-        the recovery timeout (recorded as `run.timeout`, like a reconfiguration's)."""
+    def links_up(self, changes: list[tuple[int, Mapping, Mapping]], t0_ns: int) -> _LinkWatch:
+        """Start watching, now, for every port the planned changes move to carry traffic to its new peer (a
+        replay's `ready: link`); its `wait` ends then, or at the recovery timeout (recorded as `run.timeout`,
+        like a reconfiguration's). Subscribed before the write is sent: nothing recorded during it (another
+        rail's retry) is missed."""
         expected = {
             port.source: peer.source
             for rail, before, after in changes
@@ -464,23 +509,9 @@ class Controller:
             if peer is not None
         }
         timeout_s = self.plan.spec.recovery_timeout_s
-        tracker = RecoveryTracker(expected, t0_ns, lambda k: None, deadline_ns=t0_ns + round(timeout_s * 1e9))
-        unsubscribe = self.events.subscribe(tracker)
-        try:
-            await asyncio.wait_for(
-                tracker.done.wait(), max(t0_ns + round(timeout_s * 1e9) - now_ns(), 0) / 1e9
-            )
-        except TimeoutError:
-            pending = sorted(tracker.pending)
-            self.events.emit(
-                now_ns(),
-                Kind.RUN_TIMEOUT,
-                "controller",
-                len(pending),
-                meta={"pending": pending, "timeout_s": timeout_s},
-            )
-        finally:
-            unsubscribe()
+        deadline = t0_ns + round(timeout_s * 1e9)
+        tracker = RecoveryTracker(expected, t0_ns, lambda k: None, deadline_ns=deadline)
+        return _LinkWatch(tracker, self.events.subscribe(tracker), deadline, self.events, timeout_s)
 
     def _gpu_step(self) -> Any:
         """The optional `gpu:` step of the experiment (skipped, with an event, without a GPU)."""
@@ -512,7 +543,7 @@ class Controller:
 
     async def restore_baseline(self) -> None:
         baseline = self.plan.phases[self.plan.baseline]
-        if any(self.current[rail] != rp.mapping for rail, rp in baseline.items()):
+        if self._force_restore or any(self.current[rail] != rp.mapping for rail, rp in baseline.items()):
             phase = self.plan.baseline
             await self.reconfigure(phase, None, measured=False, wait=False, stage=Stage("restore", phase))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from labctl.cli.common import (
@@ -25,6 +26,9 @@ from labctl.cli.common import (
     out,
 )
 from labctl.errors import InputError
+
+LATE_WARN_NS = 1_000_000
+"""Above this, the replay's own lateness (wake-ups, control lag) is large enough to say so."""
 
 replay_app = typer.Typer(
     help="Replay training-job traces on a lab: the Figure 10 sweep, the stall model, imports.",
@@ -164,8 +168,19 @@ def import_kineto(
     trace, stats = kineto_to_trace(
         load_kineto(kineto), job_data, name=name, groups=groups, symmetric=not rank_view
     )
-    output.write_text(yaml.safe_dump(trace, sort_keys=False), encoding="utf-8")
-    load_trace(output)  # what was written loads (a bad job is named against the file)
+    # Written beside the output and renamed only once it loads: a bad trace never replaces a good file.
+    staged = output.with_name(f".{output.name}.tmp")
+    try:
+        staged.write_text(yaml.safe_dump(trace, sort_keys=False), encoding="utf-8")
+        try:
+            load_trace(staged)  # what was written loads (a bad job is named against the file)
+        except InputError as e:
+            raise InputError(str(e).replace(str(staged), str(output))) from None
+        staged.replace(output)
+    except OSError as e:
+        raise InputError(f"{output}: cannot write: {e}") from None
+    finally:
+        staged.unlink(missing_ok=True)
     out.print(
         f"{output}: {stats['kernels']} NCCL kernels in {stats['steps']} steps"
         + (f", {stats['clipped']} overlapping ones serialised" if stats["clipped"] else "")
@@ -216,16 +231,24 @@ def replay_lines(summary: dict[str, Any]) -> list[str]:
         + f", stall {fmt_ns(rep['stall_ns'])} (model {fmt_ns(rep['model_stall_ns'])}); "
         f"lock waits in all: G1 {fmt_ns(rep['g1_wait_ns'])}, G2 {fmt_ns(rep['g2_wait_ns'])}"
     ]
+    late, lag = rep.get("late_ns_max") or 0, rep.get("control_lag_ns_max") or 0
+    if max(late, lag) > LATE_WARN_NS:
+        # The replay's own lateness lands in the step times as if the switch had exposed it.
+        lines.append(
+            f"[yellow]replay ran late: woke up to {fmt_ns(late)} late, asked for circuits up to "
+            f"{fmt_ns(lag)} after their boundary; stall and step times include it[/]"
+        )
     fallback = rep.get("fallback")
     if fallback:
         failed = fallback.get("giant_ring_failed")
-        lines.append(
-            f"[red]giant-ring fallback at topo_id {fallback['at_topo_id']}: {fallback['error']}"
-            + (
-                f"; the giant ring failed too: {'; '.join(failed)}"
-                if failed
-                else "; the job ran on the giant ring"
-            )
-            + "[/]"
-        )
+        status = fallback.get("status")
+        head = f"[red]giant-ring fallback at topo_id {escape(str(fallback['at_topo_id']))}: "
+        head += escape(str(fallback["error"]))
+        if status in ("interrupted", "in progress"):
+            tail = "; fallback interrupted: the rails may be part on the giant ring"
+        elif failed:
+            tail = f"; the giant ring failed too: {escape('; '.join(failed))}"
+        else:
+            tail = "; the job ran on the giant ring"
+        lines.append(head + tail + "[/]")
     return lines

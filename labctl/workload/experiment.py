@@ -33,7 +33,7 @@ from labctl.sampling import ProbeSettings
 from labctl.topology import Link, pairs_links, ring_links
 from labctl.workload.circuits import JobCircuits, TopoState, initial_state, topo_id
 from labctl.workload.orchestrator import JobOrchestrator
-from labctl.workload.replay import LinksUp, ReplayEngine, ReplayResult
+from labctl.workload.replay import LinksUp, LinkWatch, ReplayEngine, ReplayResult
 from labctl.workload.stall import switch_points
 from labctl.workload.steps import Hold, Reconfigure, ReplaySegment, check_program
 from labctl.workload.trace import Trace, get_trace
@@ -102,7 +102,7 @@ class ReplayHost(Protocol):
 
     def rail_changed(self, rail: int, before: Any, after: Any) -> None: ...
 
-    async def links_up(self, changes: list[tuple[int, Any, Any]], t0_ns: int) -> None: ...
+    def links_up(self, changes: list[tuple[int, Any, Any]], t0_ns: int) -> LinkWatch: ...
 
 
 @dataclass
@@ -122,11 +122,13 @@ class CompiledReplay:
                     "replay faults: this lab's switches are not behaviour models (simulated lab)"
                 )
         faults = self.spec.faults
+        injected: dict[int, int] = {}  # id(model) → the refusals it had before this replay added its own
 
         def on_write(n: int) -> None:
             if faults is not None and n == faults.after_writes:
                 for model in models:
-                    model.refusals = faults.refuse_changes
+                    injected[id(model)] = model.refusals
+                    model.refusals += faults.refuse_changes
 
         orch = JobOrchestrator(
             self.circuits,
@@ -162,7 +164,13 @@ class CompiledReplay:
         )
         result = ReplayResult(self.spec.mode)
         host.replay_results.append(result)  # kept, as far as it got, if the replay fails
-        return await engine.run(result)
+        try:
+            return await engine.run(result)
+        finally:
+            # The fault was this replay's: what is left of it must not refuse the baseline's restore.
+            for model in models:
+                if id(model) in injected:
+                    model.refusals = min(model.refusals, injected[id(model)])
 
 
 def is_replay(path: Path) -> bool:
@@ -183,7 +191,10 @@ def load_replay(path: Path | str) -> tuple[ReplaySpec, SourcedYaml, Trace]:
     except InputError as e:
         raise InputError(f"{src.where(('trace',))}: trace: {e}") from None
     if spec.time_scale != 1.0:
-        trace = trace.scaled(spec.time_scale)
+        try:
+            trace = trace.scaled(spec.time_scale)
+        except InputError as e:
+            raise InputError(f"{src.where(('time_scale',))}: time_scale: {e}") from None
     if spec.steps is not None:
         trace = trace.with_steps(spec.steps)
     return spec, src, trace

@@ -20,7 +20,9 @@ end (a window is never negative); the import says how many it clipped.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -76,8 +78,13 @@ def _norm(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
+def _args(event: dict[str, Any]) -> dict[str, Any]:
+    args = event.get("args")
+    return args if isinstance(args, dict) else {}
+
+
 def _op_type(event: dict[str, Any]) -> str | None:
-    args = event.get("args") or {}
+    args = _args(event)
     named = args.get("Collective name")
     if isinstance(named, str) and _norm(named) in _TYPES:
         return _TYPES[_norm(named)]
@@ -89,7 +96,9 @@ def _bytes(args: dict[str, Any], op_type: str) -> int:
     size = _DTYPE_BYTES.get(str(args.get("dtype", "")).lower(), 0)
     key = "Out msg nelems" if op_type == "allgather" else "In msg nelems"
     nelems = args.get(key, args.get("In msg nelems"))
-    return int(nelems) * size if isinstance(nelems, int | float) and size else 0
+    if not isinstance(nelems, int | float) or isinstance(nelems, bool) or not math.isfinite(nelems):
+        return 0
+    return max(0, int(nelems)) * size
 
 
 def _ranks(args: dict[str, Any]) -> list[int] | None:
@@ -132,15 +141,29 @@ def kineto_to_trace(
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise InputError(f"{name}: not a Kineto/Chrome trace (no traceEvents list)")
     groups = groups or {}
-    events = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
+    events = [(i, e) for i, e in enumerate(data["traceEvents"]) if isinstance(e, dict) and e.get("ph") == "X"]
+
+    def us(i: int, e: dict[str, Any], key: str) -> float:
+        """A finite time in µs from event i (`dur` absent: 0; Kineto's `ts` may be epoch-based, so large), or
+        one line naming it."""
+        raw: Any = e.get(key, 0 if key == "dur" else None)
+        value = math.nan
+        if isinstance(raw, int | float | str) and not isinstance(raw, bool):
+            with contextlib.suppress(ValueError):
+                value = float(raw)
+        if not math.isfinite(value) or (key == "dur" and value < 0):
+            what = "a duration in µs (>= 0)" if key == "dur" else "a time in µs"
+            raise InputError(f"{name}: traceEvents[{i}].{key}: {raw!r} is not {what}")
+        return value
+
     steps = sorted(
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
-        for e in events
+        (us(i, e, "ts"), us(i, e, "ts") + us(i, e, "dur"))
+        for i, e in events
         if str(e.get("name", "")).startswith("ProfilerStep#") and "ts" in e
     )
     kernels = []
     skipped = 0
-    for e in events:
+    for i, e in events:
         if str(e.get("cat", "")).casefold() != GPU_KERNEL_CAT or not str(e.get("name", "")).startswith(
             "nccl"
         ):
@@ -149,7 +172,7 @@ def kineto_to_trace(
         if op_type is None or "ts" not in e:
             skipped += 1
             continue
-        kernels.append((round(float(e["ts"]) * 1000), round(float(e.get("dur", 0)) * 1000), op_type, e))
+        kernels.append((round(us(i, e, "ts") * 1000), round(us(i, e, "dur") * 1000), op_type, e))
     if not kernels:
         raise InputError(f"{name}: no NCCL kernels (cat 'kernel', name nccl...) in the trace")
     kernels.sort(key=lambda k: k[0])
@@ -163,7 +186,7 @@ def kineto_to_trace(
             continue
         ops, prev_end = [], 0
         for i, (ts, dur, op_type, e) in enumerate(mine):
-            args = e.get("args") or {}
+            args = _args(e)
             start, end = ts - step_start, ts - step_start + dur
             if start < prev_end:  # overlapping streams: serialise, keep the end
                 clipped += 1

@@ -11,7 +11,9 @@ convergence sends only the diff. Two guarantees, from one lock per (rail, stage)
 
 A change that fails (a refusal, a timeout) is retried; after `retries` more failures the job falls back to
 one static giant ring through every host on every rail, records a `workload.fallback` event, and every later
-write is a no-op (the job is told: each operation's record says it ran on the giant ring).
+write is a no-op (the job is told: each operation's record says it ran on the giant ring). The ring rewires
+every stage, so it is put up holding every (rail, stage) lock exclusively, taken in the global order
+operations use. Writes of one job are serialised (a write lock), each diffing against what the last left.
 """
 
 from __future__ import annotations
@@ -35,38 +37,74 @@ RailChanged = Callable[[int, Mapping, Mapping], None]
 
 
 class StageLock:
-    """Shared (operations) / exclusive (changes) lock of one stage's sub-mapping on one rail."""
+    """Shared (operations) / exclusive (changes) lock of one stage's sub-mapping on one rail.
+
+    Release is synchronous (it hands the lock to the waiters it admits by resolving their futures), so a
+    release in a `finally` cannot be abandoned by a second cancellation and leave later acquires waiting
+    for ever."""
 
     def __init__(self) -> None:
         self.readers = 0
         self.writing = False
-        self._changed = asyncio.Condition()
+        self._waiters: list[tuple[bool, asyncio.Future[None]]] = []  # (exclusive, granted when resolved)
+
+    def _admissible(self, exclusive: bool) -> bool:
+        return not self.writing and (not exclusive or self.readers == 0)
+
+    def _grant(self, exclusive: bool) -> None:
+        if exclusive:
+            self.writing = True
+        else:
+            self.readers += 1
+
+    async def _acquire(self, exclusive: bool) -> bool:
+        if self._admissible(exclusive) and not self._waiters:
+            self._grant(exclusive)
+            return False
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (exclusive, fut)
+        self._waiters.append(entry)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+            elif fut.done() and not fut.cancelled():  # granted as we were cancelled: hand it on
+                self._release(exclusive)
+            raise
+        return True
+
+    def _release(self, exclusive: bool) -> None:
+        if exclusive:
+            self.writing = False
+        else:
+            self.readers -= 1
+        # Admit waiters in arrival order; stop at the first that must still wait, so a change queued behind
+        # operations is not overtaken by operations that arrive after it.
+        while self._waiters:
+            wants, fut = self._waiters[0]
+            if fut.done():  # cancelled while queued (its acquire removes it when it runs)
+                self._waiters.pop(0)
+                continue
+            if not self._admissible(wants):
+                break
+            self._waiters.pop(0)
+            self._grant(wants)
+            fut.set_result(None)
 
     async def acquire_shared(self) -> bool:
         """True when it had to wait for a change to finish."""
-        async with self._changed:
-            blocked = self.writing
-            await self._changed.wait_for(lambda: not self.writing)
-            self.readers += 1
-            return blocked
+        return await self._acquire(False)
 
-    async def release_shared(self) -> None:
-        async with self._changed:
-            self.readers -= 1
-            self._changed.notify_all()
+    def release_shared(self) -> None:
+        self._release(False)
 
     async def acquire_exclusive(self) -> bool:
         """True when it had to wait (for an operation in flight, or another change)."""
-        async with self._changed:
-            blocked = self.writing or self.readers > 0
-            await self._changed.wait_for(lambda: not self.writing and self.readers == 0)
-            self.writing = True
-            return blocked
+        return await self._acquire(True)
 
-    async def release_exclusive(self) -> None:
-        async with self._changed:
-            self.writing = False
-            self._changed.notify_all()
+    def release_exclusive(self) -> None:
+        self._release(True)
 
 
 class NoLock(StageLock):
@@ -76,14 +114,14 @@ class NoLock(StageLock):
         self.readers += 1
         return False
 
-    async def release_shared(self) -> None:
+    def release_shared(self) -> None:
         self.readers -= 1
 
     async def acquire_exclusive(self) -> bool:
         self.writing = True
         return False
 
-    async def release_exclusive(self) -> None:
+    def release_exclusive(self) -> None:
         self.writing = False
 
 
@@ -190,7 +228,9 @@ class JobOrchestrator:
         self.retries = retries
         self.switch_timeout_s = switch_timeout_s
         self.fallback: dict[str, Any] | None = None
+        """Set when the fallback starts: `status` in progress, up, failed or interrupted."""
         self.intervals: list[Interval] = []
+        self._write_lock = asyncio.Lock()
 
     @property
     def state(self) -> TopoState:
@@ -217,42 +257,76 @@ class JobOrchestrator:
         finally:
             end = now_ns()
             for lock in taken:
-                await lock.release_shared()
+                lock.release_shared()
             if len(taken) == len(locks):
                 cells = frozenset((r.rail, s) for r in self.rails for s in stages)
                 self.intervals.append(Interval("op", label, cells, start, end))
 
-    async def write(self, target: TopoState, context: dict[str, Any] | None = None) -> WriteResult:
-        """Move every rail to `target`, changing only the stages whose owner differs (G2 first)."""
-        request = now_ns()
+    def planned_changes(self, target: TopoState) -> list[tuple[int, Mapping, Mapping]]:
+        """(rail, mapping before, after) that a write of `target` would make now, before it is sent (what
+        `ready: link` subscribes for ahead of the write)."""
         stages = changed_stages(self.state, target)
-        tid = topo_id(target)
         if self.fallback is not None or not stages:
-            return WriteResult(tid, stages, request, request, None, 0, 0, fallback=self.fallback is not None)
-        if self.on_write is not None:
-            self.on_write(self.writes)
-        self.writes += 1
-        locks = [r.locks[s] for r in self.rails for s in stages]
-        taken: list[StageLock] = []
-        blocked = False
-        try:
-            for lock in locks:
-                blocked = await lock.acquire_exclusive() or blocked
-                taken.append(lock)
-            start = now_ns()
-            g2_wait = start - request if blocked else 0
-            result = await self._write_rails(target, stages, request, g2_wait, context or {})
-            end = now_ns()
-            cells = frozenset((r.rail, s) for r in self.rails for s in stages)
-            self.intervals.append(Interval("change", tid, cells, start, end))
+            return []
+        return [
+            (r.rail, r.mapping, self.circuits.rail_mapping(r.rail, _with_stages(r.state, target, stages)))
+            for r in self.rails
+        ]
+
+    async def write(self, target: TopoState, context: dict[str, Any] | None = None) -> WriteResult:
+        """Move every rail to `target`, changing only the stages whose owner differs (G2 first).
+
+        Writes are serialised (one job's topo_id changes one at a time): the diff and the fallback check
+        are made under the write lock, against the state the previous write left, and each rail's state
+        is updated only in the stages this write changed."""
+        request = now_ns()
+        tid = topo_id(target)
+        blocked = self._write_lock.locked()
+        async with self._write_lock:
+            stages = changed_stages(self.state, target)
+            if self.fallback is not None or not stages:
+                return WriteResult(
+                    tid, stages, request, now_ns(), None, 0, 0, fallback=self.fallback is not None
+                )
+            if self.on_write is not None:
+                self.on_write(self.writes)
+            self.writes += 1
+            locks = [r.locks[s] for r in self.rails for s in stages]
+            taken: list[StageLock] = []
+            start: int | None = None
+            try:
+                for lock in locks:
+                    blocked = await lock.acquire_exclusive() or blocked
+                    taken.append(lock)
+                start = now_ns()
+                g2_wait = start - request if blocked else 0
+                result, error = await self._write_rails(target, stages, request, g2_wait, context or {})
+                if error is not None:
+                    # Failed on every try: before these locks go, every later write becomes a no-op.
+                    self.fallback = {
+                        "at_topo_id": tid,
+                        "error": error,
+                        "t_ns": now_ns(),
+                        "status": "in progress",
+                        "giant_ring_failed": ["interrupted before the giant ring was up"],
+                    }
+            finally:
+                if start is not None:
+                    cells = frozenset((r.rail, s) for r in self.rails for s in stages)
+                    self.intervals.append(Interval("change", tid, cells, start, now_ns()))
+                for lock in taken:
+                    lock.release_exclusive()
+            if error is not None:
+                # The ring rewires stages this write never locked: it takes every stage's lock itself.
+                await self._fall_back(tid, error, result.changes)
+                result.fallback = True
+                result.ready_ns = now_ns()
             return result
-        finally:
-            for lock in taken:
-                await lock.release_exclusive()
 
     async def _write_rails(
         self, target: TopoState, stages: tuple[int, ...], request: int, g2_wait: int, context: dict[str, Any]
-    ) -> WriteResult:
+    ) -> tuple[WriteResult, str | None]:
+        """Every rail's change, each failed one retried; the error when some rail failed every try."""
         tid = topo_id(target)
         ctx = {**context, "topo_id": tid, "stages": list(stages)}
         pending = list(self.rails)
@@ -290,7 +364,7 @@ class JobOrchestrator:
                     failed.append(r)
                     continue
                 before = r.mapping
-                r.state = target
+                r.state = _with_stages(r.state, target, stages)
                 after = r.mapping
                 changes.append((r.rail, before, after))
                 if res.value.complete_ns is not None:
@@ -298,54 +372,65 @@ class JobOrchestrator:
                 if self.rail_changed is not None:
                     self.rail_changed(r.rail, before, after)
             pending = failed
-        if pending:
-            await self._fall_back(tid, error or "failed", changes)
-            return WriteResult(
-                tid,
-                stages,
-                request,
-                now_ns(),
-                max(done_ns, default=None),
-                g2_wait,
-                tries,
-                changes,
-                fallback=True,
-            )
-        return WriteResult(
+        result = WriteResult(
             tid, stages, request, now_ns(), max(done_ns, default=None), g2_wait, tries, changes
         )
+        return result, (error or "failed") if pending else None
 
     async def _fall_back(self, tid: str, error: str, changes: list[tuple[int, Mapping, Mapping]]) -> None:
-        """Every rail onto its giant ring (full rail scope); later writes are no-ops."""
-        t0 = now_ns()
-        self.fallback = {"at_topo_id": tid, "error": error, "t_ns": t0}
+        """Every rail onto its giant ring (full rail scope), holding every (rail, stage) lock exclusively,
+        taken in the global order operations use (G2 for the whole rail); later writes are no-ops."""
+        fallback = self.fallback
+        assert fallback is not None
         self.emit(
             Event(
-                t_ns=t0,
+                t_ns=now_ns(),
                 kind=Kind.WORKLOAD_FALLBACK,
                 source="orchestrator",
                 value=error,
                 meta={"topo_id": tid, "phase": "start"},
             )
         )
-        results = []
-        for r in self.rails:
-            ring = self.circuits.giant_ring(r.rail)
-            before = r.mapping
-            try:
-                async with asyncio.timeout(self.switch_timeout_s):
-                    await r.switch.apply(
-                        ring,
-                        scope=self.circuits.rail_scope(r.rail),
-                        context={"rail": r.rail, "giant_ring": True},
-                    )
-            except (HardwareError, TimeoutError) as e:
-                results.append(f"rail {r.rail}: {e or 'timed out'}")
-                continue
-            if self.rail_changed is not None:
-                self.rail_changed(r.rail, before, ring)
-            changes.append((r.rail, before, ring))
-        self.fallback["giant_ring_failed"] = results
+        locks = [lock for r in self.rails for lock in r.locks]
+        taken: list[StageLock] = []
+        start: int | None = None
+        results: list[str] = []
+        finished = False
+        try:
+            for lock in locks:
+                await lock.acquire_exclusive()
+                taken.append(lock)
+            start = now_ns()
+            for r in self.rails:
+                ring = self.circuits.giant_ring(r.rail)
+                before = r.mapping
+                try:
+                    async with asyncio.timeout(self.switch_timeout_s):
+                        await r.switch.apply(
+                            ring,
+                            scope=self.circuits.rail_scope(r.rail),
+                            context={"rail": r.rail, "giant_ring": True},
+                        )
+                except (HardwareError, TimeoutError) as e:
+                    results.append(f"rail {r.rail}: {e or 'timed out'}")
+                    continue
+                if self.rail_changed is not None:
+                    self.rail_changed(r.rail, before, ring)
+                changes.append((r.rail, before, ring))
+            finished = True
+        finally:
+            if start is not None:
+                cells = frozenset((r.rail, s) for r in self.rails for s in range(len(r.locks)))
+                self.intervals.append(Interval("change", "giant-ring", cells, start, now_ns()))
+            for lock in taken:
+                lock.release_exclusive()
+            # Interrupted (cancelled, an unexpected error): the record says so, never "giant ring up".
+            if finished:
+                fallback["giant_ring_failed"] = results
+                fallback["status"] = "failed" if results else "up"
+            else:
+                fallback["status"] = "interrupted"
+                fallback["giant_ring_failed"] = [*results, "interrupted before every rail was on the ring"]
         self.emit(
             Event(
                 t_ns=now_ns(),
@@ -357,3 +442,8 @@ class JobOrchestrator:
         )
         if results:  # nothing left to fall back to: the job cannot go on
             raise SwitchFailed(f"giant-ring fallback failed after {error}: {'; '.join(results)}")
+
+
+def _with_stages(state: TopoState, target: TopoState, stages: Sequence[int]) -> TopoState:
+    """`state` with `target`'s owners in `stages` only."""
+    return tuple(target[s] if s in stages else owner for s, owner in enumerate(state))

@@ -5,21 +5,27 @@ The replay keeps its own timeline in integer ns on the run's clock. An operation
 after the previous one ended (so a stall shifts everything after it, as in a job); it starts when it has
 arrived and its circuits are ready (the orchestrators acknowledged, or with `ready: link` every moved port
 carries traffic again); it ends `duration` later. The loop sleeps to those absolute times, so being woken
-late never drifts the timeline; how late it ran is recorded per operation (`late_ns`). Per switch, with
+late never drifts the timeline; how late it woke is recorded per operation at every wake (arrival, start,
+end), and so is the control lag (write request − boundary): the replay's own overhead, which the switch
+exposure would otherwise silently include. Per switch, with
 boundary b (provisioning: the previous operation's end; on demand: the arrival) and ready r, the
 reconfiguration time the job saw is T = r − b and the part it exposed is max(0, r − arrival): with
-provisioning exactly max(0, T − W), on demand T. A step's time is its trace length plus what its
-switches exposed.
+provisioning exactly max(0, T − W), on demand T (decided per operation: with provisioning the steps before
+`learn_steps` run on demand). A step's time is its trace length plus what its switches exposed; a step
+with no rail operation is its trace length.
+
+The replay runs one operation at a time (rail operations of a step do not overlap), so its G1/G2 waits are
+structurally 0; the locks matter when operations and writes run concurrently (the orchestrator tests).
 """
 
 from __future__ import annotations
 
 import asyncio
 import csv
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from labctl.clock import now_ns
 from labctl.events import Event, Kind
@@ -28,8 +34,19 @@ from labctl.workload.orchestrator import JobOrchestrator, WriteResult
 from labctl.workload.trace import Op, Trace
 
 Mode = Literal["provisioning", "on-demand"]
-LinksUp = Callable[[list[tuple[int, Any, Any]], int], Awaitable[None]]
-"""Waits until every port the given rail changes moved carries traffic again (ready: link)."""
+
+
+class LinkWatch(Protocol):
+    """Watching, from its creation, for the moved ports of some rail changes to carry traffic again."""
+
+    async def wait(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+LinksUp = Callable[[list[tuple[int, Any, Any]], int], LinkWatch]
+"""Starts watching (buffering from then on) for every port the given planned rail changes move, from the
+given ns (ready: link). Called before the write is sent, so no link-up during a retry is missed."""
 
 OPS_CSV = "replay_ops.csv"
 STEPS_CSV = "replay_steps.csv"
@@ -46,6 +63,9 @@ class OpRecord:
     stages: str
     topo_id: str
     switched: bool
+    """A change was sent for it (after a fallback, writes are no-ops: not a switch)."""
+    provisioned: bool
+    """Its write was asked for when the previous phase ended (else when it arrived: on demand)."""
     window_ns: int
     arrival_ns: int
     boundary_ns: int | None
@@ -61,6 +81,10 @@ class OpRecord:
     g2_wait_ns: int
     late_ns: int
     """How late the replay woke for this operation's start (its own overhead, not in the step time)."""
+    late_arrival_ns: int
+    late_end_ns: int
+    control_lag_ns: int | None
+    """Write request − boundary: how late the replay asked for the circuits (counts as exposure)."""
     fallback: bool
 
 
@@ -99,7 +123,10 @@ class ReplayResult:
             "model_stall_ns": round(sum(s.model_stall_ns for s in self.steps) / n),
             "g1_wait_ns": sum(s.g1_wait_ns for s in self.steps),
             "g2_wait_ns": sum(s.g2_wait_ns for s in self.steps),
-            "late_ns_max": max((o.late_ns for o in self.ops), default=0),
+            "late_ns_max": max(
+                (max(o.late_ns, o.late_arrival_ns, o.late_end_ns) for o in self.ops), default=0
+            ),
+            "control_lag_ns_max": max((o.control_lag_ns or 0 for o in self.ops), default=0),
             "fallback": self.fallback,
         }
 
@@ -112,10 +139,12 @@ class ReplayResult:
                     writer.writerow({k: ("" if v is None else v) for k, v in asdict(row).items()})
 
 
-async def sleep_until(t_ns: int) -> None:
+async def sleep_until(t_ns: int) -> int:
+    """Sleep to an absolute time; returns how late it woke (ns, 0 when on time)."""
     delay = t_ns - now_ns()
     if delay > 0:
         await asyncio.sleep(delay / 1e9)
+    return max(0, now_ns() - t_ns)
 
 
 class ReplayEngine:
@@ -137,12 +166,22 @@ class ReplayEngine:
         self.learn_steps = learn_steps
         self.links_up = links_up
         self.on_step = on_step
+        self._origin_ns = 0
 
     async def _write(self, target: TopoState, op: Op) -> WriteResult:
-        result = await self.orch.write(target, {"step": op.step, "op": op.label})
-        if result.changes and self.links_up is not None and not result.fallback:
-            await self.links_up(result.changes, result.request_ns)
-            result.ready_ns = now_ns()
+        watch: LinkWatch | None = None
+        if self.links_up is not None:
+            planned = self.orch.planned_changes(target)
+            if planned:  # subscribed before anything is sent: a link up during a retry still counts
+                watch = self.links_up(planned, now_ns())
+        try:
+            result = await self.orch.write(target, {"step": op.step, "op": op.label})
+            if watch is not None and result.changes and not result.fallback:
+                await watch.wait()
+                result.ready_ns = now_ns()
+        finally:
+            if watch is not None:
+                watch.close()
         self.emit(
             Event(
                 t_ns=result.ready_ns,
@@ -167,14 +206,22 @@ class ReplayEngine:
         """Replay every step; `out` is filled as it goes (a failed replay keeps what it recorded)."""
         out = out if out is not None else ReplayResult(self.mode)
         rail = [op for step in self.trace.steps for op in step if op.on_rail]
+        lengths = self.trace.step_lengths_ns
         state = self.orch.state
-        clock = now_ns()  # the timeline's origin: step 0 starts here
-        step_start = {0: clock - (rail[0].start_ns if rail else 0)}
+        clock = now_ns()  # the timeline's origin: the first rail operation arrives now
+        self._origin_ns = clock
+        # Steps before the first rail operation's have no switch: each is its trace length, back from it.
+        first_step = rail[0].step if rail else len(lengths)
+        step_start = {first_step: clock - (rail[0].start_ns if rail else 0)}
+        t = step_start[first_step] - sum(lengths[:first_step])
+        for k in range(first_step):
+            self._close_step(out, k, t, t + lengths[k])
+            t += lengths[k]
         prev: Op | None = None
         prev_end = clock
         pending: tuple[TopoState, asyncio.Task[WriteResult], int] | None = None
         offsets = [0]
-        for length in self.trace.step_lengths_ns:
+        for length in lengths:
             offsets.append(offsets[-1] + length)
         try:
             for i, op in enumerate(rail):
@@ -190,26 +237,33 @@ class ReplayEngine:
                 switched = target != state
                 result: WriteResult | None = None
                 boundary: int | None = None
+                provisioned = False
+                late_arrival = 0
                 if switched:
                     if pending is not None and pending[0] == target:
                         boundary, task = pending[2], pending[1]
-                        await sleep_until(arrival)
+                        pending = None
+                        provisioned = True
+                        late_arrival = await sleep_until(arrival)
                         result = await task
                     else:
-                        await sleep_until(arrival)
+                        if pending is not None:  # a write for other circuits still runs: it goes first
+                            stale, pending = pending[1], None
+                            await stale
+                        late_arrival = await sleep_until(arrival)
                         boundary = arrival
                         result = await self._write(target, op)
-                    pending = None
+                    if result.tries == 0:  # a no-op (after the fallback): nothing was switched
+                        switched, provisioned, result, boundary = False, False, None, None
                 else:
-                    await sleep_until(arrival)
+                    late_arrival = await sleep_until(arrival)
                 start = max(arrival, result.ready_ns) if result is not None else arrival
-                await sleep_until(start)
-                late = max(0, now_ns() - start)
+                late = await sleep_until(start)
                 async with self.orch.operation(op.label, op.stages) as g1_wait:
                     if g1_wait:  # a change still held a stage (G1): the op starts when it let go
                         start = now_ns()
                     end = start + op.duration_ns
-                    await sleep_until(end)
+                    late_end = await sleep_until(end)
                 state = target
                 record = OpRecord(
                     op.step,
@@ -221,6 +275,7 @@ class ReplayEngine:
                     " ".join(map(str, op.stages)),
                     topo_id(target),
                     switched,
+                    provisioned,
                     gap,
                     arrival,
                     boundary,
@@ -234,6 +289,9 @@ class ReplayEngine:
                     g1_wait,
                     result.g2_wait_ns if result else 0,
                     late,
+                    late_arrival,
+                    late_end,
+                    (result.request_ns - boundary) if result is not None and boundary is not None else None,
                     self.orch.fallback is not None,
                 )
                 out.ops.append(record)
@@ -253,15 +311,18 @@ class ReplayEngine:
                     if nxt_target != state:  # the phase ends here: ask for the next one's circuits now
                         pending = (nxt_target, asyncio.create_task(self._write(nxt_target, nxt)), end)
                 if nxt is None or nxt.step != op.step:
-                    self._close_step(
-                        out,
-                        op.step,
-                        step_start[op.step],
-                        end + (self.trace.step_lengths_ns[op.step] - op.end_ns),
-                    )
+                    # This step, then every step up to the next rail operation's (none: to the trace's
+                    # end), which has no rail operation: its trace length.
+                    t = end + (lengths[op.step] - op.end_ns)
+                    self._close_step(out, op.step, step_start[op.step], t)
+                    for k in range(op.step + 1, nxt.step if nxt is not None else len(lengths)):
+                        self._close_step(out, k, t, t + lengths[k])
+                        t += lengths[k]
         finally:
-            if pending is not None and not pending[1].done():
-                pending[1].cancel()
+            if pending is not None:
+                if not pending[1].done():
+                    pending[1].cancel()
+                # Always retrieved: a write that failed while nobody waited is not "never retrieved".
                 await asyncio.gather(pending[1], return_exceptions=True)
             out.fallback = self.orch.fallback
         return out
@@ -269,10 +330,11 @@ class ReplayEngine:
     def _close_step(self, out: ReplayResult, step: int, start_ns: int, end_ns: int) -> None:
         ops = [o for o in out.ops if o.step == step]
         switches = [o for o in ops if o.switched]
-        model = (
-            sum(max(0, (o.reconfig_ns or 0) - o.window_ns) for o in switches)
-            if self.mode == "provisioning"
-            else sum(o.reconfig_ns or 0 for o in switches)
+        # Per operation: a provisioned switch hides up to its window, one on demand (any mode's learn
+        # steps) exposes all of T.
+        model = sum(
+            max(0, (o.reconfig_ns or 0) - o.window_ns) if o.provisioned else (o.reconfig_ns or 0)
+            for o in switches
         )
         record = StepRecord(
             step,
@@ -289,7 +351,7 @@ class ReplayEngine:
         out.steps.append(record)
         self.emit(
             Event(
-                t_ns=end_ns,
+                t_ns=max(end_ns, self._origin_ns),  # a step before the first rail operation: at the start
                 kind=Kind.WORKLOAD_STEP,
                 source="replay",
                 value=record.step_ns,

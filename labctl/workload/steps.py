@@ -70,7 +70,7 @@ def timeline_program(
 
 def check_program(program: Sequence[Step], phases: Collection[str]) -> None:
     """A program the controller can carry out: its first reconfiguration is a baseline, every phase it
-    names exists, and a replay segment starts from a baseline."""
+    names exists, a replay segment starts from a baseline, and there is a baseline at all."""
     seen_baseline = False
     for i, step in enumerate(program):
         if isinstance(step, Reconfigure):
@@ -85,3 +85,5 @@ def check_program(program: Sequence[Step], phases: Collection[str]) -> None:
             raise InputError(f"plan step {i}: a replay segment needs the baseline set up before it")
         elif isinstance(step, Hold) and not 0 <= step.seconds <= 3600:
             raise InputError(f"plan step {i}: hold {step.seconds} s is outside 0..3600 s")
+    if not seen_baseline:  # the plan's baseline is what the run restores at the end: there must be one
+        raise InputError("plan: no baseline reconfiguration (the first reconfiguration sets it up)")

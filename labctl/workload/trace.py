@@ -123,6 +123,8 @@ class StepSpec(_Model):
         last = max(op.end_ns for op in self.ops)
         if self.step_ns is not None and self.step_ns < last:
             raise ValueError(f"step_ns {self.step_ns} ends before its last operation ({last})")
+        if self.length_ns <= 0:  # a step of no time: nothing to replay, and every ratio to it divides by 0
+            raise ValueError("the step's length is 0 (give step_ns, or operations that take time)")
         return self
 
     @property
@@ -200,16 +202,25 @@ class Trace:
         return Trace(self.spec, self.path, steps, lengths)
 
     def scaled(self, factor: float) -> Trace:
-        """Every time multiplied by `factor` (a shorter trace of the same shape, for CI)."""
+        """Every time multiplied by `factor` (a shorter trace of the same shape, for CI). Absolute endpoints
+        are scaled, so rail operations that did not overlap still do not and an operation never ends after
+        its step; a trace the factor breaks (a step of length 0, a time too large) is an InputError."""
         data = self.spec.model_dump()
         for step in data["steps"]:
-            if step["step_ns"] is not None:
-                step["step_ns"] = round(step["step_ns"] * factor)
+            last_end = 0
             for op in step["ops"]:
-                op["start_ns"] = round(op["start_ns"] * factor)
-                op["duration_ns"] = round(op["duration_ns"] * factor)
+                start = round(op["start_ns"] * factor)
+                end = round((op["start_ns"] + op["duration_ns"]) * factor)
+                op["start_ns"], op["duration_ns"] = start, end - start
+                last_end = max(last_end, end)
+            if step["step_ns"] is not None:
+                step["step_ns"] = max(round(step["step_ns"] * factor), last_end)
         data["name"] = f"{self.spec.name}-x{factor:g}"
-        spec = TraceSpec.model_validate(data)
+        try:
+            spec = TraceSpec.model_validate(data)
+        except ValidationError as e:
+            first = e.errors(include_url=False)[0]
+            raise InputError(f"x{factor:g}: {format_loc(tuple(first['loc']))}: {first['msg']}") from None
         return resolve(spec, self.path).with_steps(len(self.steps))
 
     @property
@@ -312,13 +323,14 @@ def trace_from_data(data: dict[str, Any], name: str = "trace") -> Trace:
 
 
 def get_trace(name_or_path: str, base: Path | None = None) -> Trace:
-    """A built-in trace by name (labctl.workload.builtin.TRACES), else a trace file (relative to `base`)."""
+    """A built-in trace by name (labctl.workload.builtin.TRACES), else a trace file: a relative one is looked
+    for in `base` (the experiment's directory) first, then from the working directory."""
     from labctl.workload.builtin import TRACES
 
     if name_or_path in TRACES:
         return trace_from_data(TRACES[name_or_path](), name_or_path)
     path = Path(name_or_path)
-    if not path.is_absolute() and base is not None and not path.exists():
+    if not path.is_absolute() and base is not None and (base / path).exists():
         path = base / path
     if not path.exists():
         raise InputError(

@@ -136,3 +136,26 @@ def test_not_a_kineto_trace_is_one_line(tmp_path: Path) -> None:
     bad.write_text('{\n  "traceEvents": [,]\n}')
     with pytest.raises(InputError, match=r"bad.json:2: not valid JSON"):
         load_kineto(bad)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [
+        ("ts", "x", "'x' is not a time in µs"),
+        ("dur", None, "None is not a duration in µs (>= 0)"),
+        ("dur", float("nan"), "nan is not a duration in µs (>= 0)"),
+        ("ts", float("inf"), "inf is not a time in µs"),
+    ],
+)
+def test_malformed_times_are_one_line_naming_the_event(field: str, value: object, shown: str) -> None:
+    events = [dict(e) for e in KINETO["traceEvents"]]  # type: ignore[call-overload]
+    events[3] = {**events[3], field: value}
+    with pytest.raises(InputError) as e:
+        kineto_to_trace({"traceEvents": events}, JOB, name="rank0.json")
+    assert str(e.value) == f"rank0.json: traceEvents[3].{field}: {shown}"
+    # NaN message sizes and args that are not an object are not tracebacks either.
+    events = [dict(e) for e in KINETO["traceEvents"]]  # type: ignore[call-overload]
+    events[2] = {**events[2], "args": {**events[2]["args"], "In msg nelems": float("nan")}}  # type: ignore[dict-item]
+    events[4] = {**events[4], "args": ["not", "an", "object"]}
+    data, _ = kineto_to_trace({"traceEvents": events}, JOB, name="rank0.json")
+    assert data["steps"][0]["ops"][0]["bytes"] == 2_000_000 * 2

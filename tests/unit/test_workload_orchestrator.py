@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from labctl.mapping import diff_mapping, validate_mapping
 from labctl.models.switch import SwitchModel
 from labctl.profiles import resolve_profile
 from labctl.workload.circuits import JobCircuits, StageOwner, after_op, initial_state, topo_id
-from labctl.workload.orchestrator import JobOrchestrator, violations
+from labctl.workload.orchestrator import JobOrchestrator, StageLock, violations
 from labctl.workload.stall import switch_points
 from labctl.workload.trace import get_trace
 
@@ -184,3 +185,140 @@ async def test_retry_then_giant_ring_fallback() -> None:
     assert (await orch.write(dp)).fallback
     await switches["ocs1"].close()
     model.cancel_pending()
+
+
+DP, DARK = StageOwner("dp"), StageOwner("pp", None)
+
+
+async def _baseline(
+    circuits: JobCircuits, switches: dict[str, SimSwitch], state: tuple[StageOwner, ...]
+) -> None:
+    await switches["ocs1"].connect()
+    for rail in circuits.rails:
+        await switches["ocs1"].apply(circuits.rail_mapping(rail, state), scope=circuits.rail_scope(rail))
+
+
+async def test_the_giant_ring_waits_for_operations_on_stages_the_failed_write_did_not_lock() -> None:
+    # pp = 2; an op runs on stage 0 while a write changes stage 1 only and fails on every try: the ring
+    # rewires stage 0 too, so it must wait for that op (G2 over every stage) and its interval says so.
+    circuits, switches, model, events = _lab()
+    await _baseline(circuits, switches, (DP, DP))
+    orch = JobOrchestrator(circuits, switches, (DP, DP), events.append, retries=0)
+    op_started, op_ended = asyncio.Event(), 0
+
+    async def operation() -> None:
+        nonlocal op_ended
+        async with orch.operation("ag-stage-0", (0,)):
+            op_started.set()
+            await asyncio.sleep(0.2)
+        op_ended = time.monotonic_ns()
+
+    op = asyncio.create_task(operation())
+    await op_started.wait()
+    model.refusals = 6  # 2 rails x 3 commands of one try
+    result = await orch.write((DP, DARK))
+    await op
+    assert result.stages == (1,) and result.fallback and orch.fallback is not None
+    ring = [e for e in events if e.kind == Kind.OCS_COMMAND and e.meta.get("giant_ring")]
+    assert ring and min(e.t_ns for e in ring) >= op_ended
+    assert orch.fallback["status"] == "up" and orch.fallback["giant_ring_failed"] == []
+    everything = frozenset((rail, s) for rail in circuits.rails for s in (0, 1))
+    assert [i.cells for i in orch.intervals if i.label == "giant-ring"] == [everything]
+    assert violations(orch.intervals) == []
+    await switches["ocs1"].close()
+    model.cancel_pending()
+
+
+async def test_an_interrupted_fallback_is_recorded_as_interrupted() -> None:
+    circuits, switches, model, events = _lab()
+    await _baseline(circuits, switches, (DP, DP))
+    orch = JobOrchestrator(circuits, switches, (DP, DP), events.append, retries=0)
+    release = asyncio.Event()
+    op_started = asyncio.Event()
+
+    async def operation() -> None:
+        async with orch.operation("ag-stage-0", (0,)):
+            op_started.set()
+            await release.wait()
+
+    op = asyncio.create_task(operation())
+    await op_started.wait()
+    model.refusals = 6
+    started = asyncio.Event()
+    orch.emit = lambda e: (events.append(e), started.set() if e.kind == Kind.WORKLOAD_FALLBACK else None)
+    write = asyncio.create_task(orch.write((DP, DARK)))
+    await started.wait()  # the change failed; the ring now waits for the op on stage 0
+    await asyncio.sleep(0.02)
+    write.cancel()
+    await asyncio.gather(write, return_exceptions=True)
+    release.set()
+    await op
+    assert orch.fallback["status"] == "interrupted" and orch.fallback["giant_ring_failed"]
+    from labctl.cli.replay import replay_lines
+
+    (line,) = replay_lines({"replay": {**_SUMMARY, "fallback": orch.fallback}})[1:]
+    assert "fallback interrupted" in line and "giant ring failed" not in line
+    # Every lock was handed back: a later operation on every stage goes through at once.
+    async with asyncio.timeout(5), orch.operation("after", (0, 1)) as waited:
+        assert waited == 0
+    await switches["ocs1"].close()
+    model.cancel_pending()
+
+
+_SUMMARY = {
+    "mode": "provisioning",
+    "steps": 1,
+    "native_ns": 1,
+    "step_ns": 1,
+    "stall_ns": 0,
+    "switches_per_step": 1,
+    "model_stall_ns": 0,
+    "g1_wait_ns": 0,
+    "g2_wait_ns": 0,
+}
+
+
+async def test_concurrent_writes_diff_against_what_the_previous_one_left() -> None:
+    # Both writes start from 11; the second must diff against the first's 00 (both stages), not 11
+    # (stage 1 only), or stage 0 keeps the first write's PP pairs while the state says DP.
+    circuits, switches, model, events = _lab()
+    await _baseline(circuits, switches, (DP, DP))
+    orch = JobOrchestrator(circuits, switches, (DP, DP), events.append)
+    pp = (StageOwner("pp", 1), StageOwner("pp", 0))
+    first, second = await asyncio.gather(orch.write(pp), orch.write((DP, DARK)))
+    assert first.stages == (0, 1) and second.stages == (0, 1)
+    assert orch.state == (DP, DARK) and all(r.state == (DP, DARK) for r in orch.rails)
+    held = validate_mapping(
+        [p for rail in circuits.rails for p in circuits.rail_mapping(rail, orch.state)], model.space
+    )
+    assert model.patches == held
+    assert violations(orch.intervals) == []
+    await switches["ocs1"].close()
+    model.cancel_pending()
+
+
+async def test_stage_lock_release_is_synchronous_and_a_cancelled_grant_is_handed_on() -> None:
+    lock = StageLock()
+    assert await lock.acquire_exclusive() is False
+    waiter = asyncio.create_task(lock.acquire_shared())
+    await asyncio.sleep(0)  # queued behind the change
+    lock.release_exclusive()  # hands the lock to the waiter: no await, nothing a cancellation can cut
+    waiter.cancel()  # cancelled after it was granted, before it ran
+    await asyncio.gather(waiter, return_exceptions=True)
+    assert lock.readers == 0 and not lock.writing
+    async with asyncio.timeout(5):
+        assert await lock.acquire_exclusive() is False
+    lock.release_exclusive()
+    # A change queued behind an operation is not overtaken by an operation that arrives after it.
+    await lock.acquire_shared()
+    change = asyncio.create_task(lock.acquire_exclusive())
+    await asyncio.sleep(0)
+    late_op = asyncio.create_task(lock.acquire_shared())
+    await asyncio.sleep(0)
+    assert not change.done() and not late_op.done()
+    lock.release_shared()
+    await asyncio.sleep(0)
+    assert change.done() and not late_op.done()
+    lock.release_exclusive()
+    assert await late_op is True
+    lock.release_shared()

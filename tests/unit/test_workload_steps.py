@@ -100,3 +100,39 @@ def test_replay_cli_dry_run_model_and_import(tmp_path: Path) -> None:
         app, ["replay", "import-kineto", str(kineto), "--job", str(job), "-o", str(out), "--group", "x=ep"]
     )
     assert isinstance(bad.exception, InputError) and "use PG=DIM" in str(bad.exception)  # main(): exit 2
+
+
+def test_a_program_without_a_baseline_is_refused() -> None:
+    with pytest.raises(InputError, match="no baseline reconfiguration"):
+        check_program([Hold(1)], {"dp"})
+
+
+def test_an_import_that_does_not_load_leaves_the_output_as_it_was(tmp_path: Path) -> None:
+    kineto = tmp_path / "k.json"
+    kineto.write_text(
+        json.dumps(
+            {
+                "traceEvents": [
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "name": "ncclDevKernel_AllGather_RING_LL(x)",
+                        "ts": 0,
+                        "dur": 1000,
+                        "args": {"Out msg nelems": 1_000_000, "dtype": "Float"},
+                    }
+                ]
+            }
+        )
+    )
+    job = tmp_path / "job.yaml"
+    job.write_text("{hosts: [h1, h2], gpus_per_host: 2, tp: 2, dp: 2, pp: 2}\n")  # 4 nodes, 2 hosts
+    out = tmp_path / "trace.yaml"
+    out.write_text("a good trace\n")
+    result = CliRunner().invoke(
+        app, ["replay", "import-kineto", str(kineto), "--job", str(job), "-o", str(out)]
+    )
+    assert isinstance(result.exception, InputError)
+    assert str(result.exception).startswith(f"{out}:") and "2 hosts" in str(result.exception)
+    assert out.read_text() == "a good trace\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml", "k.json", "trace.yaml"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,63 @@ def test_a_job_that_does_not_fit_its_hosts_is_one_line(tmp_path: Path) -> None:
         load_trace(path)
     with pytest.raises(InputError, match="no such trace file, and no built-in trace"):
         get_trace("nope")
+
+
+_JOB = "job: {hosts: [h1, h2, h3, h4], gpus_per_host: 2, tp: 2, dp: 2, pp: 2}\n"
+
+
+def _replay(tmp_path: Path, trace_body: str, **fields: object) -> Path:
+    import json
+
+    (tmp_path / "t.yaml").write_text("name: t\n" + _JOB + trace_body)
+    path = tmp_path / "replay.yaml"
+    path.write_text(json.dumps({"name": "r", "kind": "replay", "trace": "t.yaml", **fields}) + "\n")
+    return path
+
+
+def test_time_scale_keeps_operations_in_their_step_and_apart(tmp_path: Path) -> None:
+    from labctl.workload.experiment import load_replay
+
+    # Rounded one by one, x0.5 would put the first op's end at round(1.5) + round(1.0) = 3 but the
+    # second's start at round(2.5) = 2 (overlap), and the last op's end past its step's (3 > 2).
+    body = (
+        "steps:\n  - step_ns: 5\n    ops:\n"
+        "      - {group: dp, type: allgather, bytes: 2_000_000, start_ns: 3, duration_ns: 2}\n"
+        "  - step_ns: 5\n    ops:\n"
+        "      - {group: dp, type: allgather, bytes: 2_000_000, start_ns: 0, duration_ns: 3}\n"
+        "      - {group: pp, stages: [0, 1], type: send, bytes: 2_000_000, start_ns: 3, duration_ns: 2}\n"
+    )
+    _, _, trace = load_replay(_replay(tmp_path, body, time_scale=0.5))
+    for ops, length in zip(trace.steps, trace.step_lengths_ns, strict=True):
+        assert all(op.end_ns <= length for op in ops)
+        assert all(a.end_ns <= b.start_ns for a, b in itertools.pairwise(ops))
+    assert [[(op.start_ns, op.end_ns) for op in ops] for ops in trace.steps] == [[(2, 2)], [(0, 2), (2, 2)]]
+    # A factor that leaves a step of no time is one line naming time_scale, with the line.
+    path = _replay(tmp_path, body, time_scale=0.01)
+    with pytest.raises(InputError) as e:
+        load_replay(path)
+    assert str(e.value).startswith(f"{path}:1: time_scale: ") and "length is 0" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_trace_of_no_time_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "zero.yaml"
+    path.write_text(
+        "name: zero\n" + _JOB + "steps:\n  - ops:\n"
+        "      - {group: dp, type: allgather, bytes: 2_000_000, start_ns: 0, duration_ns: 0}\n"
+    )
+    with pytest.raises(InputError, match=r"zero.yaml:4: steps\[0\]: .*length is 0"):
+        load_trace(path)
+
+
+def test_a_relative_trace_is_found_beside_the_experiment_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = "steps:\n  - ops:\n      - {group: dp, type: allgather, bytes: 2_000_000, start_ns: 0, duration_ns: %d}\n"
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "exp" / "t.yaml").write_text("name: beside\n" + _JOB + body % 7)
+    (tmp_path / "cwd" / "t.yaml").write_text("name: cwd\n" + _JOB + body % 9)
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert get_trace("t.yaml", tmp_path / "exp").name == "beside"
+    assert get_trace("t.yaml", tmp_path / "elsewhere").name == "cwd"
