@@ -63,6 +63,13 @@ class Profile(BaseModel):
         unit = 1_000 if name.endswith("_us") else 1_000_000
         return round(float(rng.uniform(low, high)) * unit)
 
+    def draw_many_ns(self, rng: random.Random, name: str, n: int) -> list[int]:
+        """n draws from the range `name` (the same stream of draws as n calls of `draw_ns`)."""
+        low, high = getattr(self, name)
+        unit = 1_000 if name.endswith("_us") else 1_000_000
+        uniform = rng.uniform
+        return [round(float(uniform(low, high)) * unit) for _ in range(n)]
+
     def mid_ns(self, name: str) -> int:
         low, high = getattr(self, name)
         unit = 1_000 if name.endswith("_us") else 1_000_000

@@ -22,6 +22,7 @@ import numpy as np
 from labctl.clock import now_ns
 from labctl.events import Kind
 from labctl.inventory import Inventory, NicPort
+from labctl.looplag import slice_deadline
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
 from labctl.models.timeline import Scheduled, Timeline
 from labctl.profiles import Profile
@@ -111,6 +112,16 @@ class PortState:
     @transport.setter
     def transport(self, value: int) -> None:
         self._fabric.arrays.transport[self.slot] = bool(value)
+
+
+class _LinkBatch:
+    """A light batch's link reactions, in model-time order: (t_ns, port, old peer, new source, both lit)."""
+
+    __slots__ = ("next", "rows")
+
+    def __init__(self, rows: list[tuple[int, NicPort, NicPort | None, NicPort | None, bool]]) -> None:
+        self.rows = rows
+        self.next = 0
 
 
 @dataclass
@@ -222,28 +233,53 @@ class SimFabric:
         a.lit_from[slots] = sources
         a.light_t_ns[slots] = times
         lit = sources >= 0
-        draw, rng = self.profile.draw_ns, self.rng
-        a.settle_ns[slots] = [draw(rng, "optical_settle_ms") if on else 0 for on in lit.tolist()]
+        settle = np.zeros(slots.size, np.int64)
+        settle[lit] = self.profile.draw_many_ns(self.rng, "optical_settle_ms", int(lit.sum()))
+        a.settle_ns[slots] = settle
         # A link lights up when both directions carry light; where both ends changed in this batch, the
         # later one (in model-time order) completes it, as if the changes had come one at a time.
         position = np.full(a.lit_from.size, -1, np.int64)
         position[slots] = np.arange(slots.size)
         partner = np.maximum(sources, 0)
         both = lit & (a.lit_from[partner] == slots) & (position[partner] < np.arange(slots.size))
-        port_at, at, link = self.port_at, self.timeline.at, self._link
-        for slot, was, source, t_ns, both_lit in zip(
-            slots.tolist(), old.tolist(), sources.tolist(), times.tolist(), both.tolist(), strict=True
-        ):
-            if was >= 0 or both_lit:
-                at(
-                    t_ns,
-                    link,
-                    port_at[slot],
-                    port_at[was] if was >= 0 else None,
-                    port_at[source] if source >= 0 else None,
-                    t_ns,
-                    both_lit,
-                )
+        port_at = self.port_at
+
+        def peer(slot: int) -> NicPort | None:
+            return port_at[slot] if slot >= 0 else None
+
+        rows = [
+            (t_ns, port_at[slot], peer(was), peer(source), b)
+            for slot, was, source, t_ns, b in zip(
+                slots.tolist(), old.tolist(), sources.tolist(), times.tolist(), both.tolist(), strict=True
+            )
+            if was >= 0 or b
+        ]
+        if rows:  # one timeline entry for the batch, not one per port (times already in model-time order)
+            batch = _LinkBatch(rows)
+            self.timeline.at(rows[0][0], self._link_batch, batch)
+
+    def _link_batch(self, batch: _LinkBatch) -> None:
+        """Run the batch's link reactions in model-time order, interleaved exactly with everything else on
+        the timeline: each one only while no other entry is due before it; then the batch waits at its
+        next reaction's time. A slice of the loop at most (labctl.looplag.SLICE_NS) when the timeline is
+        running on its own timer; a reader catching the model up runs every one due."""
+        rows, i, n = batch.rows, batch.next, len(batch.rows)
+        timeline, horizon = self.timeline, self.timeline.horizon_ns
+        deadline = slice_deadline()
+        first = True
+        while i < n:
+            t_ns = rows[i][0]
+            if not first:
+                other = timeline.next_due_ns()
+                if t_ns > horizon or (other is not None and other < t_ns) or now_ns() >= deadline:
+                    break
+            first = False
+            _, port, was, source, both = rows[i]
+            self._link(port, was, source, t_ns, both)
+            i += 1
+        batch.next = i
+        if i < n:
+            timeline.at(rows[i][0], self._link_batch, batch)
 
     def _link(
         self, port: NicPort, old: NicPort | None, source: NicPort | None, t_ns: int, both: bool

@@ -95,6 +95,13 @@ class Timeline:
         while heap and heap[0][2].cancelled:
             heapq.heappop(heap)
 
+    def next_due_ns(self) -> int | None:
+        """The model time of the earliest entry still waiting (None: nothing is)."""
+        heap = self._heap
+        while heap and heap[0][2].cancelled:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
     def cancel_all(self) -> None:
         for _t, _seq, entry in self._heap:
             entry.cancel()

@@ -230,3 +230,25 @@ async def test_a_commands_light_changes_apply_each_at_its_own_time_and_a_link_co
     assert fabric.state(h2).light_from is None
     fabric.cancel_pending()
     model.cancel_pending()
+
+
+async def test_a_batch_of_link_reactions_interleaves_in_model_time_with_other_entries(inventory_path) -> None:  # type: ignore[no-untyped-def]
+    """A command's link reactions are one timeline entry; it must still run each reaction only after every
+    other entry due before it (a transition scheduled between two of its reactions runs between them)."""
+    from labctl.models.fabric import _LinkBatch
+
+    inv = load_inventory(inventory_path)
+    model = SwitchModel("ocs1", inv.switches["ocs1"].space, FAST, random.Random(1))
+    fabric = SimFabric(inv, {"ocs1": model}, FAST, random.Random(1))
+    order: list[tuple[str, int]] = []
+    fabric._link = lambda port, was, source, t_ns, both: order.append(("link", t_ns))  # type: ignore[method-assign]
+    base = 10**15  # far in the future: nothing else of the model is due
+    port = inv.ports[0]
+    batch = _LinkBatch([(base + 10, port, None, None, True), (base + 30, port, None, None, True)])
+    fabric.timeline.at(base + 10, fabric._link_batch, batch)
+    fabric.timeline.at(base + 20, lambda: order.append(("other", base + 20)))
+    fabric.timeline.run_due(base + 40)
+    assert order == [("link", base + 10), ("other", base + 20), ("link", base + 30)]
+    assert len(fabric.timeline) == 0
+    fabric.cancel_pending()
+    model.cancel_pending()
