@@ -35,9 +35,24 @@ a 512-port reconfiguration's loop turns still added up past 2 ms (~1% of ticks s
 do not, for a few more loop turns per burst."""
 
 
+BEHIND_SLICE_NS = 20_000
+"""The slice while a sampler is behind its schedule: a piece or two of each burst, then the loop back."""
+
+_behind_until_ns = 0
+
+
+def sampler_behind(until_ns: int) -> None:
+    """A sampler's tick ran late: until `until_ns`, burst work yields after `BEHIND_SLICE_NS`, so loop turns
+    stay shorter than a tick period and the sampler catches up instead of falling further behind (a burst
+    of events drains a little later; every event keeps the stamp of its observation)."""
+    global _behind_until_ns
+    _behind_until_ns = max(_behind_until_ns, until_ns)
+
+
 def slice_deadline() -> int:
     """When a slice of burst work begun now must give the loop back (compare `now_ns()` against it)."""
-    return now_ns() + SLICE_NS
+    now = now_ns()
+    return now + (BEHIND_SLICE_NS if now < _behind_until_ns else SLICE_NS)
 
 
 class LoopLagMonitor:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from labctl.clock import now_ns
 from labctl.events import Event, EventQueue
 from labctl.linux.timerfd import Alarm
-from labctl.looplag import slice_deadline
+from labctl.looplag import sampler_behind, slice_deadline
 
 
 @runtime_checkable
@@ -292,6 +292,7 @@ async def run_ticks(
     a loop turn holds a slice of every busy source, so that turn is most of a tick's lateness. Catching up
     after a short stall runs the next tick right after what else is ready, as `ticks()` does."""
     max_lag = max_lag_ns if max_lag_ns is not None else max(2 * period_ns, 2_000_000)
+    behind_ns = period_ns // 4
     loop = asyncio.get_running_loop()
     finished: asyncio.Future[None] = loop.create_future()
     next_t = now_ns()
@@ -306,6 +307,8 @@ async def run_ticks(
         if t < next_t:  # a timer runs a hair early on some kernels: wait for the instant itself
             arm(next_t)
             return
+        if t - next_t > behind_ns:  # late: burst work yields sooner until this schedule has caught up
+            sampler_behind(t + 2 * period_ns)
         try:
             keep = on_tick(t)
         except Exception as e:  # handed to the awaiting task, which raises it

@@ -266,3 +266,29 @@ def test_the_middle_generation_waits_out_a_burst_and_is_collected_after_it() -> 
         assert collections and collections[-1] >= 1  # collected once the burst is over
     finally:
         gc.callbacks.remove(seen)
+
+
+async def test_a_late_tick_makes_burst_work_yield_sooner_until_the_schedule_catches_up() -> None:
+    import time
+
+    from labctl import looplag
+    from labctl.clock import now_ns
+
+    looplag._behind_until_ns = 0
+    t = now_ns()
+    assert looplag.slice_deadline() - t >= looplag.SLICE_NS  # nobody behind: the full slice
+    seen: list[int] = []
+
+    def tick(t_ns: int) -> bool:
+        seen.append(t_ns)
+        if len(seen) == 3:
+            time.sleep(0.0015)  # the next tick comes ~0.5 ms late: more than a quarter period
+        return len(seen) < 6
+
+    await sampling.run_ticks(1_000_000, tick)
+    assert looplag._behind_until_ns > t  # the late tick said so...
+    now = now_ns()
+    if now < looplag._behind_until_ns:  # ...and while it holds, a slice is the short one
+        assert looplag.slice_deadline() - now < looplag.SLICE_NS
+    looplag._behind_until_ns = 0
+    assert looplag.slice_deadline() - now_ns() >= looplag.SLICE_NS - 50_000
