@@ -47,23 +47,22 @@ class Declaration:
 
 def declare(experiment: Path, inventory_path: Path) -> Declaration:
     """Validate the experiment against the inventory (InputError on bad input) and derive its resources."""
-    from labctl.experiment import build_plan, load_experiment
+    from labctl.controller import compile_experiment
     from labctl.labs import load
     from labctl.topology import rail_scope
 
     inventory = load(inventory_path)
-    spec, src = load_experiment(experiment)
-    plan = build_plan(spec, inventory, src)
+    plan = compile_experiment(experiment, inventory)  # any kind: a timeline, a replay
     ports: set[tuple[str, int]] = set()
     mappings: dict[str, set[tuple[int, int]]] = {}
     scopes: dict[str, set[int]] = {}
-    for rail, rp in plan.phases[spec.baseline].items():
+    for rail, rp in plan.phases[plan.baseline].items():
         scope = rail_scope(inventory, rail)
         ports |= {(rp.switch, p) for p in scope}
         mappings.setdefault(rp.switch, set()).update(rp.mapping)
         scopes.setdefault(rp.switch, set()).update(scope)
     return Declaration(
-        name=spec.name,
+        name=plan.spec.name,
         resources=Resources(frozenset(ports), frozenset(plan.hosts)),
         baseline={
             sw: {"mapping": [[a, b] for a, b in sorted(mappings[sw])], "scope": sorted(scopes[sw])}

@@ -23,6 +23,7 @@ from labctl.scheduler.service import Scheduler
 from labctl.scheduler.store import TRANSITIONS, QueueStore, RunRow
 from labctl.scheduler.timing import parse_at
 from labctl.scheduler.worker import WorkerResult
+from tests.conftest import REPO
 
 # Two rails on one switch, each on its own pair of hosts: rail 0 = h1,h2; rail 1 = h3,h4.
 SPLIT_INVENTORY = """
@@ -587,3 +588,30 @@ def test_a_queue_database_of_another_user_is_named_as_such(
     monkeypatch.setattr(store.os, "access", lambda p, mode: False if Path(p) == db else real_access(p, mode))
     with pytest.raises(InputError, match=r"no write permission on the queue database \(it belongs to uid"):
         store.QueueStore(db)
+
+
+@pytest.mark.slow
+async def test_a_replay_experiment_is_queued_with_its_rails_and_runs(tmp_path: Path) -> None:
+    """`labctl submit` takes any experiment kind: a trace replay holds its rails' ports and hosts like a
+    timeline does, and the worker runs it to the end (replay_steps.csv in its run directory)."""
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text((REPO / "inventory.yaml").read_text().replace("profile: opus-testbed", "profile: fast"))
+    replay = tmp_path / "replay.yaml"
+    replay.write_text(
+        "name: queued-replay\nkind: replay\ntrace: opus-testbed-mini\nmode: provisioning\nswitching_ms: 5\n"
+        "steps: 1\nhold_s: 0\n"
+    )
+    decl = declare(replay, inv)
+    assert decl.name == "queued-replay"
+    assert {h for h in decl.resources.hosts} == {"h1", "h2", "h3", "h4"}
+    assert len(decl.resources.ports) == 32  # both rails of the 32x32 switch: 16 NIC ports x tx and rx
+    sched = Scheduler(tmp_path / "q.sqlite", out_dir=tmp_path / "runs", poll_s=0.05, plots=False)
+    rid = sched.store.submit(replay, inv, decl, now_ns=time.time_ns())
+    await asyncio.wait_for(sched.serve(exit_when_idle=True), 120)
+    store = QueueStore(tmp_path / "q.sqlite")
+    try:
+        [row] = [r for r in store.runs() if r.id == rid]
+    finally:
+        store.close()
+    assert row.state == "completed", row
+    assert list((tmp_path / "runs").glob("*/replay_steps.csv"))
