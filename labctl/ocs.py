@@ -264,6 +264,8 @@ class VerifiedSwitch:
     _source: str
     _emit_sink: EventSink
     reconnects: int
+    _generation: int
+    """Counts sessions: a loss noticed by several callers is recovered once (`_recover` compares it)."""
     read_operation = "read"
     """How the deadline's error names a read-back (the protocol's own word: RTRV-PATCH, *IDN?...)."""
 
@@ -279,6 +281,50 @@ class VerifiedSwitch:
     def _apply_meta(self) -> dict[str, Any]:
         """What `ocs.command`/`ocs.complete` carry about the driver (its name, protocol settings)."""
         return {}
+
+    lost_noun = "session"
+    """What the protocol calls what can be lost (TL1: a connection), in loss errors."""
+    held_noun = "patches"
+    """What the switch holds (NETCONF: cross-connects), in loss errors."""
+
+    async def _recover(self, generation: int, reason: str) -> Mapping | None:
+        """Replace the lost session `generation` (once, however many callers noticed) and re-read the
+        switch: its patches, or None if another caller had already recovered it."""
+        raise NotImplementedError
+
+    async def _under_loss_policy(
+        self,
+        what: str,
+        exchange: Callable[[Any], Awaitable[T]],
+        lost: type[HardwareError],
+        *,
+        idempotent: bool,
+        not_sent: type[HardwareError] | None = None,
+    ) -> T:
+        """One wire exchange (`exchange(session)`) with the loss policy of every session-based driver: a
+        session found lost before sending is replaced first; one lost while the request was out is replaced
+        (reconnect, log in, re-read the switch), and then the request is repeated if it only reads
+        (`idempotent`) or went out on nothing (`not_sent`), or reported as lost if it may have changed the
+        switch, so that the caller (converge) decides from the re-read state."""
+        for attempt in (1, 2):
+            conn: Any = self._require_conn()
+            generation = self._generation
+            if conn.lost is not None:
+                await self._recover(generation, conn.lost)
+                continue
+            try:
+                return await exchange(conn)
+            except lost as e:
+                patches = await self._recover(generation, str(e))
+                if (not_sent is not None and isinstance(e, not_sent)) or (idempotent and attempt == 1):
+                    continue
+                held = f"; it now holds {len(patches)} {self.held_noun}" if patches is not None else ""
+                reason = str(e).removeprefix(f"{self.name}: ")
+                raise lost(
+                    f"{self.name}: {self.lost_noun} lost during {what} ({reason}); reconnected and re-read "
+                    f"the switch{held}"
+                ) from None
+        raise lost(f"{self.name}: {self.lost_noun} lost twice during {what}")
 
     def _conversation(self) -> AbstractAsyncContextManager[object]:
         """Held around each operation (a serial line takes one conversation at a time)."""

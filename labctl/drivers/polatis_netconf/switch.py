@@ -60,6 +60,7 @@ class PolatisNetconfSwitch(VerifiedSwitch):
     `ocs.command`/`ocs.complete`/`ocs.error` of `converge`)."""
 
     read_operation = "get cross-connects"
+    held_noun = "cross-connects"
 
     def __init__(
         self,
@@ -148,23 +149,12 @@ class PolatisNetconfSwitch(VerifiedSwitch):
         while the request was out is replaced (reconnect, hello, re-read the cross-connects), and then the
         request is repeated if it only reads, or reported as lost if it changes the switch, so that the
         caller (converge) decides from the re-read state."""
-        for attempt in (1, 2):
-            conn = self._require_conn()
-            generation = self._generation
-            if conn.lost is not None:
-                await self._recover(generation, conn.lost)
-                continue
-            try:
-                return await self._exchange(conn, operation, body)
-            except NetconfConnectionLost as e:
-                patches = await self._recover(generation, str(e))
-                if idempotent and attempt == 1:
-                    continue
-                held = f"; it now holds {len(patches)} cross-connects" if patches is not None else ""
-                raise NetconfConnectionLost(
-                    f"{self.name}: session lost during {operation}; reconnected and re-read the switch{held}"
-                ) from None
-        raise NetconfConnectionLost(f"{self.name}: session lost twice during {operation}")
+        return await self._under_loss_policy(
+            operation,
+            lambda conn: self._exchange(conn, operation, body),
+            NetconfConnectionLost,
+            idempotent=idempotent,
+        )
 
     def _require_conn(self) -> NetconfConnection:
         if self._closed or self._conn is None:

@@ -89,6 +89,7 @@ class PolatisScpiSwitch(VerifiedSwitch):
     `ocs.command`/`ocs.complete`/`ocs.error` of `converge`)."""
 
     read_operation = CONNECTIONS_QUERY
+    held_noun = "connections"
 
     def _apply_meta(self) -> dict[str, Any]:
         return {"driver": "polatis-scpi"}
@@ -186,54 +187,33 @@ class PolatisScpiSwitch(VerifiedSwitch):
         one lost while the query was out is re-established (reconnect, `*IDN?`, re-read the connections)
         and then the query is asked again if it only reads, or reported as lost (`*OPC?`: its wait is not
         the new session's), so the caller decides from the re-read state."""
-        for attempt in (1, 2):
-            conn = self._require_conn()
-            generation = self._generation
-            if conn.lost is not None:
-                await self._recover(generation, conn.lost)
-                continue
-            try:
-                return await self._query(conn, command, parse)
-            except ScpiNotSent as e:
-                await self._recover(generation, str(e))
-                continue
-            except ScpiConnectionLost as e:
-                patches = await self._recover(generation, str(e))
-                if idempotent and attempt == 1:
-                    continue
-                raise self._lost_during(command, e, patches) from None
-        raise ScpiConnectionLost(f"{self.name}: session lost twice during {command}")
+        return await self._under_loss_policy(
+            command,
+            lambda conn: self._query(conn, command, parse),
+            ScpiConnectionLost,
+            idempotent=idempotent,
+            not_sent=ScpiNotSent,
+        )
 
     async def _change(self, command: str) -> None:
         """One change command and `SYST:ERR?` until the queue is empty, with nothing else of ours between
         them. Errors → ScpiCommandError (the switch did not make the change). A session lost after the
         command went out leaves the change unknown: reconnect, re-read, and raise, so that `converge`
         decides from the read-back."""
-        for _ in (1, 2):
-            conn = self._require_conn()
-            generation = self._generation
-            if conn.lost is not None:
-                await self._recover(generation, conn.lost)
-                continue
-            sent = False
-            try:
-                async with self._change_lock:
-                    await self._exchange(conn, command, reply=False)
-                    sent = True
-                    errors = await self._drain_errors(conn)
-            except ScpiNotSent as e:
-                if sent:  # found lost before SYST:ERR? went out, after the change did: the change is unknown
-                    patches = await self._recover(generation, str(e))
-                    raise self._lost_during(command, e, patches) from None
-                await self._recover(generation, str(e))
-                continue
-            except ScpiConnectionLost as e:
-                patches = await self._recover(generation, str(e))
-                raise self._lost_during(command, e, patches) from None
-            if errors:
-                raise ScpiCommandError(self.name, command, errors)
-            return
-        raise ScpiConnectionLost(f"{self.name}: session lost twice before {command} went out")
+
+        async def change(conn: ScpiConnection) -> list[DeviceError]:
+            async with self._change_lock:
+                await self._exchange(conn, command, reply=False)
+                try:
+                    return await self._drain_errors(conn)
+                except ScpiNotSent as e:  # SYST:ERR? found the session gone, after the change went out
+                    raise ScpiConnectionLost(str(e)) from None  # so the change's fate is unknown
+
+        errors = await self._under_loss_policy(
+            command, change, ScpiConnectionLost, idempotent=False, not_sent=ScpiNotSent
+        )
+        if errors:
+            raise ScpiCommandError(self.name, command, errors)
 
     async def _drain_errors(self, conn: ScpiConnection) -> list[DeviceError]:
         errors: list[DeviceError] = []
@@ -244,15 +224,6 @@ class PolatisScpiSwitch(VerifiedSwitch):
             errors.append(entry)
         errors.append(DeviceError(-350, f"Queue overflow;still not empty after {ERROR_QUEUE_DEPTH} reads"))
         return errors
-
-    def _lost_during(
-        self, command: str, error: ScpiConnectionLost, patches: Mapping | None
-    ) -> ScpiConnectionLost:
-        held = f"; it now holds {len(patches)} connections" if patches is not None else ""
-        reason = str(error).removeprefix(f"{self.name}: ")
-        return ScpiConnectionLost(
-            f"{self.name}: session lost during {command} ({reason}); reconnected and re-read the switch{held}"
-        )
 
     def _require_conn(self) -> ScpiConnection:
         if self._closed or self._conn is None:

@@ -81,6 +81,7 @@ class PolatisTl1Switch(VerifiedSwitch):
     `ocs.command`/`ocs.complete`/`ocs.error` of `converge`)."""
 
     read_operation = "RTRV-PATCH"
+    lost_noun = "connection"
 
     def _apply_meta(self) -> dict[str, Any]:
         return {"driver": "polatis-tl1", "pipeline_depth": self.pipeline_depth}
@@ -188,24 +189,12 @@ class PolatisTl1Switch(VerifiedSwitch):
         first; one lost while the command was in flight is re-established (reconnect, re-login, re-read
         the patches) and then the command is repeated if it only reads, or reported as lost if it changes
         the switch, so that the caller decides from the re-read state."""
-        for attempt in (1, 2):
-            conn = self._require_conn()
-            generation = self._generation
-            if conn.lost is not None:
-                await self._recover(generation, conn.lost)
-                continue
-            command = Tl1Command(verb, conn.next_ctag(), aid=aid, blocks=blocks)
-            try:
-                return await self._exchange(conn, command)
-            except Tl1ConnectionLost as e:
-                patches = await self._recover(generation, str(e))
-                if idempotent and attempt == 1:
-                    continue
-                held = f"; it now holds {len(patches)} patches" if patches is not None else ""
-                raise Tl1ConnectionLost(
-                    f"{self.name}: connection lost during {command}; reconnected and re-read the switch{held}"
-                ) from None
-        raise Tl1ConnectionLost(f"{self.name}: connection lost twice during {verb}")
+        return await self._under_loss_policy(
+            f"{verb}:{aid}" if aid else verb,
+            lambda conn: self._exchange(conn, Tl1Command(verb, conn.next_ctag(), aid=aid, blocks=blocks)),
+            Tl1ConnectionLost,
+            idempotent=idempotent,
+        )
 
     def _require_conn(self) -> Tl1Connection:
         if self._closed or self._conn is None:
