@@ -401,8 +401,13 @@ def _marks(
     rx = index.series(source, rx_key)
     dark = rx.v < threshold_dbm
     t_dark = _find(rx, h0, end, dark)
+    before = int(np.searchsorted(rx.t, h0, "left")) - 1
     if t_dark is not None:
         t2 = _find(rx, t_dark.t, end, ~dark)
+    elif before >= 0 and dark[before]:
+        # Dark since before the command (the baseline's first circuits, a port that had none): the first
+        # sample that saw light, bracketed by the sample before it, as any other.
+        t2 = _find(rx, h0, end, ~dark)
     else:
         # The dark gap fell between samples: the first sample at or above the threshold after the switch
         # acknowledged. Every sample since the command saw light (old or new), so the light came back
@@ -494,17 +499,47 @@ total are per end of a new circuit (a port going dark has none)."""
 
 BOOTSTRAP_RESAMPLES = 2000
 CI_LEVEL = 0.95
+CLUSTER = "reconfiguration"
+"""What the median's bootstrap resamples: the ports of one reconfiguration move together (one command,
+one switch, one host's scheduling), so they are one draw, not many (decision 0042)."""
+POOLED_CLUSTER = "run × reconfiguration"
+"""The same over several runs: reconfiguration n of one run and of another are different draws."""
 
 
-def phase_values(rows: pd.DataFrame, column: str) -> np.ndarray:
-    """The values of one phase over its own unit, flagged rows left out (integer ns)."""
+def cluster_keys(rows: pd.DataFrame) -> list[str]:
+    """The columns naming a row's cluster: its reconfiguration, within its run where rows are pooled."""
+    return ["run_id", "reconfig"] if "run_id" in rows else ["reconfig"]
+
+
+def cluster_name(rows: pd.DataFrame) -> str:
+    return POOLED_CLUSTER if "run_id" in rows else CLUSTER
+
+
+def _keep(rows: pd.DataFrame, column: str) -> pd.Series:
+    """The rows that give one value of a phase over its own unit, flagged rows left out."""
     name = column.removesuffix("_ns")
     keep = rows[column].notna() & ~_flagged_for(rows, name)
     if UNITS[column] == "rail command":
         keep &= ~rows.duplicated(["run_id", "reconfig", "rail"] if "run_id" in rows else ["reconfig", "rail"])
     elif UNITS[column] == "circuit end":
         keep &= rows["peer"].fillna("") != ""
-    return rows.loc[keep, column].to_numpy(dtype=np.int64)
+    return keep
+
+
+def phase_values(rows: pd.DataFrame, column: str) -> np.ndarray:
+    """The values of one phase over its own unit, flagged rows left out (integer ns)."""
+    values: np.ndarray = rows.loc[_keep(rows, column), column].to_numpy(dtype=np.int64)
+    return values
+
+
+def phase_clustered(rows: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """phase_values and, aligned with them, each value's cluster (0..k-1: its reconfiguration, within its
+    run where rows carry `run_id`)."""
+    keep = _keep(rows, column)
+    kept = rows.loc[keep]
+    keys = cluster_keys(rows)
+    clusters = kept.groupby(keys, sort=True, dropna=False).ngroup().to_numpy(dtype=np.int64)
+    return kept[column].to_numpy(dtype=np.int64), clusters
 
 
 def _has(rows: pd.DataFrame, flag: str, phase: str) -> pd.Series:
@@ -518,9 +553,13 @@ def _flagged_for(rows: pd.DataFrame, phase: str) -> pd.Series:
     return _has(rows, "impossible", phase) | _has(rows, "unresolved", phase)
 
 
-def bootstrap_medians(values: np.ndarray, *, seed: int = 0) -> np.ndarray:
-    """BOOTSTRAP_RESAMPLES medians of resamples of `values` (drawn with replacement, a fixed seed: the same
-    data gives the same interval)."""
+def bootstrap_medians(values: np.ndarray, *, seed: int = 0, clusters: np.ndarray | None = None) -> np.ndarray:
+    """BOOTSTRAP_RESAMPLES medians of resamples of `values` (a fixed seed: the same data gives the same
+    interval). Without `clusters` each value is drawn on its own, with replacement; with them (one label
+    per value), as many whole clusters as there are are drawn with replacement and each resample's median
+    is that of every value in the clusters drawn (a cluster drawn twice counts twice)."""
+    if clusters is not None:
+        return _cluster_bootstrap_medians(values, clusters, seed)
     rng = np.random.default_rng(seed)
     medians = np.empty(BOOTSTRAP_RESAMPLES)
     chunk = max(1, 4_000_000 // max(values.size, 1))  # bound the resample matrix's memory
@@ -530,44 +569,101 @@ def bootstrap_medians(values: np.ndarray, *, seed: int = 0) -> np.ndarray:
     return medians
 
 
+def _cluster_bootstrap_medians(values: np.ndarray, clusters: np.ndarray, seed: int) -> np.ndarray:
+    """The cluster bootstrap without building the resampled arrays: a resample is a count per cluster, so
+    its median is a weighted median of the values sorted once (weight: how often the value's cluster was
+    drawn), the same number np.median gives for the values written out."""
+    if values.shape != clusters.shape:
+        raise ValueError(f"{values.size} values but {clusters.size} cluster labels")
+    _, labels = np.unique(clusters, return_inverse=True)
+    k = int(labels.max()) + 1 if labels.size else 0
+    if k == 0:
+        return np.full(BOOTSTRAP_RESAMPLES, np.nan)
+    rng = np.random.default_rng(seed)
+    # All draws at once (BOOTSTRAP_RESAMPLES × k cluster indices): chunking below cannot change them.
+    drawn = rng.integers(0, k, (BOOTSTRAP_RESAMPLES, k))
+    offsets = np.arange(BOOTSTRAP_RESAMPLES)[:, None] * k
+    counts = np.bincount((drawn + offsets).ravel(), minlength=BOOTSTRAP_RESAMPLES * k)
+    counts = counts.reshape(BOOTSTRAP_RESAMPLES, k)
+    order = np.argsort(values, kind="stable")
+    ranked, ranked_labels = values[order].astype(np.float64), labels[order]
+    medians = np.empty(BOOTSTRAP_RESAMPLES)
+    chunk = max(1, 4_000_000 // values.size)  # bound the (resamples × values) matrices' memory
+    for i in range(0, BOOTSTRAP_RESAMPLES, chunk):
+        cum = np.cumsum(counts[i : i + chunk][:, ranked_labels], axis=1)  # resampled values ≤ each
+        total = cum[:, -1:]
+        # The two middle positions of each resample written out sorted (equal when its size is odd), and
+        # the value at each: the first whose cumulative count passes the position.
+        lo = (cum <= (total - 1) // 2).sum(axis=1)
+        hi = (cum <= total // 2).sum(axis=1)
+        medians[i : i + chunk] = (ranked[lo] + ranked[hi]) / 2
+    return medians
+
+
 def percentile_interval(samples: np.ndarray) -> tuple[int, int]:
     tail = (1 - CI_LEVEL) / 2 * 100
     lo, hi = np.percentile(samples, [tail, 100 - tail])
     return round(float(lo)), round(float(hi))
 
 
-def median_ci(values: np.ndarray, *, seed: int = 0) -> tuple[int, int] | None:
-    """A percentile-bootstrap confidence interval (CI_LEVEL) for the median, resampling values
-    independently; None for fewer than two values."""
-    if values.size < 2:
+def median_ci(
+    values: np.ndarray, *, seed: int = 0, clusters: np.ndarray | None = None
+) -> tuple[int, int] | None:
+    """A percentile-bootstrap confidence interval (CI_LEVEL) for the median: resampling whole clusters
+    where `clusters` labels each value (None for fewer than two clusters: one reconfiguration says nothing
+    about how the next would differ), else values independently (None for fewer than two values)."""
+    if values.size < 2 or (clusters is not None and np.unique(clusters).size < 2):
         return None
-    return percentile_interval(bootstrap_medians(values, seed=seed))
+    return percentile_interval(bootstrap_medians(values, seed=seed, clusters=clusters))
 
 
-def describe(values: np.ndarray, unit: str) -> dict[str, Any]:
-    """n, min/p5/median/p95/max and the median's CI of one phase's values (integer ns)."""
+def describe(
+    values: np.ndarray, unit: str, *, clusters: np.ndarray | None = None, cluster: str = CLUSTER
+) -> dict[str, Any]:
+    """n, min/p5/median/p95/max and the median's CI of one phase's values (integer ns), and what the CI
+    resampled: `cluster` (clusters labelling each value) and how many, else the values themselves."""
     stats: dict[str, Any] = {"unit": unit, "n": int(values.size), "count": int(values.size)}
-    if values.size == 0:
-        return stats | dict.fromkeys(("min", "p5", "median", "p95", "max", "median_ci"))
-    p5, median, p95 = np.percentile(values, [5, 50, 95], method="linear")
-    return stats | {
-        "min": int(values.min()),
-        "p5": round(float(p5)),
-        "median": round(float(median)),
-        "p95": round(float(p95)),
-        "max": int(values.max()),
-        "median_ci": median_ci(values),
+    resampling = {
+        "median_ci_resampling": cluster if clusters is not None else unit,
+        "median_ci_clusters": int(np.unique(clusters).size) if clusters is not None else int(values.size),
     }
+    if values.size == 0:
+        return stats | dict.fromkeys(("min", "p5", "median", "p95", "max", "median_ci")) | resampling
+    p5, median, p95 = np.percentile(values, [5, 50, 95], method="linear")
+    return (
+        stats
+        | {
+            "min": int(values.min()),
+            "p5": round(float(p5)),
+            "median": round(float(median)),
+            "p95": round(float(p95)),
+            "max": int(values.max()),
+            "median_ci": median_ci(values, clusters=clusters),
+        }
+        | resampling
+    )
+
+
+def ci_text(cluster: str = CLUSTER) -> str:
+    """summary.json's `ci`: how every phase's median_ci was made."""
+    what = "reconfigurations" if cluster == CLUSTER else "reconfigurations of each run"
+    return (
+        f"{CI_LEVEL:.0%} percentile bootstrap of the median, resampling {what} (clusters), "
+        f"{BOOTSTRAP_RESAMPLES} resamples"
+    )
 
 
 def summarize(frame: pd.DataFrame, *, exclude_setup: bool = True) -> dict[str, Any]:
     """Per phase, over its own unit (UNITS): n, min/p5/median/p95/max (integer ns), a bootstrap CI of the
-    median, and how many rows were left out as impossible or unresolved."""
+    median resampling reconfigurations (with how many there were), and how many rows were left out as
+    impossible or unresolved."""
     rows = frame[frame["reconfig"] > 0] if exclude_setup else frame
+    cluster = cluster_name(rows)
     phases: dict[str, dict[str, Any]] = {}
     for col in DURATIONS:
         name = col.removesuffix("_ns")
-        phases[name] = describe(phase_values(rows, col), UNITS[col])
+        values, clusters = phase_clustered(rows, col)
+        phases[name] = describe(values, UNITS[col], clusters=clusters, cluster=cluster)
         for flag in FLAG_COLUMNS:
             phases[name][flag] = int(_has(rows, flag, name).sum())
     flagged = pd.Series(False, index=rows.index)
@@ -576,7 +672,7 @@ def summarize(frame: pd.DataFrame, *, exclude_setup: bool = True) -> dict[str, A
             flagged |= rows[flag].fillna("") != ""
     return {
         "unit": "ns",
-        "ci": f"{CI_LEVEL:.0%} percentile bootstrap of the median, {BOOTSTRAP_RESAMPLES} resamples",
+        "ci": ci_text(cluster),
         "reconfigurations": int(rows["reconfig"].nunique()),
         "rows": len(rows),
         "timed_out": int(rows["timed_out"].sum()),
@@ -610,10 +706,14 @@ def _resolution(rows: pd.DataFrame) -> dict[str, Any]:
 
 
 def clock_uncertainties(offsets: Mapping[str, Any]) -> dict[str, int]:
-    """Per host, the largest uncertainty of its measured clock offset over the run (run.json's
-    `clock_offsets`, every re-measurement in its history)."""
+    """Per host, the uncertainty of the clock offset its stamps were moved by (run.json's `clock_offsets`):
+    the run's clock model states it (`source` says which: shared-clock, exchange, a daemon; decision 0040);
+    runs recorded before it give the largest uncertainty of every re-measurement in their history."""
     out = {}
     for host, estimate in offsets.items():
+        if "source" in estimate:
+            out[host] = int(estimate.get("uncertainty_ns", 0))
+            continue
         history = estimate.get("history") or [estimate]
         out[host] = max(int(e.get("uncertainty_ns", 0)) for e in history)
     return out

@@ -2,9 +2,10 @@
 compared phase by phase, each median with its bootstrap interval and the difference with its own.
 
 Values are pooled over each phase's unit (labctl.breakdown.UNITS) across the runs; rows flagged impossible
-or unresolved stay out, as in a single run's summary. Each run's own median is kept too, so run-to-run
-spread is visible beside the pooled interval (units within one run are not independent draws: a slow day
-moves every port of it).
+or unresolved stay out, as in a single run's summary. Intervals resample whole reconfigurations, each run's
+its own (the ports of one reconfiguration move together: decision 0042). Each run's own median is kept too,
+so run-to-run spread is visible beside the pooled interval (a slow day moves every reconfiguration of a run,
+which even the cluster bootstrap does not see).
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ import pandas as pd
 
 from labctl.breakdown import (
     DURATIONS,
+    POOLED_CLUSTER,
     UNITS,
     bootstrap_medians,
+    ci_text,
     describe,
     percentile_interval,
+    phase_clustered,
     phase_values,
     summarize,
 )
@@ -77,7 +81,8 @@ def aggregate(paths: Sequence[Path | str]) -> dict[str, Any]:
 
 def compare(a_paths: Sequence[Path | str], b_paths: Sequence[Path | str]) -> dict[str, Any]:
     """Set B against set A, per phase: each set's pooled statistics and the difference of medians (B - A)
-    with a bootstrap interval (each set resampled on its own)."""
+    with a bootstrap interval (each set resampled on its own, by whole reconfigurations of its runs; no
+    interval where a set has fewer than two)."""
     a_rows, a_runs = load_runs(a_paths)
     b_rows, b_runs = load_runs(b_paths)
     overlap = {r["path"] for r in a_runs} & {r["path"] for r in b_runs}
@@ -85,19 +90,29 @@ def compare(a_paths: Sequence[Path | str], b_paths: Sequence[Path | str]) -> dic
         raise InputError(f"run(s) in both sets: {', '.join(sorted(overlap))}")
     phases: dict[str, Any] = {}
     for col in DURATIONS:
-        a, b = phase_values(a_rows, col), phase_values(b_rows, col)
+        (a, a_clusters), (b, b_clusters) = phase_clustered(a_rows, col), phase_clustered(b_rows, col)
         entry: dict[str, Any] = {
             "unit": UNITS[col],
-            "a": describe(a, UNITS[col]),
-            "b": describe(b, UNITS[col]),
+            "a": describe(a, UNITS[col], clusters=a_clusters, cluster=POOLED_CLUSTER),
+            "b": describe(b, UNITS[col], clusters=b_clusters, cluster=POOLED_CLUSTER),
         }
         if a.size >= 2 and b.size >= 2:
-            diffs = bootstrap_medians(b, seed=1) - bootstrap_medians(a, seed=0)
             entry["difference"] = round(float(np.median(b) - np.median(a)))
-            entry["difference_ci"] = percentile_interval(diffs)
+            entry["difference_ci"] = None  # one reconfiguration on a side: how it varies is unknown
+            if entry["a"]["median_ci_clusters"] >= 2 and entry["b"]["median_ci_clusters"] >= 2:
+                diffs = bootstrap_medians(b, seed=1, clusters=b_clusters) - bootstrap_medians(
+                    a, seed=0, clusters=a_clusters
+                )
+                entry["difference_ci"] = percentile_interval(diffs)
             entry["ratio"] = round(float(np.median(b) / np.median(a)), 4) if np.median(a) else None
         phases[col.removesuffix("_ns")] = entry
-    return {"unit": "ns", "a": {"runs": a_runs}, "b": {"runs": b_runs}, "phases": phases}
+    return {
+        "unit": "ns",
+        "ci": ci_text(POOLED_CLUSTER) + "; the difference's: each set resampled on its own",
+        "a": {"runs": a_runs},
+        "b": {"runs": b_runs},
+        "phases": phases,
+    }
 
 
 def split_sets(args: Sequence[str], separator: str = "vs") -> tuple[list[str], list[str]]:

@@ -100,8 +100,8 @@ UNIT_LABELS = {"rail command": "rail cmd", "circuit end": "circ. end"}
 
 def _summary_table(summary: dict[str, Any], title: str) -> Table:
     """One row per phase: its unit and n (flagged values are not in n), the spread, and the median with
-    its 95% confidence interval."""
-    table = Table(title=title, title_justify="left")
+    its 95% confidence interval (the caption says what the interval resampled)."""
+    table = Table(title=title, title_justify="left", caption=ci_caption(summary), caption_justify="left")
     for col in ("phase", "unit", "n", "min", "median", "95% CI", "p95", "max", "flagged"):
         table.add_column(col, justify="left" if col in ("phase", "unit") else "right", no_wrap=True)
     for name, stats in summary.get("phases", {}).items():
@@ -120,6 +120,25 @@ def _summary_table(summary: dict[str, Any], title: str) -> Table:
             f"[red]{flagged}[/]" if flagged else "0",
         )
     return table
+
+
+def ci_caption(summary: dict[str, Any]) -> str | None:
+    """What the table's 95% CI resampled and how many of it: reconfigurations, not port rows (decision
+    0042). A summary written before that says only its own `ci` text."""
+    counts = [
+        stats["median_ci_clusters"]
+        for stats in summary.get("phases", {}).values()
+        if stats.get("n") and "median_ci_clusters" in stats
+    ]
+    if not counts:
+        return f"95% CI: {summary['ci']}" if summary.get("ci") else None
+    if max(counts) < 2:
+        return "95% CI: none (one reconfiguration: how the next would differ cannot be estimated)"
+    n = str(max(counts)) if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
+    pooled = " of the runs" if summary.get("runs") else ""  # aggregate(): each run's are its own
+    return (
+        f"95% CI: bootstrap resampling {n} reconfigurations{pooled} (a reconfiguration's ports move together)"
+    )
 
 
 def flat_probe_stats(probes: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -490,7 +509,10 @@ def compare(
             f"{entry['ratio']:.3f}" if entry.get("ratio") else "—",
         )
     out.print(table)
-    out.print("intervals: 95% percentile bootstrap of the median over each phase's units, pooled per set")
+    out.print(
+        "intervals: "
+        + result.get("ci", "95% percentile bootstrap of the median over each phase's units, pooled per set")
+    )
 
 
 def plot(

@@ -164,6 +164,11 @@ def test_several_runs_pool_into_one_table_with_each_runs_median(four_runs: list[
     )
     assert proc.returncode == 0, proc.stderr
     assert "pooled over 4 runs" in proc.stdout and "median of each run" in proc.stdout
+    # The interval resamples each run's reconfigurations (4 per run), not the port rows.
+    optical = summary["phases"]["optical"]
+    assert optical["median_ci_resampling"] == "run × reconfiguration" and optical["median_ci_clusters"] == 16
+    assert single[0]["phases"]["optical"]["median_ci_clusters"] == 4
+    assert "95% CI: bootstrap resampling 16 reconfigurations of the runs" in proc.stdout
 
 
 def test_two_sets_of_runs_compare_phase_by_phase_with_intervals(four_runs: list[Path]) -> None:
@@ -172,6 +177,8 @@ def test_two_sets_of_runs_compare_phase_by_phase_with_intervals(four_runs: list[
     assert optical["a"]["n"] > 0 and optical["b"]["n"] > 0
     lo, hi = optical["difference_ci"]
     assert lo <= optical["difference"] <= hi
+    assert optical["a"]["median_ci_clusters"] == optical["b"]["median_ci_clusters"] == 8  # 2 runs × 4
+    assert "resampling reconfigurations of each run" in result["ci"]
     proc = subprocess.run(
         [
             sys.executable,
