@@ -7,14 +7,16 @@
 
 `up` starts, each only through the labctl command line: the kernel fabric with a management link per
 host (`labctl emulate fabric up`), mosquitto listening on 127.0.0.1 and on each host's management link,
-the switch (`labctl emulate ocs <driver> --fabric`, its own process, at the inventory's address), and one
-`labctl agent` per host inside that host's network namespace, reaching the broker over its management
-link. It waits until each is ready (the broker and the switch listening, every agent online on the
-broker), fails naming whichever exited or stayed silent and its log, and writes what it started (pids and
-their start times) to /run/labctl/rehearsal-<lab>.json. `down` stops all of it, signalling only
-processes confirmed to be the ones it started, and removes the fabric, whatever state `up` left. The
-inventory is of the real lab kind: `labctl run EXPERIMENT -i INVENTORY` then runs against it exactly as
-against hardware.
+the switch (`labctl emulate ocs <driver> --fabric`, its own process, at the inventory's address), each
+power meter of the inventory (`labctl emulate power-meter --meter NAME`, its own process at the meter's
+address, its channels tapping the fabric's receive fibers: the light the switch's cross-connects carry, read
+from the kernel), and one `labctl agent` per host inside that host's network namespace, reaching the broker
+over its management link. It waits until each is ready (the broker, the switch and the meters listening,
+every agent online on the broker), fails naming whichever exited or stayed silent and its log, and writes
+what it started (pids and their start times) to /run/labctl/rehearsal-<lab>.json. `down` stops all of it,
+signalling only processes confirmed to be the ones it started, and removes the fabric, whatever state `up`
+left. The inventory is of the real lab kind: `labctl run EXPERIMENT -i INVENTORY` then runs against it
+exactly as against hardware.
 
 Needs: root, iproute2, mosquitto; for `up`, the switch password in the environment variable the
 inventory's switch names (e.g. LABCTL_REHEARSAL_PASSWORD): `down` and `status` need no secret.
@@ -35,6 +37,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,7 +68,8 @@ check(inv, secrets=False)
 [(name, sw)] = inv.switches.items()
 print(json.dumps({'lab': inv.lab, 'switch': name, 'driver': sw.driver, 'address': sw.address,
   'port': sw.port, 'user': sw.user, 'password_env': sw.password.env_name if sw.password else None,
-  'broker': inv.model.broker.url if inv.model.broker else None, 'hosts': inv.hosts}))
+  'broker': inv.model.broker.url if inv.model.broker else None, 'hosts': inv.hosts,
+  'meters': {n: [m.address, m.port] for n, m in inv.model.power_meters.items()}}))
 """
 
 # Each agent says `online` on its retained status topic once it is connected; the controller's own hub
@@ -296,9 +300,11 @@ def up(inventory: Path, agent_timeout_s: float = AGENT_ONLINE_TIMEOUT_S) -> None
     broker = urlsplit(str(facts["broker"]))
     broker_port = broker.port or 1883
     switch_host, switch_port = str(facts["address"]), int(str(facts["port"] or 3082))
+    meters: dict[str, Any] = json.loads(json.dumps(facts.get("meters") or {}))
     for host, port, what in (
         (broker.hostname or "", broker_port, "the broker"),
         (switch_host, switch_port, "the switch"),
+        *((str(address), int(str(port)), f"power meter {name}") for name, (address, port) in meters.items()),
     ):
         if not port_free(host, port):
             raise RehearsalError(f"{host}:{port} ({what}) is already in use")
@@ -348,24 +354,30 @@ def up(inventory: Path, agent_timeout_s: float = AGENT_ONLINE_TIMEOUT_S) -> None
         ]
         switch = start("switch", switch_cmd)
         wait_for_port(switch_host, switch_port, switch)
+        others = [mosquitto, switch]
+        for name, (address, port) in meters.items():
+            meter_cmd = [*LABCTL, "emulate", "power-meter", "-i", str(inventory), "--meter", name]
+            others.append(start(f"meter:{name}", meter_cmd))
+            wait_for_port(str(address), int(str(port)), others[-1])
         agents = {}
         for host, info in fabric["hosts"].items():
             url = f"mqtt://{info['management']['controller_ip']}:{broker_port}"
             netns_exec = ["ip", "netns", "exec", info["netns"]]
             agent_cmd = [*netns_exec, *LABCTL, "agent", "--host", host, "-i", str(inventory), "--broker", url]
             agents[host] = start(f"agent:{host}", agent_cmd)
-        wait_agents_online(inventory, agents, [mosquitto, switch], agent_timeout_s)
+        wait_agents_online(inventory, agents, others, agent_timeout_s)
     except BaseException:
         take_down(inventory, facts, children)
         raise
+    at = "".join(f", power meter {name} {address}:{port}" for name, (address, port) in meters.items())
     print(
         f"rehearsal of {lab} up: fabric {fabric['prefix']}, broker {broker.hostname}:{broker_port}, "
-        f"switch {switch_host}:{switch_port}, {len(agents)} agents online; logs in {logs}"
+        f"switch {switch_host}:{switch_port}{at}, {len(agents)} agents online; logs in {logs}"
     )
 
 
 def take_down(inventory: Path, facts: dict[str, object], children: dict[str, Child]) -> None:
-    # Agents first (they say offline), then the switch (it darkens the fabric), then the broker.
+    # Agents first (they say offline), then the switch (it darkens the fabric), then the meters and broker.
     order = sorted(children.values(), key=lambda c: (not c.name.startswith("agent:"), c.name != "switch"))
     for child in order:
         note = stop(child)

@@ -52,6 +52,13 @@ class NicPortSpec(ConfigModel):
     gbps: int = Field(default=100, gt=0, le=6400)
     address: str | None = Field(default=None, description="IPv4 address/prefix (emulated fabric)")
     rdma: RdmaPortSpec | None = Field(default=None, description="the port's RDMA device (pyverbs probe)")
+    module: bool = Field(
+        default=True,
+        description="the port carries a pluggable transceiver whose DOM (Rx power) labctl reads: true for a "
+        "real NIC port with an optical module; false for a port without one (a DAC, a veth, a module "
+        "without diagnostics): the Rx-power probe leaves it alone, `labctl lab check` does not look for a "
+        "module there, and t2 comes only from a power-meter channel tapping its receive fiber",
+    )
 
 
 class HostSpec(ConfigModel):
@@ -220,6 +227,8 @@ class NicPort:
     address: str | None
     rdma: RdmaPortSpec | None = dataclass_field(default=None, compare=False, repr=False)
     """The port's RDMA device, port and GID index, where the inventory names them."""
+    module: bool = dataclass_field(default=True, compare=False, repr=False)
+    """Whether the inventory declares a transceiver with a readable DOM on this port (`module:`)."""
     source: str = dataclass_field(init=False, compare=False, repr=False)
     """The event `source` of every signal observed on this port: nic:<host>/<ifname>."""
 
@@ -264,7 +273,7 @@ class Inventory:
         self.path = path
         self.src = src
         self.ports: list[NicPort] = [
-            NicPort(host, n.ifname, n.rail, n.gpu, n.switch, n.tx, n.rx, n.gbps, n.address, n.rdma)
+            NicPort(host, n.ifname, n.rail, n.gpu, n.switch, n.tx, n.rx, n.gbps, n.address, n.rdma, n.module)
             for host, spec in model.hosts.items()
             for n in spec.nics
         ]

@@ -4,9 +4,11 @@ Switches: reachable and logged in (connect), the size the inventory declares (th
 mismatch at connect), the patches it holds now, and on a shared switch no patch joining an owned port to
 a foreign one. Hosts of a lab with agents: the broker reachable, each agent online and its version; where
 the agents' probes read real interfaces (LabKind.agents_probe_interfaces), every NIC port's interface
-present, its carrier and operstate, the inventory's address configured on it, its transceiver present and
-Rx power monitored on every lane. Nothing is changed anywhere: switches are only read, agents only
-`inspect`.
+present, its carrier and operstate, the inventory's address configured on it, and what it declares about a
+transceiver (`module:`): one declared must be present with Rx power monitored on every lane; a port
+declared without one says where its t2 comes from (the power-meter channel tapping its receive fiber, or
+nowhere). Power meters at an address: reachable, an N77xx, its error queue empty, each mapped channel read
+once. Nothing is changed anywhere: switches and meters are only read, agents only `inspect`.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from labctl.config import SwitchConfig
-from labctl.errors import LabctlError
+from labctl.errors import HardwareError, LabctlError
 from labctl.events import Event
-from labctl.inventory import Inventory
+from labctl.inventory import Inventory, MeterChannel, NicPort, PowerMeterSpec
 from labctl.labs import check
 from labctl.models.switch import SwitchModel
 from labctl.ocs import OpticalSwitch, crossing_patches
@@ -90,7 +92,16 @@ async def _read_switch(
         await switch.close()
 
 
-def _port_checks(label: str, expected_address: str | None, facts: dict[str, Any]) -> list[Check]:
+def _port_checks(
+    label: str,
+    expected_address: str | None,
+    facts: dict[str, Any],
+    *,
+    module: bool = True,
+    tapped_by: str | None = None,
+) -> list[Check]:
+    """One port's rows. `module`: whether the inventory declares a transceiver there (`module:`);
+    `tapped_by`: the power-meter channel measuring its receive fiber, if any ("power meter pm1 ch 3")."""
     subject = f"port {label}"
     if not facts.get("exists"):
         return [Check(subject, "interface", False, f"no interface {facts.get('ifname')} on the host")]
@@ -109,12 +120,95 @@ def _port_checks(label: str, expected_address: str | None, facts: dict[str, Any]
                 f"{expected_address} " + ("configured" if ok else f"missing (has {have})"),
             )
         )
-    module = facts.get("module") or {}
-    if not module.get("present"):
-        rows.append(Check(subject, "module", False, str(module.get("error", "no module"))))
+    module_facts = facts.get("module") or {}
+    if not module:
+        row = _undeclared_module_check(subject, tapped_by)
+        if module_facts.get("present"):  # read anyway (one pass, read-only): a declaration to revisit
+            row = Check(
+                subject,
+                row.item,
+                None,
+                f"{row.detail} ({module_facts.get('identifier')} module present: declare `module: true` to "
+                "read its DOM)",
+            )
+        rows.append(row)
+        return rows
+    if not module_facts.get("present"):
+        rows.append(Check(subject, "module", False, str(module_facts.get("error", "no module"))))
     else:
-        rows.append(_module_check(subject, module))
+        rows.append(_module_check(subject, module_facts))
     return rows
+
+
+def _undeclared_module_check(subject: str, tapped_by: str | None) -> Check:
+    """A port the inventory declares without a module (`module: false`): nothing to read on the host. Not a
+    failure either way: without a meter the run still measures the switch, carrier and traffic and leaves t2
+    empty (never wrong), which is what the inventory says this lab can do; the row says so in plain words."""
+    if tapped_by is not None:
+        return Check(subject, "module", None, f"no module declared: t2 from {tapped_by}")
+    return Check(
+        subject,
+        "module",
+        None,
+        "no module declared: t2 from nothing (no power meter taps its receive fiber): t2 cannot be "
+        "measured on this port",
+    )
+
+
+def meter_taps(inventory: Inventory) -> dict[NicPort, str]:
+    """Each NIC port whose receive fiber a power-meter channel measures → "power meter pm1 ch 3"."""
+    taps: dict[NicPort, str] = {}
+    for name in inventory.model.power_meters:
+        for ch in inventory.meter_channels(name):
+            if ch.nic is not None:
+                taps.setdefault(ch.nic, f"power meter {name} ch {ch.channel}")
+    return taps
+
+
+async def _check_meter(
+    name: str, spec: PowerMeterSpec, channels: list[MeterChannel], out: list[Check]
+) -> None:
+    """A meter at its address: reachable, an N77xx, nothing in its error queue, and one reading of each
+    mapped channel (FETC only: the probe configures the meter when a run starts, the check changes nothing).
+    An emulated meter exists only while a run of a model-backed lab serves it."""
+    subject = f"power meter {name}"
+    if spec.emulate:
+        out.append(Check(subject, "reachable", None, "emulated: served by the lab while a run uses it"))
+        return
+    assert spec.address is not None
+    try:
+        facts = await asyncio.to_thread(_read_meter, name, spec, channels)
+    except (LabctlError, OSError, ValueError) as e:
+        out.append(Check(subject, "reachable, identity", False, str(e)))
+        return
+    except Exception as e:  # pyvisa's own errors (a timeout, a refused connection): one line, never a trace
+        out.append(Check(subject, "reachable, identity", False, f"{spec.address}:{spec.port}: {e}"))
+        return
+    idn, readings = facts
+    out.append(Check(subject, "reachable, identity", True, f"{idn} at {spec.address}:{spec.port}"))
+    shown = ", ".join(
+        f"ch {ch.channel} ({ch.label}) {reading}" for ch, reading in zip(channels, readings, strict=True)
+    )
+    out.append(Check(subject, "channels", None, shown))
+
+
+def _read_meter(name: str, spec: PowerMeterSpec, channels: list[MeterChannel]) -> tuple[str, list[str]]:
+    from labctl.probes.power_meter import NO_LIGHT_DBM, ScpiSession, check_errors, resource_name
+
+    session = ScpiSession(resource_name(str(spec.address), spec.port), spec.timeout_s)
+    try:
+        idn = session.query("*IDN?")
+        fields = [f.strip() for f in idn.split(",")]
+        if len(fields) < 2 or not fields[1].upper().startswith("N77"):
+            raise HardwareError(f"*IDN? answered {idn!r}, not an N77xx")
+        check_errors(session, name, "its error queue")
+        readings = []
+        for ch in channels:
+            dbm = float(session.query(f"FETC{ch.channel}:CHAN1:POW?"))
+            readings.append(f"{dbm:.2f} dBm" if NO_LIGHT_DBM <= dbm < 1e30 else "no light")
+        return idn, readings
+    finally:
+        session.close()
 
 
 def _module_check(subject: str, module: dict[str, Any]) -> Check:
@@ -147,6 +241,7 @@ async def _check_hosts(
     from labctl.agents.broker import BrokerSettings
     from labctl.agents.hub import AgentHub
 
+    taps = meter_taps(inventory)
     hub = AgentHub(inventory, BrokerSettings.from_inventory(inventory))
     try:
         await hub.start(timeout_s)
@@ -181,7 +276,12 @@ async def _check_hosts(
                 return rows
             ports = data.get("ports", {})
             for port in (p for p in inventory.ports if p.host == host):
-                rows.extend(_port_checks(port.label, port.address, ports.get(port.source, {"exists": False})))
+                facts = ports.get(port.source, {"exists": False})
+                rows.extend(
+                    _port_checks(
+                        port.label, port.address, facts, module=port.module, tapped_by=taps.get(port)
+                    )
+                )
             return rows
 
         for rows in await asyncio.gather(*(one(host) for host in inventory.hosts)):
@@ -196,6 +296,8 @@ async def preflight(inventory: Inventory, *, timeout_s: float = 10.0) -> list[Ch
     out: list[Check] = []
     for name, spec in inventory.switches.items():
         await _check_switch(name, spec, inventory, out)
+    for name, meter in inventory.model.power_meters.items():
+        await _check_meter(name, meter, inventory.meter_channels(name), out)
     if kind.agent_probes:  # agents run either way; only some read real interfaces worth inspecting
         await _check_hosts(
             inventory, out, timeout_s, interfaces=kind.agents_probe_interfaces, kind_name=kind.name

@@ -1,5 +1,6 @@
-"""`labctl emulate …`: serve emulated lab hardware: a switch's protocol emulator (`ocs DRIVER`), the
-kernel-real fabric (`fabric up|down`, root)."""
+"""`labctl emulate …`: serve emulated lab hardware: a switch's protocol emulator (`ocs DRIVER`), a power
+meter tapping a kernel fabric's receive fibers (`power-meter`, root), the kernel-real fabric
+(`fabric up|down`, root)."""
 
 from __future__ import annotations
 
@@ -216,6 +217,93 @@ def emulate_ocs(
             if light is not None:
                 light.close()
                 await asyncio.to_thread(light.reset)
+
+    asyncio.run(serve())
+
+
+@emulate_app.command("power-meter")
+def emulate_power_meter(
+    inventory: InventoryOpt = DEFAULT_INVENTORY,
+    meter: Annotated[
+        str | None,
+        typer.Option("--meter", "-m", help="The inventory's power meter to be (default: the only one)."),
+    ] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Address to bind (default: the meter's `address` in the inventory).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="TCP port (default: the meter's `port`; 0 = pick a free one).")
+    ] = None,
+    launch_dbm: Annotated[
+        float, typer.Option(help="Launch power of every NIC transmitter (dBm), before the switch's loss.")
+    ] = -1.0,
+) -> None:
+    """Serve a Keysight N77xx power meter (SCPI over TCP) whose channels tap the receive fibers of the
+    inventory's kernel fabric (`labctl emulate fabric up`, root), until Ctrl-C. Its light is the fabric's
+    own: the cross-connects a switch emulator (`labctl emulate ocs --fabric`) programs, read from the
+    kernel. Each channel of the meter in the inventory's `power_meters:` must tap a NIC port's receive
+    fiber (`{host, nic}`, or the egress `{switch, port}` that feeds one): a controller polls it at its
+    address like a meter on the bench."""
+    import zlib
+
+    from labctl.emulators.fabric import FabricLayout, managed_prefix
+    from labctl.emulators.power_meter import FabricLight, N77xxEmulator
+    from labctl.inventory import load_inventory
+    from labctl.linux import netns
+
+    inv = load_inventory(inventory)
+    meters = inv.model.power_meters
+    if not meters:
+        raise InputError(f"{inventory}: no `power_meters:` to emulate")
+    if meter is None:
+        if len(meters) != 1:
+            raise InputError(
+                f"{inventory}: several power meters ({', '.join(meters)}); pick one with --meter"
+            )
+        meter = next(iter(meters))
+    if meter not in meters:
+        raise InputError(f"{inventory}: unknown power meter {meter!r} (known: {', '.join(meters)})")
+    spec = meters[meter]
+    bind = host if host is not None else (spec.address or "127.0.0.1")
+    bind_port = spec.port if port is None else port
+    if not 0 <= bind_port <= 65535:
+        raise InputError(f"--port {bind_port}: must be 0..65535")
+    channels = inv.meter_channels(meter)
+    for ch in channels:
+        if ch.nic is None:
+            raise inv.fail(
+                ("power_meters", meter, "channels", str(ch.channel)),
+                f"{ch.label} feeds no NIC port: the kernel fabric carries light only into NIC receive fibers",
+            )
+    layout = FabricLayout.of(inv, managed_prefix(inv))
+    if not netns.exists(layout.ocs_netns):
+        raise InputError(f"{inventory}: its fabric is not up; run `labctl emulate fabric up -i {inventory}`")
+
+    async def serve() -> None:
+        light = FabricLight(layout, [ch.nic for ch in channels if ch.nic is not None], launch_dbm)
+        light.open()
+        light.attach(asyncio.get_running_loop())
+        taps = {ch.channel: light.tap(ch.nic) for ch in channels if ch.nic is not None}
+        emulator = N77xxEmulator(taps, host=bind, port=bind_port, seed=zlib.crc32(meter.encode()))
+        try:
+            try:
+                await emulator.start()
+            except OSError as e:
+                raise InputError(f"cannot listen on {bind}:{bind_port}: {e.strerror or e}") from None
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            print(
+                f"{spec.driver} emulator {meter} ({emulator.model}, tapping {inventory}'s fabric: "
+                + ", ".join(f"ch {ch.channel} {ch.label}" for ch in channels)
+                + f") listening on {bind}:{emulator.port}; Ctrl-C stops",
+                flush=True,
+            )
+            await stop.wait()
+        finally:
+            await emulator.close()
+            light.close()
 
     asyncio.run(serve())
 

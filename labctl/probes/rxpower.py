@@ -568,6 +568,7 @@ def _build(ctx: ProbeContext) -> Probe:
         if site.open_eeprom is not None
         else ModulePort.of_interface(site.port.host, site.port.ifname, netns=site.netns, lanes=site.rx_lanes)
         for site in ctx.ports
+        if site.port.module  # declared without a module (`module: false`): no DOM to read
     ]
     return RxPowerProbe(
         ports,

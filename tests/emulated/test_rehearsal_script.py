@@ -123,6 +123,8 @@ def _rehearsal_copy(tmp_path: Path, lab: str, broker_port: int, switch_port: int
         .replace("lab: opus-testbed-rehearsal", f"lab: {lab}")
         .replace("mqtt://127.0.0.1:11883", f"mqtt://127.0.0.1:{broker_port}")
         .replace("port: 13082", f"port: {switch_port}")
+        .replace("port: 15025", f"port: {_free_port()}")  # its power meters
+        .replace("port: 15026", f"port: {_free_port()}")
     )
     return path
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import math
 import random
+import re
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -458,6 +459,13 @@ async def test_default_t2_source_is_the_dom(tmp_path: Path) -> None:
 
 
 REHEARSAL = Path(__file__).resolve().parents[2] / "experiments" / "inventories" / "rehearsal.yaml"
+
+
+def _rehearsal_without_meters() -> str:
+    """The rehearsal inventory less its own `power_meters:` (each test here appends one of its own)."""
+    return re.sub(r"(?m)^power_meters:\n(?:[ #].*\n|\n)*", "", REHEARSAL.read_text())
+
+
 METER_AT = """
 power_meters:
   pm1:
@@ -471,7 +479,7 @@ def test_the_real_lab_polls_the_meter_at_its_address(tmp_path: Path, monkeypatch
     from labctl.labs.base import LabContext
 
     path = tmp_path / "real.yaml"
-    path.write_text(REHEARSAL.read_text() + METER_AT.format(emulate=""))
+    path.write_text(_rehearsal_without_meters() + METER_AT.format(emulate=""))
     inv = load_inventory(path)
     lab = real.build(LabContext(inv, inv.profile(), random.Random(1), lambda _e: None, SETTINGS))
     try:
@@ -482,7 +490,7 @@ def test_the_real_lab_polls_the_meter_at_its_address(tmp_path: Path, monkeypatch
         assert not lab.start_hooks[1:]  # nothing served for it: the hub starts, no emulator
     finally:
         lab.close()
-    path.write_text(REHEARSAL.read_text() + METER_AT.format(emulate="emulate: true\n    "))
+    path.write_text(_rehearsal_without_meters() + METER_AT.format(emulate="emulate: true\n    "))
     monkeypatch.setenv("LABCTL_REHEARSAL_PASSWORD", "x")  # the inventory's switch secret
     with pytest.raises(InputError, match=r"real.yaml:\d+: power_meters.pm1: a real lab polls power meters"):
         load(path)

@@ -217,3 +217,95 @@ async def test_the_module_row_names_vendor_part_and_serial(monkeypatch: pytest.M
     assert facts["module"]["identity"]["serial_number"] == "SN42"
     [row] = [c for c in _port_checks(port.label, None, facts) if c.item.startswith("module")]
     assert row.ok and row.detail.startswith("QSFP28 ACME OPTICS QSFP-X SN42: 4 lane(s): -3.01 dBm")
+
+
+# -- what the inventory declares about a port's module (`module:`) ------------------------------------------------
+def test_a_port_declared_with_a_module_fails_when_none_is_there() -> None:
+    """`lo` exists on every host and carries no transceiver: declared with one (the default, as on a real NIC
+    port), the check fails it in the driver's words; declared without one, the row says
+    where t2 comes from, or plainly that it cannot be measured there."""
+    declared = NicPort("h1", "lo", 0, None, "ocs1", 1, 9, 100, None)
+    assert declared.module is True
+    facts = inspect_port(declared)
+    assert facts["exists"] is True and facts["module"]["present"] is False
+    [row] = [c for c in _port_checks(declared.label, None, facts) if c.item == "module"]
+    assert row.ok is False and row.detail.startswith("no module EEPROM on lo")
+
+    bare = NicPort("h1", "lo", 0, None, "ocs1", 1, 9, 100, None, None, False)
+    facts = inspect_port(bare)  # the agent reads what is there; the check judges it by the declaration
+    [row] = [c for c in _port_checks(bare.label, None, facts, module=False) if c.item == "module"]
+    assert row == Check(
+        "port h1/lo",
+        "module",
+        None,
+        "no module declared: t2 from nothing (no power meter taps its receive fiber): t2 cannot be measured "
+        "on this port",
+    )
+    [row] = [
+        c
+        for c in _port_checks(bare.label, None, facts, module=False, tapped_by="power meter pm1 ch 3")
+        if c.item == "module"
+    ]
+    assert row == Check("port h1/lo", "module", None, "no module declared: t2 from power meter pm1 ch 3")
+
+
+async def test_a_real_lab_checks_what_each_port_declares(
+    mosquitto: Mosquitto, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the agent, as `labctl lab check` runs it: h1's `lo` declared with a module fails (there is
+    none), h2's `lo` declared without one is information naming the meter channel that taps it, and the
+    meter (nothing listens at its address) fails in one line."""
+    monkeypatch.setenv(PASSWORD_ENV, "secret")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    switch = (
+        f"{{driver: polatis-tl1, size: 8x8, address: 127.0.0.1, port: {closed_port}, user: admin, "
+        f"password: '${{{PASSWORD_ENV}}}'}}"
+    )
+    path = lab(tmp_path, "real", mosquitto.url, switch, {"h1": "lo", "h2": "lo"}).path
+    assert path is not None
+    path.write_text(
+        path.read_text().replace("rx: 10, address", "rx: 10, module: false, address")
+        + "power_meters:\n  pm1:\n    address: 127.0.0.1\n"
+        + f"    port: {closed_port}\n    timeout_s: 0.5\n    channels: {{3: {{host: h2, nic: lo}}}}\n"
+    )
+    inventory = load(path)
+    assert [p.module for p in inventory.ports] == [True, False]
+    async with agents_on(inventory, ["h1", "h2"]):
+        rows = table(await preflight(inventory, timeout_s=5.0))
+    assert rows["port h1/lo"]["module"].ok is False
+    assert rows["port h2/lo"]["module"] == Check(
+        "port h2/lo", "module", None, "no module declared: t2 from power meter pm1 ch 3"
+    )
+    meter = rows["power meter pm1"]["reachable, identity"]
+    assert meter.ok is False and "\n" not in meter.detail, meter
+
+
+def test_the_module_declaration_is_checked_like_any_field(tmp_path: Path) -> None:
+    from labctl.errors import InputError
+    from labctl.inventory import load_inventory
+
+    path = tmp_path / "inventory.yaml"
+    path.write_text(
+        "lab: t\nswitches:\n  ocs1: {driver: sim, size: 8x8}\nhosts:\n  h1:\n    nics:\n"
+        "      - {ifname: p0, rail: 0, switch: ocs1, tx: 1, rx: 9, module: perhaps}\n"
+    )
+    with pytest.raises(InputError) as bad:
+        load_inventory(path)
+    line = str(bad.value)
+    assert line.startswith(f"{path}:7: hosts.h1.nics[0].module: ") and "\n" not in line, line
+
+
+def test_the_rx_power_probe_leaves_ports_without_a_module_alone() -> None:
+    """A port declared `module: false` is not among the rx-power probe's ports: no EEPROM is opened, no
+    sampler.error is written for it."""
+    from labctl.probes import PortSite, ProbeContext
+    from labctl.probes.rxpower import PROBE
+    from labctl.sampling import ProbeSettings
+
+    with_module = NicPort("h1", "lo", 0, None, "ocs1", 1, 9, 100, None)
+    without = NicPort("h1", "nosuch0", 0, None, "ocs1", 2, 10, 100, None, None, False)
+    probe = PROBE.build(ProbeContext(ProbeSettings(), ports=[PortSite(with_module), PortSite(without)]))
+    assert isinstance(probe, RxPowerProbe)
+    assert [p.source for p in probe.ports] == [with_module.source]
