@@ -392,7 +392,8 @@ class PowerMeterProbe(QueueProbe):
         )
 
     def _sampled(self, m: _Meter, sent: int, t: int, values: list[float]) -> None:
-        if self._stopping:
+        # Before `_started` (the start still awaits another meter's configuration): not yet reported.
+        if self._stopping or m.reported_dbm.size != len(values):
             return
         assert m.setup is not None
         self.samples += len(values)
