@@ -1,4 +1,5 @@
-"""Test hygiene shared by every test: no asyncio task may outlive its test."""
+"""Test hygiene shared by every test: no asyncio task may outlive its test, and every run a test makes obeys
+causality (labctl.invariants: no traffic on a port whose link is down)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import os
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from labctl.events import EventLog
+from labctl.invariants import check_file
 from tests.mosquitto import Mosquitto
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,6 +68,74 @@ def inventory_path() -> Path:
 @pytest.fixture
 def experiment_path() -> Path:
     return REPO / "experiments" / "reconfig-timeline.yaml"
+
+
+_TO_CHECK: set[Path] = set()
+"""Event logs opened or closed in this process since the last check (a run's events.jsonl, wherever its out
+dir is: a test's tmp_path, a module-scoped fixture's directory)."""
+_CHECKED: dict[Path, tuple[int, int]] = {}
+"""Each event log checked, with the size and mtime it had then (one written since is checked again)."""
+MAX_LINES = 20
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _record_event_logs() -> Iterator[None]:
+    """Note the path of every `EventLog` this process opens or closes, for `_runs_are_causal`."""
+    original_init, original_close = EventLog.__init__, EventLog.close
+
+    def init(self: EventLog, path: Path | None, *args: Any, **kwargs: Any) -> None:
+        original_init(self, path, *args, **kwargs)
+        if path is not None:
+            _TO_CHECK.add(Path(path).resolve())
+
+    def close(self: EventLog) -> None:
+        original_close(self)
+        if self.path is not None:
+            _TO_CHECK.add(Path(self.path).resolve())
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(EventLog, "__init__", init)
+        mp.setattr(EventLog, "close", close)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _runs_are_causal(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test, the causality invariant (labctl.invariants) over every event log written since the
+    last check: those this process opened or closed, and any events.jsonl under the test's tmp_path (a
+    `labctl` subprocess may have written it). A test whose events break it on purpose says so:
+    `@pytest.mark.acausal(why)`."""
+    tmp = Path(request.getfixturevalue("tmp_path")) if "tmp_path" in request.fixturenames else None
+    yield
+    paths = set(_TO_CHECK)
+    _TO_CHECK.clear()
+    if tmp is not None and tmp.exists():
+        paths.update(p.resolve() for p in tmp.rglob("events.jsonl"))
+    exempt = request.node.get_closest_marker("acausal") is not None
+    problems: list[str] = []
+    for path in sorted(paths):
+        try:
+            st = path.stat()
+        except FileNotFoundError:  # removed by its test, or never written: nothing to check
+            continue
+        stamp = (st.st_size, st.st_mtime_ns)
+        if _CHECKED.get(path) == stamp:
+            continue
+        _CHECKED[path] = stamp
+        violations = [] if exempt else check_file(path)
+        if violations:
+            problems.append(f"{path}: {len(violations)} causality violation(s):")
+            problems += [f"  {v.line()}" for v in violations[:MAX_LINES]]
+            if len(violations) > MAX_LINES:
+                problems.append(f"  ... and {len(violations) - MAX_LINES} more")
+    if problems:
+        pytest.fail("traffic on a port whose link was down:\n" + "\n".join(problems), pytrace=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "acausal(why): the test's events break causality on purpose (not checked by the invariant)"
+    )
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -49,6 +49,7 @@ class PortArrays:
         self.light_t_ns = np.zeros(n, np.int64)
         self.settle_ns = np.zeros(n, np.int64)
         self.transport = np.zeros(n, bool)
+        self.transport_t_ns = np.zeros(n, np.int64)  # model time the transport last came up
         self.before_mw = np.zeros(n)  # power before the last light change: what a stale module still shows
         self.update_ns = np.zeros(n, np.int64)  # the module's DOM refresh interval (0: current on every read)
         self.update_phase_ns = np.zeros(n, np.int64)
@@ -59,7 +60,7 @@ class PortArrays:
 class PortState:
     """One NIC port of the model. The optical fields are views of the fabric's `PortArrays`."""
 
-    __slots__ = ("_fabric", "carrier", "firmware", "generation", "port", "slot")
+    __slots__ = ("_fabric", "carrier", "firmware", "generation", "link_peer", "port", "slot")
 
     def __init__(self, fabric: SimFabric, port: NicPort, slot: int) -> None:
         self._fabric = fabric
@@ -68,6 +69,8 @@ class PortState:
         self.firmware = 0
         self.carrier = 0
         self.generation = 0
+        self.link_peer: NicPort | None = None
+        """The other end of the port's latest link (lit both ways); kept when it drops until the next."""
 
     @property
     def light_from(self) -> NicPort | None:
@@ -290,8 +293,11 @@ class SimFabric:
             self._link_lit(port, source, t_ns)
 
     def _link_down(self, a: NicPort, b: NicPort, t_ns: int) -> None:
-        """Light from b no longer reaches a: the a-b link drops at both ends."""
-        for port in (a, b):
+        """Light from b no longer reaches a: the a-b link drops at both ends; b's end only if its latest
+        link is still the one with a (one change that lights b with c and a later one that takes b's light
+        from a are reactions to the same re-patch: the later one must not cancel b-c coming up)."""
+        other = self.ports[b].link_peer
+        for port in (a, b) if other is None or other == a else (a,):
             st = self.ports[port]
             st.generation += 1
             if st.transport:
@@ -311,6 +317,7 @@ class SimFabric:
         """Both directions of the a-b link carry light from t_ns: schedule the link-up sequence."""
         t_fw = t_ns + self.profile.draw_ns(self.rng, "firmware_up_ms")
         carrier_t = {}
+        self.ports[a].link_peer, self.ports[b].link_peer = b, a
         for port in (a, b):
             st = self.ports[port]
             st.generation += 1
@@ -337,6 +344,8 @@ class SimFabric:
         if getattr(st, attr) == value:
             return
         setattr(st, attr, value)
+        if kind == TRANSPORT and value:
+            self.arrays.transport_t_ns[st.slot] = t_ns
         for listener in self.listeners:
             listener(port, kind, value, t_ns)
 
@@ -388,11 +397,25 @@ class SimFabric:
         for timeline in self._switch_timelines:
             timeline.run_due(t_ns)
 
-    def traffic_ok(self, slots: np.ndarray, peer_slots: np.ndarray) -> np.ndarray:
-        """Whether a ping-pong from each port to its peer (by slot) would get through now."""
-        self.sync_optics(now_ns())
+    def traffic_ok(self, slots: np.ndarray, peer_slots: np.ndarray, t_ns: int | None = None) -> np.ndarray:
+        """Whether a ping-pong from each port to its peer (by slot) gets through at t_ns (default: now).
+
+        Both ends must have transport up on the link between them (decision 0044). The optics are caught
+        up to t_ns here, the link reactions are not: they run on the fabric's timeline a slice at a time,
+        so after a light change the transport flags can still be those of the link it ended. A flag counts
+        only while neither end's light has changed since that transport came up (any change of a lit
+        port's light drops its link, `_link_down`), and each end is lit by the other."""
+        t = now_ns() if t_ns is None else t_ns
+        self.sync_optics(t)
         a = self.arrays
-        ok: np.ndarray = a.transport[slots] & (a.lit_from[slots] == peer_slots) & a.transport[peer_slots]
+        ok: np.ndarray = (
+            a.transport[slots]
+            & a.transport[peer_slots]
+            & (a.lit_from[slots] == peer_slots)
+            & (a.lit_from[peer_slots] == slots)
+            & (a.light_t_ns[slots] <= a.transport_t_ns[slots])
+            & (a.light_t_ns[peer_slots] <= a.transport_t_ns[peer_slots])
+        )
         return ok
 
     def passes(self, slot: int, peer_slot: int, t_ns: int) -> bool:
@@ -400,7 +423,14 @@ class SimFabric:
         tick, so no array round trip)."""
         self.sync_optics(t_ns)
         a = self.arrays
-        return bool(a.transport[slot] and a.lit_from[slot] == peer_slot and a.transport[peer_slot])
+        return bool(
+            a.transport[slot]
+            and a.transport[peer_slot]
+            and a.lit_from[slot] == peer_slot
+            and a.lit_from[peer_slot] == slot
+            and a.light_t_ns[slot] <= a.transport_t_ns[slot]
+            and a.light_t_ns[peer_slot] <= a.transport_t_ns[peer_slot]
+        )
 
     def rtt_ns_many(self, n: int) -> list[int]:
         """`rtt_ns` for n ping-pongs at once (one draw of the noise stream)."""

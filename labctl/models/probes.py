@@ -124,7 +124,7 @@ class SimTrafficProbe(QueueProbe):
         src, dst = self._src, self._dst
         if not src.size:
             return
-        ok = self.fabric.traffic_ok(src, dst)
+        ok = self.fabric.traffic_ok(src, dst, t)
         self.pings += int(src.size)
         changed = self._was_ok[src] != ok
         self._count[src] = np.where(changed, 1, self._count[src] + 1)
