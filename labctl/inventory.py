@@ -94,9 +94,20 @@ class BrokerSpec(ConfigModel):
     )
     tls: BrokerTlsSpec | None = None
     clock_sync_interval_s: float = Field(
-        default=10.0, ge=0.1, le=3600, description="re-measure agent clock offsets"
+        default=0.5,
+        ge=0.05,
+        le=3600,
+        description="how often each agent's clock is exchanged with during a run (a burst of clock_samples "
+        "pings; the clock model keeps the fastest of each burst and fits offset and drift over the run)",
     )
-    clock_samples: int = Field(default=16, ge=4, le=1000, description="ping/pong samples per measurement")
+    clock_samples: int = Field(default=8, ge=4, le=1000, description="ping/pong samples per burst")
+    feed_lead_ms: float = Field(
+        default=50.0,
+        ge=0.0,
+        le=1000.0,
+        description="agents lab: how far ahead of a switch command its light changes are sent to the "
+        "agents' mirrors of the model (more than the broker's delivery time, so each is applied on time)",
+    )
     agent_grace_s: float = Field(
         default=5.0,
         gt=0,

@@ -18,9 +18,10 @@ Topics (`<lab>` and `<host>` from the inventory):
   (the same process back) from a restart (a new one: this run's probes and unsent events died with the
   old one; decision 0024);
 - `labctl/<lab>/_world`         controller → agents, simulated labs only: the switch's light and the NIC
-  link transitions of the one behavioural model of the lab (decision 0017). Each light change is sent
-  when the switch schedules it and again when it happens; an agent's mirror applies it at its model time
-  when it got there first, else on arrival (counted: the agent's samples saw that light late).
+  link transitions of the one behavioural model of the lab (decision 0017). Each switch change is
+  announced `broker.feed_lead_ms` before its command goes out (decision 0041) and each light change is
+  sent again when it happens; an agent's mirror applies it at its model time when it got there first, else
+  on arrival (counted: the agent's samples saw that light late).
 The controller hands every message to its client as soon as it is queued (no waiting for the previous
 ones' PUBACKs) and, when it stops, waits until the broker has acknowledged them all; an agent told to stop
 (SIGTERM) stops its probes, publishes what they sampled and its replies in flight, then says `offline`.
@@ -29,10 +30,12 @@ Every payload is `MAC BODY`: MAC is HMAC-SHA256 over topic and body with the inv
 MAC, an unknown host, or a batch carrying events of another host's ports are *unauthorised*; both are
 dropped and counted, never acted on.
 
-Clock: the controller measures each agent's offset (agent clock − controller clock) with timestamped
-ping/pong over the broker, keeps the lowest-RTT samples (their offsets' median; uncertainty = half the
-largest kept RTT, a strict bound), at run start, every `clock_sync_interval_s` and at run end (so every
-run brackets its drift, however short), shifts agent stamps onto the run timebase (an event's `t_ns` and
-the times in its meta: `wire.STAMP_META`, e.g. the previous sample a mark's bracket starts at), and writes
-every estimate to run.json `clock_offsets`.
+Clock (decision 0040): the controller exchanges timestamped ping/pongs with each agent over the broker, a
+burst every `clock_sync_interval_s` while its probes run, keeps the fastest of each burst and fits offset
+and drift over the run (bound: |residual| + RTT/2 at the kept samples, if each leg took ≥ 0). An agent on
+the controller's own kernel (same boot id and time namespace, clock unmodified) is recognised as sharing
+its clock (offset 0 exactly); where both hosts' clocks are disciplined to one reference (chrony, ptp4l)
+the daemons' bounds give a third estimate. The tightest sound source moves the agent's stamps onto the run
+timebase (an event's `t_ns` and the times in its meta: `wire.STAMP_META`); run.json `clock_offsets` says
+which source it was, the exchange-based estimate beside it, and every burst.
 """

@@ -30,8 +30,9 @@ class BrokerSettings:
     cert_file: str | None = None
     key_file: str | None = None
     auth_key: Secret | None = None
-    clock_sync_interval_s: float = 10.0
-    clock_samples: int = 16
+    clock_sync_interval_s: float = 0.5
+    clock_samples: int = 8
+    feed_lead_ms: float = 50.0
     agent_grace_s: float = 5.0
 
     @staticmethod
@@ -68,8 +69,9 @@ class BrokerSettings:
             cert_file=spec.tls.cert_file if spec and spec.tls else None,
             key_file=spec.tls.key_file if spec and spec.tls else None,
             auth_key=spec.auth_key.resolve(where) if spec and spec.auth_key else None,
-            clock_sync_interval_s=spec.clock_sync_interval_s if spec else 10.0,
-            clock_samples=spec.clock_samples if spec else 16,
+            clock_sync_interval_s=spec.clock_sync_interval_s if spec else 0.5,
+            clock_samples=spec.clock_samples if spec else 8,
+            feed_lead_ms=spec.feed_lead_ms if spec else 50.0,
             agent_grace_s=spec.agent_grace_s if spec else 5.0,
         )
 

@@ -21,9 +21,10 @@ from labctl.agents.broker import (
     BrokerSettings,
 )
 from labctl.agents.clock import (
+    ClockIdentity,
+    HostClockModel,
     OffsetEstimate,
     OffsetSample,
-    estimate_offset,
 )
 from labctl.agents.wire import (
     Batch,
@@ -46,6 +47,7 @@ from labctl.errors import HardwareError
 from labctl.events import Event, EventQueue, Kind
 from labctl.inventory import Inventory
 from labctl.labs.base import Lab, LabContext
+from labctl.linux.timesync import clock_sync_state
 from labctl.profiles import Profile
 from labctl.sampling import ProbeSettings
 
@@ -82,8 +84,13 @@ class HostLink:
     missing_events: int = 0
     duplicates: int = 0
     agent_dropped: int = 0
-    offset: OffsetEstimate | None = None
-    history: list[OffsetEstimate] = field(default_factory=list)
+    offset: OffsetEstimate | None = None  # the latest burst's own estimate
+    clock: HostClockModel = field(default_factory=HostClockModel)
+    identity: dict[str, Any] | None = None
+    """The agent's clock identity and a (monotonic, realtime) pair read together, from its pongs."""
+    applied: list[tuple[int, int]] = field(default_factory=list)
+    """(controller time, offset removed from the agent's stamps then), at most one per APPLIED_EVERY_NS: the
+    final record states how far what was applied strayed from the run's final clock estimate."""
     world_offset_ns: int | None = None
     """The offset the agent's world mirror places model times with (fixed at start): its events are put
     back on the run timebase with the same number, so a model time makes the round trip exactly. Without
@@ -125,8 +132,53 @@ class HostLink:
         self.offline_since = None
 
     @property
-    def offset_ns(self) -> int:
-        return self.offset.offset_ns if self.offset is not None else 0
+    def history(self) -> list[OffsetEstimate]:
+        return self.clock.history
+
+    def offset_now(self, t_ns: int) -> int:
+        """The offset to remove from stamps arriving at controller time t_ns: the mirror's fixed one where
+        the agent mirrors the world (a model time then makes the round trip exactly), else the clock model's
+        at that time."""
+        offset = self.world_offset_ns if self.world_offset_ns is not None else self.clock.offset_at(t_ns)
+        if not self.applied or t_ns - self.applied[-1][0] >= APPLIED_EVERY_NS:
+            self.applied.append((t_ns, offset))
+        return offset
+
+    def clock_record(self, controller: ClockIdentity) -> dict[str, Any]:
+        """run.json `clock_offsets.<host>`: the source that set the uncertainty, the offset removed and its
+        uncertainty over the run (the source's own, plus how far the applied offsets strayed from the final
+        estimate), the exchange-based estimate beside it whatever the source, and every burst."""
+        model = self.clock
+        fit = model.fit
+        end = self.applied[-1][0] if self.applied else (fit.last_ns if fit else 0)
+        source = model.source
+        stray = max((abs(off - model.offset_at(t)) for t, off in self.applied), default=0)
+        worst = max((model.uncertainty_at(t) for t, _ in self.applied), default=model.uncertainty_at(end))
+        record: dict[str, Any] = {
+            "source": source,
+            "offset_ns": model.offset_at(end),
+            "uncertainty_ns": worst + stray,
+            "applied_stray_ns": stray,
+            "shared_clock": model.shared,
+        }
+        if fit is not None:
+            record |= {
+                "drift_ppb": round(fit.drift_ppb, 3),
+                "exchange_offset_ns": fit.at(end),
+                "exchange_uncertainty_ns": fit.uncertainty_ns,
+                "rtt_min_ns": fit.rtt_min_ns,
+                "exchange": fit.as_dict(),
+            }
+        if model.daemon is not None:
+            record["daemon"] = model.daemon
+        if self.world_offset_ns is not None:
+            record["applied_offset_ns"] = self.world_offset_ns
+        if self.identity is not None:
+            keys = ("boot_id", "timens_ns", "synthetic", "clock")
+            record["identity"] = {k: self.identity[k] for k in keys if k in self.identity}
+        record["controller_identity"] = controller.as_dict()
+        record["history"] = [e.as_dict() for e in model.history]
+        return record
 
     def stats(self) -> dict[str, int]:
         return {
@@ -149,6 +201,9 @@ class _Outgoing:
     expires_ns: int | None = None
 
 
+APPLIED_EVERY_NS = 50_000_000
+NAGLE_RTT_NS = 30_000_000
+"""A fastest round trip through the broker this slow (on a LAN) is the signature of Nagle + delayed ACK."""
 _RESEND = _Outgoing("", lambda: b"")
 """Queued by a publish that failed: the sender hands everything unacknowledged to the client again."""
 PENDING_PUBLISH_WARNING = 1000
@@ -174,7 +229,10 @@ class AgentHub:
         self.reconnects = 0
         self.expired_commands = 0
         self.connected = asyncio.Event()
+        self.identity = ClockIdentity.here()  # the controller's clock: an agent with the same one shares it
         self.world_snapshot: Callable[[], list[WorldItem]] | None = None
+        self.controller_time_sync: dict[str, Any] | None = None
+        """This host's clock discipline (labctl.linux.timesync), for the daemon source of the clock model."""
         self.on_lost: Callable[[str], None] | None = None
         """Called with the reason when a started agent goes offline."""
         # Command ids are random per hub: an agent that outlives a run caches replies by id (to answer
@@ -191,10 +249,14 @@ class AgentHub:
         self._tasks: list[asyncio.Task[None]] = []
         self._client: aiomqtt.Client | None = None
         self._last_error: aiomqtt.MqttError | None = None
-        self._refused = asyncio.Event()  # the broker answered and said no: waiting longer cannot help
+        self._refused = asyncio.Event()
+        self._nagle_warned = False
+        self.world_messages = 0
+        self.world_items = 0  # the broker answered and said no: waiting longer cannot help
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     async def start(self, timeout_s: float = 10.0) -> None:
+        self.controller_time_sync = await asyncio.to_thread(clock_sync_state)
         self._tasks = [
             asyncio.create_task(self._connection(), name="hub:connection"),
             asyncio.create_task(self._sender(), name="hub:sender"),
@@ -237,19 +299,14 @@ class AgentHub:
         """For run.json: clock offsets per agent (with every re-measurement) and stream accounting."""
         return {
             "clock_offsets": {
-                host: {
-                    **(link.offset.as_dict() if link.offset else {}),
-                    **({} if link.world_offset_ns is None else {"applied_offset_ns": link.world_offset_ns}),
-                    "history": [e.as_dict() for e in link.history],
-                }
-                for host, link in self.links.items()
-                if link.history
+                host: link.clock_record(self.identity) for host, link in self.links.items() if link.history
             },
             "time_sync": {host: link.time_sync for host, link in self.links.items() if link.time_sync},
             "agents": {
                 "broker": f"{self.broker.hostname}:{self.broker.port}",
                 "reconnects": self.reconnects,
                 "expired_commands": self.expired_commands,
+                "world": {"messages": self.world_messages, "items": self.world_items},
                 "rejected": self.rejections.as_dict(),
                 "streams": {host: link.stats() for host, link in self.links.items() if link.started},
                 "lost": {
@@ -275,6 +332,8 @@ class AgentHub:
                     self._client = client
                     self._last_error = None
                     self.connected.set()
+                    if self.reconnects:
+                        self.resnapshot()  # what the agents' mirrors missed while we were away
                     async for message in client.messages:
                         t_rx = now_ns()
                         self._on_message(str(message.topic), message.payload, t_rx)
@@ -394,6 +453,7 @@ class AgentHub:
                 self._lost(link, t_rx if link.offline_since is None else link.offline_since, "restarted")
             elif link.offline_since is not None:  # the same process back within the grace: not a loss
                 link.cancel_grace()
+                self.resnapshot()  # its mirror missed the world while it was away
             return
         if link.online_incarnation is not None and incarnation != link.online_incarnation:
             # The will of an earlier process whose connection the broker dropped only after its successor
@@ -428,7 +488,7 @@ class AgentHub:
         link.cursor = batch.n0 + len(batch.events)
         link.batches += 1
         link.agent_dropped = batch.dropped
-        offset = link.world_offset_ns if link.world_offset_ns is not None else link.offset_ns
+        offset = link.offset_now(t_rx)
         bad = 0
         for ev in batch.events:
             if ev.source not in link.sources or ev.host != link.host:
@@ -554,8 +614,17 @@ class AgentHub:
     def _flush_world(self) -> None:
         items, self._world_pending = self._world_pending, []
         if items:
+            self.world_messages += 1
+            self.world_items += len(items)
             payload = _enc.encode(World(items=items))
             self._outgoing.put_nowait(_Outgoing(world_topic(self.lab), lambda: payload))
+
+    def resnapshot(self) -> None:
+        """The whole world again, to every agent, if a run's agents mirror it: after an outage a mirror's
+        copy is stale (a clean session drops what was published meanwhile) and serves no traffic until
+        this comes."""
+        if self.world_snapshot is not None and any(link.probes_running for link in self.links.values()):
+            self.world_now(self.world_snapshot(), snapshot=True)
 
     def world_now(self, items: list[WorldItem], *, snapshot: bool = False) -> None:
         """Queue world items as one message now, after the updates already pending; `snapshot`: they are
@@ -585,22 +654,63 @@ class AgentHub:
             t4 = self._pings.pop(cmd_id, 0)
         if not reply.ok or reply.t2 is None or reply.t3 is None or not t4:
             return None
+        if reply.data is not None and isinstance(reply.data.get("clock"), dict):
+            self.links[host].identity = reply.data["clock"]
         return OffsetSample(sent["t1"], reply.t2, reply.t3, t4)
 
     async def measure(self, host: str, samples: int | None = None) -> OffsetEstimate:
-        """One ping at a time (no self-inflicted queueing), then keep the fastest round trips."""
+        """One burst: one ping at a time (no self-inflicted queueing); the host's clock model keeps the
+        fastest round trip and refits offset and drift over every burst so far."""
         got = []
         for _ in range(samples or self.broker.clock_samples):
             sample = await self.ping(host)
             if sample is not None:
                 got.append(sample)
-        est = estimate_offset(got)
         link = self.links[host]
+        est = link.clock.add_burst(got)
         link.offset = est
-        link.history.append(est)
+        if est.rtt_min_ns >= NAGLE_RTT_NS and not self._nagle_warned:
+            # ~40 ms for a small message both ways: Nagle's algorithm in the broker meeting delayed ACKs.
+            self._nagle_warned = True
+            log.warning(
+                "agent %s: the fastest of %d round trips through %s:%d took %.1f ms: is the broker's Nagle "
+                "algorithm on (mosquitto: `set_tcp_nodelay true`), or this machine starved of CPU? Clock "
+                "estimates and the world feed wait on every round trip",
+                host,
+                est.samples,
+                self.broker.hostname,
+                self.broker.port,
+                est.rtt_min_ns / 1e6,
+            )
+        if link.identity is not None:
+            link.clock.shared = self.identity.shares(ClockIdentity.from_dict(link.identity))
         return est
 
+    def discipline(self, host: str, controller_sync: dict[str, Any] | None) -> None:
+        """Where the agent's host and the controller's are both disciplined to one reference (ptp4l, chrony:
+        `time_sync.discipline`), the offset of their monotonic clocks follows from each one's monotonic
+        minus realtime, within the two daemons' bounds: recorded, and applied where tighter."""
+        link = self.links[host]
+        mine = (controller_sync or {}).get("discipline")
+        theirs = (link.time_sync or {}).get("discipline")
+        pair = link.identity or {}
+        if not mine or not theirs or "mono_ns" not in pair or "real_ns" not in pair:
+            return
+        if mine.get("reference") != theirs.get("reference"):
+            return  # two references: their disagreement is bounded by nothing either daemon knows
+        if "bound_ns" not in mine or "bound_ns" not in theirs:
+            return
+        mono, real = now_ns(), time.time_ns()
+        link.clock.daemon = {
+            "source": str(theirs.get("source", "daemon")),
+            "reference": theirs.get("reference"),
+            "offset_ns": (int(pair["mono_ns"]) - int(pair["real_ns"])) - (mono - real),
+            "uncertainty_ns": int(mine["bound_ns"]) + int(theirs["bound_ns"]),
+        }
+
     async def _sync_clocks(self) -> None:
+        """A burst per agent every `clock_sync_interval_s` while its probes run: the clock model follows
+        drift through the run, not only between its start and its end."""
         while True:
             await asyncio.sleep(self.broker.clock_sync_interval_s)
             for host, link in self.links.items():
@@ -653,9 +763,10 @@ class RemoteProbe:
 
     async def __aenter__(self) -> Self:
         await self.hub.wait_online(self.host)
-        est = await self.hub.measure(self.host)
+        await self.hub.measure(self.host)
+        offset = self.link.clock.offset_at(now_ns())  # 0 exactly on a shared clock
         if self.hub.world_snapshot is not None:  # the agent mirrors the world at this offset
-            self.link.world_offset_ns = est.offset_ns
+            self.link.world_offset_ns = offset
         reply = await self.hub.request(
             self.host,
             "start",
@@ -664,13 +775,14 @@ class RemoteProbe:
                 "settings": self.settings.model_dump(mode="json"),
                 "profile": self.profile.model_dump(mode="json"),
                 "seed": self.seed,
-                "world_offset_ns": est.offset_ns,
+                "world_offset_ns": offset,
             },
         )
         if reply.seq is not None and reply.n is not None:
             self.link.begin_stream(reply.seq, reply.n)
         if reply.data is not None:
             self.link.time_sync = reply.data.get("time_sync")
+            self.hub.discipline(self.host, self.hub.controller_time_sync)
         self.link.incarnation = reply.incarnation
         self.link.started = True
         snapshot = self.hub.world_snapshot

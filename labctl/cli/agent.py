@@ -18,6 +18,22 @@ def agent(
         typer.Option("--broker", help="mqtt://HOST:PORT or mqtts://HOST:PORT (default: the inventory's)."),
     ] = None,
     inventory: InventoryOpt = DEFAULT_INVENTORY,
+    clock_offset_ns: Annotated[
+        int,
+        typer.Option(
+            "--clock-offset-ns",
+            hidden=True,
+            help="Rehearsal only: stamp with CLOCK_MONOTONIC shifted by this (a second host's clock).",
+        ),
+    ] = 0,
+    clock_drift_ppb: Annotated[
+        int,
+        typer.Option(
+            "--clock-drift-ppb",
+            hidden=True,
+            help="Rehearsal only: and running this many parts per billion fast.",
+        ),
+    ] = 0,
 ) -> None:
     """Run this host's probes for the controller, over MQTT, until Ctrl-C/SIGTERM.
 
@@ -37,7 +53,10 @@ def agent(
     inv = load_inventory(inventory)
     check(inv, secrets=False)
     settings = BrokerSettings.from_inventory(inv, broker)
-    node = Agent(inv, host, settings)  # refuses a host not in the inventory, a lab kind without agents
+    if abs(clock_drift_ppb) > 10_000_000:
+        raise typer.BadParameter("at most 10,000,000 ppb (1 %)", param_hint="--clock-drift-ppb")
+    # refuses a host not in the inventory, a lab kind without agents
+    node = Agent(inv, host, settings, skew_ns=clock_offset_ns, drift_ppb=clock_drift_ppb)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -153,6 +153,38 @@ def flat_probe_stats(probes: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]
     return rows
 
 
+def _run_meta(run_dir: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def clock_table(meta: dict[str, Any]) -> Table | None:
+    """Per agent host: which source set its clock offset (shared-clock, exchange, chrony/ptp4l), the offset
+    removed from its stamps and the uncertainty that bounds every phase crossing from the controller's clock
+    to it, its drift, and the exchange-based estimate beside it (decision 0040). None without agents."""
+    offsets = meta.get("clock_offsets") or {}
+    if not offsets:
+        return None
+    table = Table(title="agent clocks (offset: agent − controller)", title_justify="left")
+    for name in ("host", "source", "offset", "± uncertainty", "drift", "exchange ±", "fastest RTT"):
+        table.add_column(name, justify="left" if name in ("host", "source") else "right")
+    for host, rec in sorted(offsets.items()):
+        drift = rec.get("drift_ppb")
+        table.add_row(
+            host,
+            str(rec.get("source", "exchange")),
+            fmt_ns(rec.get("offset_ns")) if rec.get("offset_ns") else "0",
+            fmt_ns(rec.get("uncertainty_ns")) if rec.get("uncertainty_ns") else "0",
+            "" if drift is None else f"{drift / 1000:+.2f} ppm",
+            fmt_ns(rec["exchange_uncertainty_ns"]) if rec.get("exchange_uncertainty_ns") else "",
+            fmt_ns(rec["rtt_min_ns"]) if rec.get("rtt_min_ns") else "",
+        )
+    return table
+
+
 def quality_lines(summary: dict[str, Any], probes: dict[str, Any] | None = None) -> list[str]:
     """What limits the numbers above: flagged rows (never silently in the statistics), each sampled
     mark's resolution, and the modules' DOM update interval where the poller measured one."""
@@ -295,6 +327,9 @@ def run(
         out.print(f"[red]{outcome.summary['timed_out']} port recoveries timed out[/]")
     for line in quality_lines(outcome.summary):
         out.print(line, highlight=False)
+    clocks = clock_table(_run_meta(outcome.run_dir))
+    if clocks is not None:
+        out.print(clocks)
     for caveat in outcome.summary.get("clock_caveats", []):
         out.print(f"[yellow]clock: {caveat}[/]", highlight=False)
     from labctl.cli.replay import replay_lines  # a `kind: replay` experiment's own lines (issue 16)
@@ -405,6 +440,9 @@ def report(
     out.print(_summary_table(summary, "link-up breakdown"))
     for line in quality_lines(summary, meta.get("probes")):
         out.print(line, highlight=False)
+    clocks = clock_table(meta)
+    if clocks is not None:
+        out.print(clocks)
     for caveat in summary.get("clock_caveats", []):
         out.print(f"[yellow]clock: {caveat}[/]", highlight=False)
     for host, sync in meta.get("time_sync", {}).items():
