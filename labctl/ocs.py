@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -154,6 +155,23 @@ def refuse_crossing(name: str, patches: Iterable[tuple[int, int]], owned: frozen
         )
 
 
+command_not_before: ContextVar[int | None] = ContextVar("command_not_before", default=None)
+"""Set by a caller that announced a change for a moment (the agents lab's world feed, decision 0041): the
+first command of an apply in this context goes out at that moment, not before, and t0 is stamped then."""
+
+
+async def _not_before(t_ns: int | None) -> None:
+    """Until t_ns, to within microseconds: the loop's timers wake up to a millisecond late, so sleep to
+    1.2 ms short of it and spin the rest (once per announced apply)."""
+    if t_ns is None:
+        return
+    coarse = (t_ns - now_ns() - 1_200_000) / 1e9
+    if coarse > 0:
+        await asyncio.sleep(coarse)
+    while now_ns() < t_ns:
+        pass
+
+
 async def converge(
     name: str,
     space: PortSpace,
@@ -199,6 +217,7 @@ async def converge(
             "remove": sorted(diff.remove),
             "add": sorted(diff.add),
         }
+        await _not_before(command_not_before.get())
         t_cmd = now_ns()
         command_ns = command_ns or t_cmd
         emit(

@@ -70,6 +70,12 @@ class Profile(BaseModel):
         uniform = rng.uniform
         return [round(float(uniform(low, high)) * unit) for _ in range(n)]
 
+    def range_ns(self, name: str) -> tuple[int, int]:
+        """The range `name` in integer nanoseconds."""
+        low, high = getattr(self, name)
+        unit = 1_000 if name.endswith("_us") else 1_000_000
+        return round(low * unit), round(high * unit)
+
     def mid_ns(self, name: str) -> int:
         low, high = getattr(self, name)
         unit = 1_000 if name.endswith("_us") else 1_000_000

@@ -15,12 +15,17 @@ from typing import Any, ClassVar
 
 import aiomqtt
 import msgspec
+import numpy as np
 
 from labctl.agents.broker import (
     BrokerSettings,
 )
+from labctl.agents.clock import HostClock, clock_identity
 from labctl.agents.inspect import inspect_host
 from labctl.agents.wire import (
+    ANNOUNCED,
+    HAPPENS,
+    WITHDRAWN,
     WORLD_KINDS,
     Batch,
     CircuitArgs,
@@ -52,15 +57,15 @@ from labctl.labs.base import ReconfigWindow
 from labctl.linux.timesync import clock_sync_state
 from labctl.models.fabric import SimFabric
 from labctl.models.switch import SwitchModel
-from labctl.models.timeline import Timeline
+from labctl.models.timeline import Scheduled, Timeline
 from labctl.probes import probe_kinds
 from labctl.profiles import Profile
 from labctl.sampling import CircuitProbe, Probe, ProbeSettings
 
 log = logging.getLogger("labctl.agents")
 
-BATCH_INTERVAL_S = 0.005
 BATCH_MAX = 512
+BATCH_GAP_NS = 2_000_000
 OUTBOX_MAX = 200_000
 RECONNECT_MAX_S = 2.0  # agents retry a lost broker with backoff up to this
 WIND_DOWN_S = 3.0  # an agent told to stop publishes what it still holds for at most this long
@@ -72,15 +77,17 @@ class FabricMirror(SimFabric):
     (both ends of a link must agree on when it trains), and this copy replays its light and transitions at
     their model times, so the simulated probes on this host read the same lab as a one-process run.
 
-    Light changes come twice: announced when the controller's switch schedules them (the mirrors start
-    moving: light lost ~0.1-2 ms, back a switching time later) and again when they happen, with the optics'
-    settle time the controller's model draws then. An announced change still in the future is applied here
-    at its model time (a local timer), not when the message arrives: the Rx power this host samples then
-    changes when the model's does, not a broker hop later. The announcement carries the profile's mid
-    settle time until the real one arrives (a difference of at most a quarter of the settle range in when
-    a ramp crosses the threshold). Anything that arrives after its model time is applied on arrival, and
-    counted (`late`): that much later than the model, the samples saw it. An item older than the light
-    state already applied to a port is stale (a repeat, or overtaken) and ignored."""
+    A switch change reaches a mirror up to three times (decision 0041): announced `feed_lead_ms` before its
+    command goes out (mode ANNOUNCED), confirmed at its real model time when the switch model schedules it
+    on the command's arrival (HAPPENS, ahead of the change on a quiet host), and again when it happens, with
+    the settle time the model drew then. An announced loss is applied at its announced time (a local
+    timer), not when a message arrives; a confirmation that gets here first moves it to the model's time,
+    one that comes after it counts how early the mirror went dark (`early`: the command reached the model
+    off its announced moment, usually by well under a sampling period). Returning light waits for its
+    confirmation (applied at its model time, or on arrival if that is past), so a mirror never shows light
+    before the model's switch could have moved it. Anything applied after its model time is counted
+    (`late`, by how much). An item older than the light state already applied to a port is stale (a
+    repeat, or overtaken) and ignored."""
 
     def __init__(self, inventory: Inventory, profile: Profile, rng: random.Random) -> None:
         dark = SwitchModel.many({name: s.space for name, s in inventory.switches.items()}, profile, rng)
@@ -95,13 +102,26 @@ class FabricMirror(SimFabric):
         # (announced ahead), and how late each of the others was applied.
         self.on_time = {"back": 0, "lost": 0}
         self.late_ns: dict[str, list[int]] = {"back": [], "lost": []}
+        self.lead_ns: list[int] = []  # how far ahead of its model time each announced change arrived
+        self.early_ns: dict[str, list[int]] = {"back": [], "lost": []}
+        self.confirm_lead_ns: list[int] = []  # how far ahead of its model time each return was confirmed
+        self._speculative: dict[NicPort, int] = {}  # a change applied at its announced time, per port
+        self._held: dict[NicPort, str] = {}  # an announced return, until its command's confirmation
+        self.stale = False
+        """The world feed was cut (this agent lost the broker, whose clean session dropped what came
+        meanwhile): until the controller's next snapshot, no ping gets through, rather than one through a
+        link this copy no longer knows to be up (decision 0044's invariant)."""
+        self._pending_light: dict[tuple[NicPort, str | None], Scheduled] = {}
 
     def apply(self, item: WorldItem, t_local_ns: int, *, snapshot: bool = False) -> None:
         """Apply one world item whose model time is `t_local_ns` on this host's clock: now if that is
-        past, else at that time. `snapshot`: the state at a run's start, not a change (never late)."""
+        past, else at that time (an announced return: once confirmed). `snapshot`: the state at a run's
+        start, not a change (never late)."""
         port = self.by_source.get(item.port)
-        if port is None or item.kind not in WORLD_KINDS:
-            raise Rejected("malformed", f"world item for unknown port or kind {item.kind!r}")
+        if port is None or item.kind not in WORLD_KINDS or item.mode not in (HAPPENS, ANNOUNCED, WITHDRAWN):
+            raise Rejected(
+                "malformed", f"world item for unknown port, kind {item.kind!r} or mode {item.mode}"
+            )
         if item.peer is not None and item.peer not in self.by_source:
             raise Rejected("malformed", f"world item: light from unknown port {item.peer!r}")
         if item.kind != "light":
@@ -109,15 +129,58 @@ class FabricMirror(SimFabric):
             return
         direction = "lost" if item.peer is None else "back"
         now = now_ns()
-        if t_local_ns > now:
-            self._announced.at(t_local_ns, self._apply_announced, port, item, t_local_ns, direction)
+        if item.mode == WITHDRAWN:  # nothing announced for this port happens: its light is as given, now
+            for key in [k for k in self._pending_light if k[0] == port]:
+                self._pending_light.pop(key).cancel()
+            self._held.pop(port, None)
+            self._apply_light(port, item, max(t_local_ns, self._light_t.get(port, t_local_ns)))
             return
-        if self._apply_light(port, item, t_local_ns) and not snapshot:
-            self.late_ns[direction].append(now - t_local_ns)
+        if item.mode == ANNOUNCED:
+            if not snapshot:
+                self.lead_ns.append(t_local_ns - now)
+            if item.peer is not None:
+                # Light coming back waits for its command's confirmation: were the command late (its
+                # controller's loop busy at the announced moment), the announced time would show light
+                # before the model's switch could have moved it.
+                self._held[port] = item.peer
+                return
+        else:
+            if port in self._held and self._held[port] == item.peer:
+                del self._held[port]
+                if not snapshot:
+                    self.confirm_lead_ns.append(t_local_ns - now)
+            elif not snapshot and (port, item.peer) in self._pending_light:
+                self.confirm_lead_ns.append(t_local_ns - now)
+        key = (port, item.peer)
+        pending = self._pending_light.pop(key, None)
+        if pending is not None:
+            pending.cancel()  # confirmed at its real time: this one holds
+        if t_local_ns > now:
+            self._pending_light[key] = self._announced.at(
+                t_local_ns, self._apply_announced, port, item, t_local_ns, direction
+            )
+            return
+        if self._apply_light(port, item, t_local_ns):
+            if not snapshot:
+                self.late_ns[direction].append(now - t_local_ns)
+            return
+        applied = self._light_t.get(port)
+        if (
+            not snapshot
+            and applied is not None
+            and applied < t_local_ns
+            and self._speculative.get(port) == applied
+        ):
+            # Confirmed after the speculative loss was applied: the mirror went dark this much before the
+            # model did (the command reached the model that much after its announced moment).
+            self.early_ns[direction].append(t_local_ns - applied)
 
     def _apply_announced(self, port: NicPort, item: WorldItem, t_local_ns: int, direction: str) -> None:
+        self._pending_light.pop((port, item.peer), None)
         if self._apply_light(port, item, t_local_ns):
             self.on_time[direction] += 1
+            if item.mode == ANNOUNCED:
+                self._speculative[port] = t_local_ns  # as announced: the confirmation may say otherwise
 
     def _apply_light(self, port: NicPort, item: WorldItem, t_local_ns: int) -> bool:
         """Apply a light state at its model time; False if it was stale or changed nothing."""
@@ -139,19 +202,38 @@ class FabricMirror(SimFabric):
         self._light_t[port] = t_local_ns
         return True
 
+    def traffic_ok(self, slots: np.ndarray, peer_slots: np.ndarray, t_ns: int | None = None) -> np.ndarray:
+        if self.stale:  # the feed was cut: nothing says these links are still up
+            return np.zeros(slots.size, bool)
+        return super().traffic_ok(slots, peer_slots, t_ns)
+
+    def passes(self, slot: int, peer_slot: int, t_ns: int) -> bool:
+        return not self.stale and super().passes(slot, peer_slot, t_ns)
+
     def cancel_pending(self) -> None:
         super().cancel_pending()
         self._announced.cancel_all()
+        self._pending_light.clear()
+        self._held.clear()
 
     def stats(self) -> dict[str, int]:
         """How the world feed kept up, per direction: light changes applied at their model time, and how
         many were applied late (after a broker hop), by how much (median, max). The light coming back is
         what the optical mark measures: that many of its samples saw it late by that much."""
         out: dict[str, int] = {}
+        for name, values in (("lead", self.lead_ns), ("confirm_lead", self.confirm_lead_ns)):
+            if values:
+                ordered = sorted(values)
+                out[f"{name}_min_ns"] = ordered[0]
+                out[f"{name}_median_ns"] = ordered[len(ordered) // 2]
         for direction, on_time in self.on_time.items():
             late = sorted(self.late_ns[direction])
             out[f"light_{direction}_on_time"] = on_time
             out[f"light_{direction}_late"] = len(late)
+            early = self.early_ns[direction]
+            out[f"light_{direction}_early"] = len(early)
+            if early:
+                out[f"light_{direction}_early_max_ns"] = max(early)
             if late:
                 out[f"light_{direction}_late_median_ns"] = late[len(late) // 2]
                 out[f"light_{direction}_late_max_ns"] = late[-1]
@@ -160,8 +242,8 @@ class FabricMirror(SimFabric):
 
 # -- the agent -------------------------------------------------------------------------------------------
 class Agent:
-    """One host's agent. `skew_ns` shifts this agent's clock (tests and bench: a host whose monotonic
-    clock disagrees with the controller's, on one machine)."""
+    """One host's agent. `skew_ns` and `drift_ppb` shift and scale this agent's clock (tests and bench: a
+    host whose monotonic clock disagrees with the controller's and drifts from it, on one machine)."""
 
     def __init__(
         self,
@@ -170,6 +252,7 @@ class Agent:
         broker: BrokerSettings,
         *,
         skew_ns: int = 0,
+        drift_ppb: int = 0,
         reconnect_s: float = 0.2,
     ) -> None:
         if host not in inventory.model.hosts:
@@ -193,7 +276,7 @@ class Agent:
         broker outage (the same id back), however quickly the new process came up."""
         self.host = host
         self.broker = broker
-        self.skew_ns = skew_ns
+        self.clock = HostClock(skew_ns, drift_ppb, now_ns())
         self.reconnect_s = reconnect_s
         self.ports = [p for p in inventory.ports if p.host == host]
         self.sources = {p.source for p in self.ports}
@@ -217,11 +300,15 @@ class Agent:
         self._handled: OrderedDict[int, Reply] = OrderedDict()
         self._cmd_lock = asyncio.Lock()
         self._replying: set[asyncio.Task[bool]] = set()
+        self._sending: set[asyncio.Task[bool]] = set()
+        self._identity = clock_identity(self.clock)  # event batches handed to the client, no PUBACK yet
+        self._send_soon = False
+        self._last_send_ns = 0
         self._topics = {leaf: topic(broker.lab, host, leaf) for leaf in ("events", "cmd", "reply", "status")}
         self._world = world_topic(broker.lab)
 
     def now(self) -> int:
-        return now_ns() + self.skew_ns
+        return self.clock.local(now_ns())
 
     @property
     def dropped(self) -> int:
@@ -230,7 +317,6 @@ class Agent:
     # -- main loop ----------------------------------------------------------------------------------------
     async def run(self) -> None:
         """Connect, and reconnect whenever the broker goes away, until cancelled; probes keep sampling."""
-        flusher = asyncio.create_task(self._flusher(), name=f"agent:{self.host}:flush")
         try:
             delay = self.reconnect_s
             while True:
@@ -248,10 +334,9 @@ class Agent:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX_S)
         finally:
-            flusher.cancel()
-            for t in self._replying:
+            for t in [*self._replying, *self._sending]:
                 t.cancel()
-            await asyncio.gather(flusher, *self._replying, return_exceptions=True)
+            await asyncio.gather(*self._replying, *self._sending, return_exceptions=True)
             await self._stop_probes(list(self._probes))
             if self.mirror is not None:
                 self.mirror.cancel_pending()
@@ -282,6 +367,8 @@ class Agent:
             finally:
                 self._client = None
                 self.connected.clear()
+                if self.mirror is not None:
+                    self.mirror.stale = True
                 # A clean exit sends no last will: say `offline` ourselves so no stale `online` is retained.
                 with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
                     await asyncio.wait_for(client.publish(status, offline, qos=1, retain=True), 1.0)
@@ -315,31 +402,57 @@ class Agent:
 
     # -- events out ---------------------------------------------------------------------------------------
     async def _pump(self, probe: Probe) -> None:
+        loop = asyncio.get_running_loop()
         async for event in probe.events():
             if len(self._outbox) >= OUTBOX_MAX:
                 self._outbox.popleft()
                 self._outbox_dropped += 1
             self._outbox.append(event)
+            if not self._send_soon:
+                # Everything queued by the end of this loop turn goes as one batch, and at most one batch
+                # per BATCH_GAP_NS: a publish costs this host ~50 µs of CPU, and what is sampled is stamped
+                # when sampled (a batch a millisecond later moves no mark).
+                self._send_soon = True
+                wait_ns = self._last_send_ns + BATCH_GAP_NS - now_ns()
+                if wait_ns > 0:
+                    loop.call_later(wait_ns / 1e9, self._send)
+                else:
+                    loop.call_soon(self._send)
 
-    async def flush(self) -> None:
+    def _send(self) -> None:
+        """Hand every queued event to the client now, in batches, without waiting for the broker to
+        acknowledge earlier ones (a wait for each PUBACK, or a fixed batching interval, would hold every
+        sample a broker round trip or more). Tasks start in order and each hands its packet to the client
+        on its first step, so batches leave in sequence order."""
+        self._send_soon = False
+        self._last_send_ns = now_ns()
         while self._outbox:
             events = [self._outbox.popleft() for _ in range(min(BATCH_MAX, len(self._outbox)))]
             for e in events:
-                if self.skew_ns:
-                    shift_stamps(e, self.skew_ns)  # onto this host's clock (tests: a skewed host)
+                if self.clock.synthetic:
+                    shift_stamps(e, self.clock.local(e.t_ns) - e.t_ns)  # onto this host's (test) clock
                 e.host = self.host
             batch = Batch(
                 host=self.host, seq=self.seq, n0=self.sent_events, dropped=self.dropped, events=events
             )
             self.seq += 1
             self.sent_events += len(events)
-            if not await self._publish(self._topics["events"], _enc.encode(batch)):
-                self.lost_batches += 1
+            task = asyncio.create_task(self._publish_batch(_enc.encode(batch)))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
 
-    async def _flusher(self) -> None:
-        while True:
-            await asyncio.sleep(BATCH_INTERVAL_S)
-            await self.flush()
+    async def _publish_batch(self, body: bytes) -> bool:
+        if not await self._publish(self._topics["events"], body):
+            self.lost_batches += 1
+            return False
+        return True
+
+    async def flush(self) -> None:
+        """Send what is queued and wait until the broker has acknowledged every batch sent so far (or the
+        send failed: then counted lost)."""
+        self._send()
+        if self._sending:
+            await asyncio.wait(list(self._sending))
 
     # -- commands in --------------------------------------------------------------------------------------
     async def _on_message(self, topic_name: str, payload: Any, t_rx: int) -> None:
@@ -354,9 +467,11 @@ class Agent:
                     raise Rejected("malformed", f"world: {e}") from None
                 if self.mirror is None:  # no run started here yet: its `start` sends a snapshot
                     return
+                if world.snapshot:
+                    self.mirror.stale = False
                 for item in world.items:
                     self.mirror.apply(
-                        item, item.t_ns + self.world_offset_ns - self.skew_ns, snapshot=world.snapshot
+                        item, self.clock.raw(item.t_ns + self.world_offset_ns), snapshot=world.snapshot
                     )
                 return
             if topic_name != self._topics["cmd"]:
@@ -394,7 +509,11 @@ class Agent:
                 self._handled.popitem(last=False)
         reply.incarnation = self.incarnation
         if cmd.op == "ping" and reply.ok:
+            # What the controller needs to tell a shared clock (boot id, time namespace) and to use the
+            # hosts' clock daemons (this clock and CLOCK_REALTIME read together), with the pong's t3.
+            real = time.time_ns()
             reply.t3 = self.now()
+            reply.data = {"clock": {**self._identity, "mono_ns": reply.t3, "real_ns": real}}
         # Not awaited here: the message loop must not wait for the broker's PUBACK of a reply.
         task = asyncio.create_task(self._publish(self._topics["reply"], _enc.encode(reply)))
         self._replying.add(task)

@@ -95,6 +95,12 @@ class SwitchedArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sources: list[str]
 
 
+HAPPENS, ANNOUNCED, WITHDRAWN = 0, 1, 2
+"""WorldItem.mode: a change of the model (scheduled, or happening), one drawn ahead of its switch command
+(decision 0041: held by a mirror until the command's schedule confirms it, a loss applied at once), or the
+withdrawal of what was announced for a port (its light as given, now)."""
+
+
 class WorldItem(msgspec.Struct, array_like=True):
     kind: str
     port: str
@@ -103,6 +109,7 @@ class WorldItem(msgspec.Struct, array_like=True):
     peer: str | None = None
     settle_ns: int = 0
     level_dbm: float = 0.0
+    mode: int = HAPPENS
 
 
 class World(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

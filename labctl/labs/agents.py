@@ -9,10 +9,12 @@ transport effects (tests/unit/test_agents.py compares them).
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
+from typing import Any
 
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.hub import run_probes_on_agents
-from labctl.agents.wire import WorldItem
+from labctl.agents.wire import ANNOUNCED, HAPPENS, WITHDRAWN, WorldItem
 from labctl.clock import now_ns
 from labctl.events import Kind
 from labctl.inventory import Inventory, NicPort
@@ -24,13 +26,86 @@ from labctl.labs.world import (
     drive_models,
     switch_models,
 )
+from labctl.mapping import Mapping, diff_mapping, ports_of
 from labctl.models.fabric import TRANSPORT, SimFabric
 from labctl.models.probes import model_sites
+from labctl.models.switch import SwitchModel
+from labctl.ocs import ApplyResult, OpticalSwitch, Timed, command_not_before
 from labctl.probes import ProbeContext
 from labctl.sampling import ProbeSettings
 
 PROBES = ("model-link", "rx-power", "model-traffic")
 """What each agent runs, on its mirror of the world."""
+
+
+class AnnouncedSwitch:
+    """A switch of the agents lab whose every change is announced to the agents' mirrors `lead_ns` before
+    its command goes out (decision 0041): the model draws the change's delays from the moment the command
+    will be sent (`SwitchModel.arm`), the world feed carries them at once, and the command follows when
+    that moment comes. Each mirror then holds every light change before it happens and applies it at its
+    model time, however long the broker took. t0 is still stamped when the command goes out; the wait
+    happens before it, outside every measured phase. Everything else is the wrapped driver's."""
+
+    def __init__(self, switch: OpticalSwitch, model: SwitchModel, lead_ns: int) -> None:
+        self.switch = switch
+        self.model = model
+        self.lead_ns = lead_ns
+        self.name = switch.name
+        self.space = switch.space
+
+    async def connect(self) -> None:
+        await self.switch.connect()
+
+    async def close(self) -> None:
+        await self.switch.close()
+
+    async def get_mapping(self) -> Timed[Mapping]:
+        return await self.switch.get_mapping()
+
+    async def port_power(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
+        return await self.switch.port_power(ports)
+
+    def __getattr__(self, name: str) -> Any:  # the driver's own extras (counters, fault hooks)
+        return getattr(self.switch, name)
+
+    async def apply(
+        self,
+        mapping: Iterable[tuple[int, int]],
+        *,
+        scope: Iterable[int] | None = None,
+        context: dict[str, Any] | None = None,
+    ) -> Timed[ApplyResult]:
+        mapping = list(mapping)
+        scope = None if scope is None else list(scope)
+        arming = self._announce(mapping, scope)
+        # The driver's command goes out at the announced moment (labctl.ocs.converge waits for it right
+        # before stamping t0 and sending), so the model's switch moves when the mirrors were told it would.
+        token = command_not_before.set(arming[1] if arming is not None else None)
+        try:
+            return await self.switch.apply(mapping, scope=scope, context=context)
+        finally:
+            command_not_before.reset(token)
+            if arming is not None:
+                self.model.disarm(arming[0])  # what its command did not carry (refused, failed) goes back
+
+    async def disconnect(
+        self, ports: Iterable[int], *, context: dict[str, Any] | None = None
+    ) -> Timed[ApplyResult]:
+        return await self.apply((), scope=ports, context=context)
+
+    def _announce(self, mapping: list[tuple[int, int]], scope: list[int] | None) -> tuple[int, int] | None:
+        """Arm the model with the change this apply will ask for (as the driver will work it out: against
+        what the switch holds, within the scope): (the arming, when the command may go); None: nothing to
+        arm (no change, or a mapping the driver will refuse with its own error)."""
+        try:
+            desired = frozenset((int(a), int(b)) for a, b in mapping)
+        except (TypeError, ValueError):
+            return None
+        diff = diff_mapping(self.model.patches, desired, ports_of(desired) | set(scope or ()))
+        if diff.empty or self.lead_ns <= 0:
+            return None
+        go_ns = now_ns() + self.lead_ns
+        return self.model.arm(diff, go_ns), go_ns
 
 
 def agent_context(
@@ -62,6 +137,17 @@ def build(ctx: LabContext) -> Lab:
     lab = Lab(close_hooks=[fabric.cancel_pending])
     drive_models(ctx, models, lab)
     hub = run_probes_on_agents(lab, ctx, PROBES)
+    lead_ns = round(hub.broker.feed_lead_ms * 1e6)
+    for name, model in models.items():
+        lab.switches[name] = AnnouncedSwitch(lab.switches[name], model, lead_ns)
+
+    def feed_report() -> None:
+        lab.meta["feed"] = {
+            "lead_ns": lead_ns,
+            **{name: dict(model.armed_stats) for name, model in models.items()},
+        }
+
+    lab.close_hooks.append(feed_report)
     add_power_meters(lab, ctx, models)  # polled from the controller, like the switches
     by_rx = {(p.switch, p.rx): p for p in inv.ports}
     by_tx = {(p.switch, p.tx): p for p in inv.ports}
@@ -79,14 +165,18 @@ def build(ctx: LabContext) -> Lab:
         if port is not None:
             hub.world(light_item(port))
 
-    def on_schedule(switch: str, egress: int, ingress: int | None, t_ns: int) -> None:
+    def on_schedule(switch: str, egress: int, ingress: int | None, t_ns: int, mode: int = HAPPENS) -> None:
         port = by_rx.get((switch, egress))
         if port is None:
             return
         peer = by_tx.get((switch, ingress)) if ingress is not None else None
         level = fabric.state(port).rx_level_dbm
         settle = settle_mid_ns if peer is not None else 0
-        hub.world(WorldItem("light", port.source, t_ns, 0, peer.source if peer else None, settle, level))
+        item = WorldItem("light", port.source, t_ns, 0, peer.source if peer else None, settle, level, mode)
+        hub.world(item)
+
+    def on_announce(switch: str, egress: int, ingress: int | None, t_ns: int, what: str) -> None:
+        on_schedule(switch, egress, ingress, t_ns, ANNOUNCED if what == "announce" else WITHDRAWN)
 
     def on_transition(port: NicPort, kind: str, value: int, t_ns: int) -> None:
         hub.world(WorldItem(kind, port.source, t_ns, value))
@@ -108,6 +198,7 @@ def build(ctx: LabContext) -> Lab:
     for name, model in models.items():  # after the fabric's listener: its port state is already updated
         model.add_listener(functools.partial(on_light, name))
         model.add_schedule_listener(functools.partial(on_schedule, name))
+        model.add_announce_listener(functools.partial(on_announce, name))
     fabric.add_listener(on_transition)
     hub.world_snapshot = snapshot
     return lab

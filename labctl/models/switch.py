@@ -21,6 +21,9 @@ from labctl.profiles import Profile
 
 # egress port, ingress port whose light now reaches it (None: dark), model time
 LightListener = Callable[[int, int | None, int], None]
+# egress port, ingress port (None: dark), model time, "announce" (a change drawn ahead of its command) or
+# "withdraw" (what was announced for this egress will not happen: its light is as given, now)
+AnnounceListener = Callable[[int, int | None, int, str], None]
 # egress ports, ingress ports (-1: dark), model times: one array each, in the order the changes happened
 LightBatchListener = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
@@ -45,7 +48,25 @@ class SwitchModel:
         self.listeners: list[LightListener] = []
         self.batch_listeners: list[LightBatchListener] = []
         self.schedule_listeners: list[LightListener] = []
+        self.announce_listeners: list[AnnounceListener] = []
         self.timeline = Timeline()
+        # Announced ahead of their command (`arm`): egress -> [(model time, ingress or None, arming)], taken
+        # by the command that carries them; what is left when the caller is done is withdrawn (`disarm`).
+        self._armed: dict[int, list[tuple[int, int | None, int]]] = {}
+        self._arming_go: dict[int, int] = {}
+        self.command_late_ns: dict[int, int] = {}
+        """Per arming still open: how long after its announced moment its command arrived (< 0: before)."""
+        self._armings = 0
+        self.armed_stats = {
+            "armed": 0,  # light changes announced ahead of their command
+            "taken": 0,  # ... carried out by it
+            "exact": 0,  # ... at their announced time
+            "moved": 0,  # ... at another (the command came too early or late for it: see _take_armed)
+            "moved_max_ns": 0,
+            "withdrawn": 0,  # ... and withdrawn (no command took them)
+            "command_early_max_ns": 0,  # how far before / after its announced moment a command came
+            "command_late_max_ns": 0,
+        }
         self.commands = 0
         self.refusals = 0
         """Fault injection: refuse this many of the next changes (each leaves the patches unchanged)."""
@@ -64,6 +85,11 @@ class SwitchModel:
         """Told of every light change when it is scheduled (the command arrived), before it happens: a
         copy of the model elsewhere (an agent's mirror) can then apply it at its model time."""
         self.schedule_listeners.append(listener)
+
+    def add_announce_listener(self, listener: AnnounceListener) -> None:
+        """Told of light changes drawn ahead of their command (`arm`), and of their withdrawal: a copy of
+        the model elsewhere can hold them before the command comes and its schedule confirms them."""
+        self.announce_listeners.append(listener)
 
     def add_batch_listener(self, listener: LightBatchListener) -> None:
         """Told of light changes as arrays, a command's worth at a time (each change at its own model time):
@@ -109,6 +135,85 @@ class SwitchModel:
         if end < batch.t_ns.size:
             self.timeline.at(int(batch.t_ns[end]), self._light, batch)
 
+    def arm(self, diff: MappingDiff, go_ns: int) -> int:
+        """A command carrying `diff` is to arrive by `go_ns`: draw its delays now and tell the announce
+        listeners of its light changes at once, at `go_ns` plus each delay, so that a copy of this model
+        elsewhere (an agent's mirror, a broker hop away) has them before they happen (decision 0041). The
+        command is sent about then (its driver's path here takes a loop turn or two): each change keeps its
+        announced time where that is still a delay in the profile's range after the command's arrival
+        (`_take_armed`); the schedule listeners confirm each at its real time, as for any command. Returns
+        the arming's id for `disarm`."""
+        self._armings += 1
+        arming = self._armings
+        self._arming_go[arming] = go_ns
+        removed = sorted(egress for _, egress in diff.remove)
+        for egress in removed:
+            t_ns = go_ns + self.profile.draw_ns(self.rng, "light_loss_ms")
+            self._armed.setdefault(egress, []).append((t_ns, None, arming))
+            for announce in self.announce_listeners:
+                announce(egress, None, t_ns, "announce")
+        t_done = go_ns + self.profile.draw_ns(self.rng, "switching_ms")
+        for ingress, egress in sorted(diff.add):
+            self._armed.setdefault(egress, []).append((t_done, ingress, arming))
+            for announce in self.announce_listeners:
+                announce(egress, ingress, t_done, "announce")
+        self.armed_stats["armed"] += len(removed) + len(diff.add)
+        return arming
+
+    def disarm(self, arming: int) -> list[int]:
+        """Withdraw what an arming announced that no command took (the change was refused, failed or never
+        sent): the egress ports whose announced light is not going to happen. The schedule listeners hear
+        each one's light as it is now, so a mirror that applied the announcement goes back."""
+        self._arming_go.pop(arming, None)
+        self.command_late_ns.pop(arming, None)
+        ports = []
+        for egress, pending in list(self._armed.items()):
+            kept = [entry for entry in pending if entry[2] != arming]
+            if len(kept) == len(pending):
+                continue
+            ports.append(egress)
+            if kept:
+                self._armed[egress] = kept
+            else:
+                del self._armed[egress]
+        now = now_ns()
+        for egress in ports:
+            for announce in self.announce_listeners:
+                announce(egress, self.lit.get(egress), now, "withdraw")
+        self.armed_stats["withdrawn"] += len(ports)
+        return ports
+
+    def _take_armed(self, egress: int, ingress: int | None, t_cmd: int, delay: str) -> int | None:
+        """The model time of this change if it was announced (else None): its announced time, where that
+        is a delay within the profile's range `delay` after the command's arrival; else the nearest time
+        that is. So a command that reached the model a little early or late (its driver's path takes a loop
+        turn or two) keeps its announcement, and the switch never moves faster or slower than its profile
+        says (a change moved counts in `armed_stats`: a mirror that applied the announced time was off by
+        that much, unless the confirmation reached it first)."""
+        pending = self._armed.get(egress)
+        if not pending:
+            return None
+        for k, (t_ns, armed_ingress, arming) in enumerate(pending):
+            if armed_ingress == ingress:
+                del pending[k]
+                if not pending:
+                    del self._armed[egress]
+                go_ns = self._arming_go.get(arming, t_cmd)
+                self.command_late_ns[arming] = t_cmd - go_ns
+                low, high = self.profile.range_ns(delay)
+                t_model = min(max(t_ns, t_cmd + low), t_cmd + high)
+                stats = self.armed_stats
+                stats["taken"] += 1
+                if t_model == t_ns:
+                    stats["exact"] += 1
+                else:
+                    stats["moved"] += 1
+                    stats["moved_max_ns"] = max(stats["moved_max_ns"], abs(t_model - t_ns))
+                stats["command_early_max_ns"] = max(stats["command_early_max_ns"], go_ns - t_cmd)
+                stats["command_late_max_ns"] = max(stats["command_late_max_ns"], t_cmd - go_ns)
+                return t_model
+        return None
+
     async def execute(self, diff: MappingDiff) -> tuple[int, int]:
         """Carry out a diff. Returns (command received, switching done) in model ns; sleeps until done."""
         self.commands += 1
@@ -118,14 +223,34 @@ class SwitchModel:
         t_cmd = now_ns()
         self.patches = apply_diff(self.patches, diff)
         # Each mirror loses its light at its own time; the new paths all light up when switching is done.
-        removed = [egress for _, egress in diff.remove]
-        lost = [t_cmd + self.profile.draw_ns(self.rng, "light_loss_ms") for _ in removed]
+        # Delays drawn when the change was announced ahead (`arm`) count from the command's arrival too.
+        removed = sorted(egress for _, egress in diff.remove)
+        lost = self._times(t_cmd, removed, [None] * len(removed), "light_loss_ms")
         self._at(lost, removed, [None] * len(removed))
-        t_done = t_cmd + self.profile.draw_ns(self.rng, "switching_ms")
-        added = list(diff.add)
-        self._at([t_done] * len(added), [egress for _, egress in added], [ingress for ingress, _ in added])
+        added = sorted(diff.add, key=lambda patch: patch[1])
+        ingresses: list[int | None] = [ingress for ingress, _ in added]
+        back = self._times(t_cmd, [egress for _, egress in added], ingresses, "switching_ms")
+        t_done = max(back) if back else t_cmd + self.profile.draw_ns(self.rng, "switching_ms")
+        self._at(back, [egress for _, egress in added], ingresses)
         await asyncio.sleep(max(0, t_done - now_ns()) / 1e9)
         return t_cmd, t_done
+
+    def _times(self, t_cmd: int, egresses: list[int], ingresses: list[int | None], delay: str) -> list[int]:
+        """Each change's model time: as announced (`_take_armed`), else drawn now from `delay` after the
+        command's arrival (one draw for all the new paths of a command: they light up together when
+        switching is done)."""
+        times: list[int] = []
+        shared: int | None = None
+        for egress, ingress in zip(egresses, ingresses, strict=True):
+            armed = self._take_armed(egress, ingress, t_cmd, delay)
+            if armed is not None:
+                times.append(armed)
+            elif ingress is None:
+                times.append(t_cmd + self.profile.draw_ns(self.rng, delay))
+            else:
+                shared = shared if shared is not None else t_cmd + self.profile.draw_ns(self.rng, delay)
+                times.append(shared)
+        return times
 
     def lose_state(self) -> None:
         """As after a power cycle: every patch gone, every output dark."""

@@ -299,7 +299,10 @@ class RxPowerProbe(QueueProbe):
         """The switch acknowledged moving these ports' light: report each one's next sample (the first
         after t1) and end its dense window, which only stood in for not knowing when that was."""
         if self._lanes is not None:
-            self._lanes.switched(sources)
+            # Told a broker hop after t1 (an agent), the light may have been seen back, and reported,
+            # before t1 (a mirror of a model a little ahead of it): report once more after t1.
+            after = self.threshold_dbm if self.dense_window else None
+            self._lanes.switched(sources, reported_back_above=after)
 
     def _read(self, p: _Polled, lanes: _Lanes, t_ns: np.ndarray, mw: np.ndarray) -> None:
         """One live (or unbatched) module's read into the tick's arrays; NaN where it failed."""
@@ -546,11 +549,14 @@ class _Lanes:
             self.window_until[at] = until_ns
             self.seen_dark[at] = False
 
-    def switched(self, sources: Collection[str]) -> None:
+    def switched(self, sources: Collection[str], *, reported_back_above: float | None = None) -> None:
         """Force the next sample of the moved lanes whose dark gap no sample saw (it fell between two):
-        for the others, the light coming back is a change and gets reported anyway."""
+        for the others, the light coming back is a change and gets reported anyway, unless it was reported
+        already (its last report at or above `reported_back_above`, when given): those again too."""
         at = self.rows_of(sources)
         self.force[at] |= ~self.dark_seen[at]
+        if reported_back_above is not None:
+            self.force[at] |= self.last_dbm[at] >= reported_back_above
         self.moving[at] = False
         self.window_until[at] = 0
         self.seen_dark[at] = False
