@@ -84,8 +84,9 @@ class FabricMirror(SimFabric):
     timer), not when a message arrives; a confirmation that gets here first moves it to the model's time,
     one that comes after it counts how early the mirror went dark (`early`: the command reached the model
     off its announced moment, usually by well under a sampling period). Returning light waits for its
-    confirmation (applied at its model time, or on arrival if that is past), so a mirror never shows light
-    before the model's switch could have moved it. Anything applied after its model time is counted
+    confirmation (applied at its model time, or on arrival if that is past), so a mirror does not show light
+    before the model's switch could have moved it, for at most `wait_ns` (as late as the controller's
+    recent commands came). Anything applied after its model time is counted
     (`late`, by how much). An item older than the light state already applied to a port is stale (a
     repeat, or overtaken) and ignored."""
 
@@ -141,9 +142,10 @@ class FabricMirror(SimFabric):
             if item.peer is not None:
                 # Light coming back waits for its command's confirmation: were the command late (its
                 # controller's loop busy at the announced moment), the announced time would show light
-                # before the model's switch could have moved it.
+                # before the model's switch could have moved it. Not past `wait_ns`, though (as late as
+                # the recent commands came): a confirmation later than that means a starved feed.
                 self._held[port] = item.peer
-                return
+                t_local_ns += max(0, item.wait_ns)
         else:
             if port in self._held and self._held[port] == item.peer:
                 del self._held[port]
@@ -177,8 +179,14 @@ class FabricMirror(SimFabric):
 
     def _apply_announced(self, port: NicPort, item: WorldItem, t_local_ns: int, direction: str) -> None:
         self._pending_light.pop((port, item.peer), None)
+        unconfirmed = item.mode == ANNOUNCED and item.peer is not None
+        if unconfirmed:
+            self._held.pop(port, None)
         if self._apply_light(port, item, t_local_ns):
-            self.on_time[direction] += 1
+            if unconfirmed:  # its confirmation did not come in time: applied that wait late
+                self.late_ns[direction].append(max(0, item.wait_ns))
+            else:
+                self.on_time[direction] += 1
             if item.mode == ANNOUNCED:
                 self._speculative[port] = t_local_ns  # as announced: the confirmation may say otherwise
 

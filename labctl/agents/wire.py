@@ -110,6 +110,8 @@ class WorldItem(msgspec.Struct, array_like=True):
     settle_ns: int = 0
     level_dbm: float = 0.0
     mode: int = HAPPENS
+    wait_ns: int = 0
+    """ANNOUNCED returning light: how long past `t_ns` a mirror may hold it for its confirmation."""
 
 
 class World(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -52,6 +52,7 @@ class AnnouncedSwitch:
         self.lead_ns = lead_ns
         self.name = switch.name
         self.space = switch.space
+        self._late_ns: list[int] = []  # how late the recent commands reached the model after their moment
 
     async def connect(self) -> None:
         await self.switch.connect()
@@ -86,12 +87,25 @@ class AnnouncedSwitch:
         finally:
             command_not_before.reset(token)
             if arming is not None:
+                late = self.model.command_late_ns.get(arming[0])
+                if late is not None:
+                    self._late_ns = [*self._late_ns[-(LATE_KEPT - 1) :], max(0, late)]
                 self.model.disarm(arming[0])  # what its command did not carry (refused, failed) goes back
 
     async def disconnect(
         self, ports: Iterable[int], *, context: dict[str, Any] | None = None
     ) -> Timed[ApplyResult]:
         return await self.apply((), scope=ports, context=context)
+
+    @property
+    def confirm_wait_ns(self) -> int:
+        """How long past its announced time a mirror may hold returning light for its command's
+        confirmation: as late as the recent commands came (their controller's loop busy at the announced
+        moment), plus 200 µs; 1 ms before any command was timed. Past it, the mirror applies the light and
+        counts it late: a confirmation that slow means a starved feed, not a late command."""
+        if not self._late_ns:
+            return 1_000_000
+        return max(self._late_ns) + 200_000
 
     def _announce(self, mapping: list[tuple[int, int]], scope: list[int] | None) -> tuple[int, int] | None:
         """Arm the model with the change this apply will ask for (as the driver will work it out: against
@@ -127,6 +141,10 @@ def check(inventory: Inventory) -> None:
     BrokerSettings.check_names(inventory)
 
 
+LATE_KEPT = 16
+"""Commands whose lateness sets how long a mirror waits for a confirmation (`confirm_wait_ns`)."""
+
+
 def build(ctx: LabContext) -> Lab:
     require_transport(ctx.probes, "agents")
     inv = ctx.inventory
@@ -138,8 +156,8 @@ def build(ctx: LabContext) -> Lab:
     drive_models(ctx, models, lab)
     hub = run_probes_on_agents(lab, ctx, PROBES)
     lead_ns = round(hub.broker.feed_lead_ms * 1e6)
-    for name, model in models.items():
-        lab.switches[name] = AnnouncedSwitch(lab.switches[name], model, lead_ns)
+    announced = {name: AnnouncedSwitch(lab.switches[name], model, lead_ns) for name, model in models.items()}
+    lab.switches.update(announced)
 
     def feed_report() -> None:
         lab.meta["feed"] = {
@@ -165,18 +183,24 @@ def build(ctx: LabContext) -> Lab:
         if port is not None:
             hub.world(light_item(port))
 
-    def on_schedule(switch: str, egress: int, ingress: int | None, t_ns: int, mode: int = HAPPENS) -> None:
+    def on_schedule(
+        switch: str, egress: int, ingress: int | None, t_ns: int, mode: int = HAPPENS, wait_ns: int = 0
+    ) -> None:
         port = by_rx.get((switch, egress))
         if port is None:
             return
         peer = by_tx.get((switch, ingress)) if ingress is not None else None
         level = fabric.state(port).rx_level_dbm
         settle = settle_mid_ns if peer is not None else 0
-        item = WorldItem("light", port.source, t_ns, 0, peer.source if peer else None, settle, level, mode)
-        hub.world(item)
+        source = peer.source if peer else None
+        hub.world(WorldItem("light", port.source, t_ns, 0, source, settle, level, mode, wait_ns))
 
     def on_announce(switch: str, egress: int, ingress: int | None, t_ns: int, what: str) -> None:
-        on_schedule(switch, egress, ingress, t_ns, ANNOUNCED if what == "announce" else WITHDRAWN)
+        if what == "announce":
+            wait = announced[switch].confirm_wait_ns if ingress is not None else 0
+            on_schedule(switch, egress, ingress, t_ns, ANNOUNCED, wait)
+        else:
+            on_schedule(switch, egress, ingress, t_ns, WITHDRAWN)
 
     def on_transition(port: NicPort, kind: str, value: int, t_ns: int) -> None:
         hub.world(WorldItem(kind, port.source, t_ns, value))
