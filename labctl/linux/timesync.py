@@ -20,6 +20,8 @@ from typing import Any
 
 from labctl.linux.clockd import Reading, read_chrony, read_phc2sys_log, read_ptp4l, with_phc2sys
 
+KERNEL = "adjtimex"
+"""`uncertainty_source` where the kernel's own maximum error (adjtimex, set by the daemon) is the bound."""
 STA_UNSYNC = 0x0040
 TIME_ERROR = 5
 DAEMONS = ("chronyd", "ptp4l", "phc2sys", "ntpd", "systemd-timesyn", "timemaster")
@@ -144,7 +146,7 @@ def clock_sync_state(
 ) -> dict[str, Any]:
     """`synchronized`, `est_error_us`, `max_error_us` (the kernel's), `daemons` (running ones), `host`;
     `discipline` (clock_discipline's dict, or None and `discipline_why`); `uncertainty_ns`, the tighter
-    of the kernel's maximum error and the daemon's bound, and `uncertainty_source` ("kernel", "chrony",
+    of the kernel's maximum error and the daemon's bound, and `uncertainty_source` ("adjtimex", "chrony",
     "ptp4l", or None when neither holds). Never raises; each daemon asked costs at most 0.5 s."""
     timex = _Timex()
     libc = ctypes.CDLL(None, use_errno=True)
@@ -160,7 +162,7 @@ def clock_sync_state(
             max_error_us=int(timex.maxerror),
         )
         if out["synchronized"]:
-            bounds.append((int(timex.maxerror) * 1000, "kernel"))
+            bounds.append((int(timex.maxerror) * 1000, KERNEL))
     try:
         found, why = read_disciplines(out["daemons"], chrony_socket, ptp4l_uds, phc2sys_log)
     except Exception as e:  # a reader bug must not cost the run its time_sync record
@@ -171,7 +173,7 @@ def clock_sync_state(
     else:  # nothing read, or only a PHC's discipline, which bounds not this clock
         out["discipline_why"] = "; ".join(why)
     # On a tie the daemon wins: its number is the measured one, the kernel's is what the daemon wrote.
-    tightest = min(bounds, key=lambda b: (b[0], b[1] == "kernel"), default=None)
+    tightest = min(bounds, key=lambda b: (b[0], b[1] == KERNEL), default=None)
     out["uncertainty_ns"] = tightest[0] if tightest else None
     out["uncertainty_source"] = tightest[1] if tightest else None
     return out

@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 
 from labctl.emulators.fabric import FabricLayout, managed_prefix
 from labctl.inventory import load_inventory
@@ -137,9 +138,11 @@ def test_waiting_for_agents_names_the_silent_one_and_the_one_that_exited(
     require(shutil.which("mosquitto") is not None, "needs mosquitto")
     port = _free_port()
     inventory = _rehearsal_copy(tmp_path, f"wait-agents-{os.getpid()}", port, _free_port())
-    two_hosts = tmp_path / "two.yaml"  # h1 and h2 only
-    text = inventory.read_text()
-    two_hosts.write_text(text[: text.index("  h3:\n")])
+    two_hosts = tmp_path / "two.yaml"  # h1 and h2 only (and no power meters: their channels tap h3, h4)
+    lab = yaml.safe_load(inventory.read_text())
+    lab["hosts"] = {h: spec for h, spec in lab["hosts"].items() if h in ("h1", "h2")}
+    lab.pop("power_meters", None)
+    two_hosts.write_text(yaml.safe_dump(lab, sort_keys=False))
     conf = tmp_path / "mosquitto.conf"
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
     broker = _spawn(children, "mosquitto", ["mosquitto", "-c", str(conf)], tmp_path / "mosquitto.log")

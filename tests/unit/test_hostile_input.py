@@ -179,6 +179,7 @@ FULL_INVENTORY: dict[str, Any] = {
         "clock_sync_interval_s": 10.0,
         "clock_samples": 16,
         "agent_grace_s": 5.0,
+        "feed_lead_ms": 50.0,
     },
     "hosts": {
         "a": {
