@@ -163,7 +163,8 @@ class HostLink:
         }
         if fit is not None:
             record |= {
-                "drift_ppb": round(fit.drift_ppb, 3),
+                # One clock has no drift against itself: the fit's slope is the exchange's noise then.
+                "drift_ppb": 0.0 if model.shared else round(fit.drift_ppb, 3),
                 "exchange_offset_ns": fit.at(end),
                 "exchange_uncertainty_ns": fit.uncertainty_ns,
                 "rtt_min_ns": fit.rtt_min_ns,

@@ -100,12 +100,13 @@ class AnnouncedSwitch:
     @property
     def confirm_wait_ns(self) -> int:
         """How long past its announced time a mirror may hold returning light for its command's
-        confirmation: as late as the recent commands came (their controller's loop busy at the announced
-        moment), plus 200 µs; 1 ms before any command was timed. Past it, the mirror applies the light and
-        counts it late: a confirmation that slow means a starved feed, not a late command."""
+        confirmation: twice as late as the recent commands came (their controller's loop busy at the
+        announced moment), plus 500 µs; 1 ms before any command was timed. Past it, the mirror applies the
+        light and counts it late: a confirmation that slow means a starved feed, not a late command (a
+        command later still shows as light before the switch moved: the breakdown flags that row)."""
         if not self._late_ns:
             return 1_000_000
-        return max(self._late_ns) + 200_000
+        return 2 * max(self._late_ns) + 500_000
 
     def _announce(self, mapping: list[tuple[int, int]], scope: list[int] | None) -> tuple[int, int] | None:
         """Arm the model with the change this apply will ask for (as the driver will work it out: against
