@@ -52,7 +52,6 @@ class AnnouncedSwitch:
         self.lead_ns = lead_ns
         self.name = switch.name
         self.space = switch.space
-        self._late_ns: list[int] = []  # how late the recent commands reached the model after their moment
 
     async def connect(self) -> None:
         await self.switch.connect()
@@ -87,9 +86,6 @@ class AnnouncedSwitch:
         finally:
             command_not_before.reset(token)
             if arming is not None:
-                late = self.model.command_late_ns.get(arming[0])
-                if late is not None:
-                    self._late_ns = [*self._late_ns[-(LATE_KEPT - 1) :], max(0, late)]
                 self.model.disarm(arming[0])  # what its command did not carry (refused, failed) goes back
 
     async def disconnect(
@@ -99,14 +95,10 @@ class AnnouncedSwitch:
 
     @property
     def confirm_wait_ns(self) -> int:
-        """How long past its announced time a mirror may hold returning light for its command's
-        confirmation: twice as late as the recent commands came (their controller's loop busy at the
-        announced moment), plus 500 µs; 1 ms before any command was timed. Past it, the mirror applies the
-        light and counts it late: a confirmation that slow means a starved feed, not a late command (a
-        command later still shows as light before the switch moved: the breakdown flags that row)."""
-        if not self._late_ns:
-            return 1_000_000
-        return 2 * max(self._late_ns) + 500_000
+        """How long past its announced time a mirror holds returning light for its command's confirmation
+        (CONFIRM_WAIT_NS). Past it, the mirror applies the light and counts it late: only a command later
+        than that would then show light before the switch moved (the breakdown would flag that row)."""
+        return CONFIRM_WAIT_NS
 
     def _announce(self, mapping: list[tuple[int, int]], scope: list[int] | None) -> tuple[int, int] | None:
         """Arm the model with the change this apply will ask for (as the driver will work it out: against
@@ -142,8 +134,10 @@ def check(inventory: Inventory) -> None:
     BrokerSettings.check_names(inventory)
 
 
-LATE_KEPT = 16
-"""Commands whose lateness sets how long a mirror waits for a confirmation (`confirm_wait_ns`)."""
+CONFIRM_WAIT_NS = 20_000_000
+"""How long a mirror may hold returning light for its command's confirmation: far longer than a command
+leaves late (it goes out at its announced moment; tens of ms only on a starved machine), so that no mirror
+shows light before the model's switch moved it; on a busy host this is what the optical mark waits for."""
 
 
 def build(ctx: LabContext) -> Lab:
