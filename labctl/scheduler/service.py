@@ -273,8 +273,11 @@ class Scheduler:
                 if exit_when_idle and self.idle():
                     break
                 self._wake.clear()
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that lands
+                # as the wake event is set, and `serve` then never stopped (its test hung 1 time in 3).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_s)
+                    async with asyncio.timeout(self.poll_s):
+                        await self._wake.wait()
         finally:
             # Stop our workers (each restores its baseline) and record how they ended.
             for run_id in list(self._monitors):
