@@ -54,8 +54,6 @@ class SwitchModel:
         # by the command that carries them; what is left when the caller is done is withdrawn (`disarm`).
         self._armed: dict[int, list[tuple[int, int | None, int]]] = {}
         self._arming_go: dict[int, int] = {}
-        self.command_late_ns: dict[int, int] = {}
-        """Per arming still open: how long after its announced moment its command arrived (< 0: before)."""
         self._armings = 0
         self.armed_stats = {
             "armed": 0,  # light changes announced ahead of their command
@@ -165,7 +163,6 @@ class SwitchModel:
         sent): the egress ports whose announced light is not going to happen. The schedule listeners hear
         each one's light as it is now, so a mirror that applied the announcement goes back."""
         self._arming_go.pop(arming, None)
-        self.command_late_ns.pop(arming, None)
         ports = []
         for egress, pending in list(self._armed.items()):
             kept = [entry for entry in pending if entry[2] != arming]
@@ -199,7 +196,6 @@ class SwitchModel:
                 if not pending:
                     del self._armed[egress]
                 go_ns = self._arming_go.get(arming, t_cmd)
-                self.command_late_ns[arming] = t_cmd - go_ns
                 low, high = self.profile.range_ns(delay)
                 t_model = min(max(t_ns, t_cmd + low), t_cmd + high)
                 stats = self.armed_stats
