@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -15,12 +17,16 @@ from rich.table import Table
 from labctl.cli.common import JsonOpt, out
 from labctl.errors import InputError
 
+if TYPE_CHECKING:
+    from labctl.plans.graphs import Graph
+    from labctl.plans.layout import Unit
+
 plan_app = typer.Typer(
     help="Workload-static circuit plans: circuits configured once per deployment (the decode paper's host "
     "graphs) or once per EP job (Opus §4's divergent rings). Each plan is split into one matching per OCS "
     "(port k of every accelerator on OCS k), checked, and reported with degree, diameter and pair "
     "coverage. --out writes mapping files for `labctl ocs apply FILE --switch NAME`; -i lays the plan onto "
-    "an inventory's NIC ports first.\n\n"
+    "an inventory's NIC ports first, within its rails.\n\n"
     "Try: `labctl plan fold --dims 3,2` (Q5[3,2] = K8□K4: degree 10, diameter 2), "
     "`labctl plan ep-rings -E 10440 -G 72`, `labctl plan ring -n 8 -i inventory.yaml --out ring.yaml`.",
     no_args_is_help=True,
@@ -42,15 +48,19 @@ PlanInventoryOpt = Annotated[
     typer.Option(
         "--inventory",
         "-i",
-        help="Lay the plan onto this inventory's accelerators and NIC ports (default: the plan's own "
-        "switches, one port per accelerator each, numbered in order).",
+        help="Lay the plan onto this inventory's accelerators and NIC ports, within rails (a rail is one "
+        "circuit domain): the graph is laid on each rail it uses, over that rail's first accelerators, and "
+        "-n is split evenly over the fewest rails that hold it (-n 8 on 4 hosts × 2 rails: a C4 on each "
+        "rail). A plan that does not fit says why and exits 2. Default: the plan's own switches, one port "
+        "per accelerator each, numbered in order.",
     ),
 ]
 UnitOpt = Annotated[
     str,
     typer.Option(
         "--unit",
-        help="With -i: what one accelerator is, `gpu` (the NIC ports serving one GPU) or `host`.",
+        help="With -i: what one accelerator on a rail is, `gpu` (the NIC ports serving one GPU on that "
+        "rail) or `host` (all the host's NIC ports on that rail).",
     ),
 ]
 PlanOutOpt = Annotated[
@@ -130,8 +140,17 @@ def _condensed(rows: list[list[str]], limit: int = 16, head: int = 8) -> tuple[l
     return rows[:head], len(rows) - head
 
 
+@dataclass(frozen=True)
+class _Sized:
+    """A graph family sized by -n: `nodes` counts accelerators in total; on an inventory the family is
+    built for each rail's share (`labctl.plans.layout.rail_share`)."""
+
+    nodes: int
+    build: Callable[[int], Graph]
+
+
 def _static(
-    graph_builder: Any,
+    graph_builder: Callable[[], Graph] | _Sized,
     *,
     ports: int | None,
     inventory: Path | None,
@@ -139,32 +158,69 @@ def _static(
     out_path: Path | None,
     as_json: bool,
 ) -> None:
-    from labctl.plans.layout import abstract_static, inventory_static
+    from labctl.plans.layout import abstract_static, inventory_static, rail_accelerators, rail_share
     from labctl.plans.matchings import check_budget, decompose
     from labctl.plans.metrics import measure
 
     if unit not in ("gpu", "host"):
         raise InputError(f"--unit {unit!r}: expected gpu or host")
+    the_unit: Unit = "gpu" if unit == "gpu" else "host"
     t0 = time.monotonic_ns()
-    graph = graph_builder()
-    plan = decompose(graph)
-    t_plan = time.monotonic_ns()
-    check_budget(plan, ports)
+    inv = None
+    rails: tuple[int, ...] = ()
     if inventory is not None:
         from labctl.inventory import load_inventory
 
-        switch_plans = inventory_static(plan, load_inventory(inventory), "gpu" if unit == "gpu" else "host")
+        inv = load_inventory(inventory)
+    if isinstance(graph_builder, _Sized):
+        if inv is not None:
+            rails, per_rail = rail_share(inv, graph_builder.nodes, the_unit, what=f"-n {graph_builder.nodes}")
+            try:
+                graph = graph_builder.build(per_rail)
+            except InputError as e:
+                if len(rails) == 1:
+                    raise
+                raise InputError(
+                    f"-n {graph_builder.nodes} on {inventory} is {per_rail} on each of rails "
+                    f"{', '.join(map(str, rails))}: {e}"
+                ) from None
+        else:
+            graph = graph_builder.build(graph_builder.nodes)
+    else:
+        graph = graph_builder()
+        if inv is not None:
+            rails, _ = rail_share(inv, graph.n, the_unit, split=False, what=graph.name)
+    plan = decompose(graph)
+    t_plan = time.monotonic_ns()
+    check_budget(plan, ports)
+    if inv is not None:
+        switch_plans = inventory_static(plan, inv, the_unit, rails)
+        by_rail = rail_accelerators(inv, the_unit)
+        placed = {r: by_rail[r][: graph.n] for r in rails}
     else:
         switch_plans = abstract_static(plan)
+        placed = {}
     metrics = measure(graph)
     t_done = time.monotonic_ns()
-    files = _write_files(out_path, switch_plans, f"labctl plan {graph.name}") if out_path else []
+    title = f"labctl plan {graph.name}" + (f" on rails {', '.join(map(str, rails))}" if rails else "")
+    files = _write_files(out_path, switch_plans, title) if out_path else []
     if as_json:
         print(
             json.dumps(
                 {
                     "plan": graph.name,
-                    "accelerators": graph.n,
+                    "accelerators": graph.n * max(1, len(rails)),
+                    "rails": [
+                        {
+                            "rail": r,
+                            "switch": inv.rail_switch(r),
+                            "accelerators": [a.name for a in accs],
+                            "hosts": list(dict.fromkeys(a.host for a in accs)),
+                        }
+                        for r, accs in placed.items()
+                    ]
+                    if inv is not None
+                    else None,
                     "degree": {"min": metrics.degree_min, "max": metrics.degree_max},
                     "diameter": metrics.diameter,
                     "pairs": {
@@ -194,10 +250,16 @@ def _static(
         if metrics.degree_min == metrics.degree_max
         else f"{metrics.degree_min}..{metrics.degree_max}"
     )
-    _say(f"{graph.name}: {graph.n} accelerators, degree {deg}, diameter {diameter}")
+    if len(rails) > 1:
+        on_rails = f" on each of rails {', '.join(map(str, rails))}"
+        size = f"{graph.n * len(rails)} accelerators ({graph.n} per rail)"
+    else:
+        on_rails = f" on rail {rails[0]}" if rails else ""
+        size = f"{graph.n} accelerators"
+    _say(f"{graph.name}{on_rails}: {size}, degree {deg}, diameter {diameter}")
     _say(
-        f"pairs one hop apart: {metrics.pairs_adjacent} of {metrics.pairs_total} "
-        f"({100 * metrics.coverage:.1f}%)"
+        f"pairs one hop apart{' on each rail' if len(rails) > 1 else ''}: {metrics.pairs_adjacent} of "
+        f"{metrics.pairs_total} ({100 * metrics.coverage:.1f}%)"
     )
     budget = f"within the budget of {ports}" if ports is not None else "no budget given (--ports)"
     _say(
@@ -214,9 +276,20 @@ def _static(
     out.print(table)
     if more:
         _say(f"… {more} more matchings (--json lists all)")
-    where = f"on {inventory}" if inventory else "on the plan's own switches"
+    where = "on the plan's own switches:"
+    if inv is not None:
+        for r, accs in placed.items():
+            names = [a.name for a in accs]
+            _say(
+                f"rail {r} ({inv.rail_switch(r)}): "
+                + " ".join(names[:12])
+                + (f" … ({len(names)})" if len(names) > 12 else "")
+            )
+        hosts = list(dict.fromkeys(a.host for accs in placed.values() for a in accs))
+        shown_hosts = ", ".join(hosts[:8]) + (" …" if len(hosts) > 8 else "")
+        where = f"on {inventory}: {len(hosts)} hosts ({shown_hosts}), no circuit leaves its rail;"
     _say(
-        f"{where}: {len(switch_plans)} switch mapping(s), "
+        f"{where} {len(switch_plans)} switch mapping(s), "
         + ", ".join(f"{sp.switch} {len(sp.mapping)} patches" for sp in switch_plans[:6])
         + (" …" if len(switch_plans) > 6 else "")
         + f", each a valid matching ({(t_done - t0) / 1e6:.1f} ms)"
@@ -352,7 +425,9 @@ def hamming_cmd(
     ),
 )
 def circulant_cmd(
-    nodes: Annotated[int, typer.Option("-n", "--nodes", min=2, max=4096, help="Accelerators.")],
+    nodes: Annotated[
+        int, typer.Option("-n", "--nodes", min=2, max=4096, help="Accelerators (with -i: over all rails).")
+    ],
     offsets: Annotated[
         str | None, typer.Option("--offsets", help="Offsets s in 1..n/2, e.g. 1,4 (default: from --ports).")
     ] = None,
@@ -364,14 +439,18 @@ def circulant_cmd(
 ) -> None:
     from labctl.plans.graphs import budget_offsets, circulant
 
-    if offsets is not None:
-        chosen = _ints(offsets, "offsets")
-    elif ports is not None:
-        chosen = budget_offsets(nodes, ports)
-    else:
+    chosen = _ints(offsets, "offsets") if offsets is not None else None
+    if chosen is None and ports is None:
         raise InputError("circulant: give --offsets (e.g. 1,4) or --ports to have them chosen for a budget")
+
+    def build(n: int) -> Graph:
+        if chosen is not None:
+            return circulant(n, chosen)
+        assert ports is not None
+        return circulant(n, budget_offsets(n, ports))
+
     _static(
-        lambda: circulant(nodes, chosen),
+        _Sized(nodes, build),
         ports=ports,
         inventory=inventory,
         unit=unit,
@@ -384,7 +463,9 @@ def circulant_cmd(
     "ring", help=_common_help("The ring C_n({1}): two ports per accelerator (three for odd n).")
 )
 def ring_cmd(
-    nodes: Annotated[int, typer.Option("-n", "--nodes", min=2, max=4096, help="Accelerators.")],
+    nodes: Annotated[
+        int, typer.Option("-n", "--nodes", min=2, max=4096, help="Accelerators (with -i: over all rails).")
+    ],
     ports: PortsOpt = None,
     inventory: PlanInventoryOpt = None,
     unit: UnitOpt = "gpu",
@@ -394,7 +475,7 @@ def ring_cmd(
     from labctl.plans.graphs import ring
 
     _static(
-        lambda: ring(nodes), ports=ports, inventory=inventory, unit=unit, out_path=out_path, as_json=as_json
+        _Sized(nodes, ring), ports=ports, inventory=inventory, unit=unit, out_path=out_path, as_json=as_json
     )
 
 

@@ -8,6 +8,7 @@ import math
 import sys
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,8 +17,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from labctl.errors import InputError
-from labctl.inventory import load_inventory
-from labctl.mapping import PortSpace, validate_mapping
+from labctl.inventory import Inventory, load_inventory
+from labctl.mapping import Mapping, PortSpace, validate_mapping
 from labctl.plans.ep import full_coverage_bound, plan_ep_rings, walecki_rings
 from labctl.plans.graphs import (
     Graph,
@@ -31,7 +32,15 @@ from labctl.plans.graphs import (
     ring,
     round_robin,
 )
-from labctl.plans.layout import abstract_ep, abstract_static, accelerators, inventory_ep, inventory_static
+from labctl.plans.layout import (
+    SwitchPlan,
+    abstract_ep,
+    abstract_static,
+    inventory_ep,
+    inventory_static,
+    rail_accelerators,
+    rail_share,
+)
 from labctl.plans.matchings import StaticPlan, check_budget, decompose, misra_gries
 from labctl.plans.metrics import measure
 from labctl.topology import peers_of
@@ -365,26 +374,144 @@ def test_ep_rings_on_the_opus_testbed_inventory_realise_each_rails_ring(inventor
             assert hosts[b] in neighbours[hosts[a]] and hosts[a] in neighbours[hosts[b]]
 
 
-def test_a_static_plan_on_the_inventory_uses_port_k_for_matching_k(inventory_path: Path) -> None:
-    inventory = load_inventory(inventory_path)
-    plan = decompose(ring(8))
-    (switch,) = inventory_static(plan, inventory, "gpu")
-    accs = accelerators(inventory, "gpu")
-    by_tx = {p.tx: (name, k) for name, ports in accs for k, p in enumerate(ports)}
-    by_rx = {p.rx: (name, k) for name, ports in accs for k, p in enumerate(ports)}
-    realised = set()
-    for ingress, egress in switch.mapping:
-        (a, ka), (b, kb) = by_tx[ingress], by_rx[egress]
-        assert ka == kb  # a circuit joins the same port index at both ends
-        realised.add((min(a, b), max(a, b)))
-    names = [name for name, _ in accs]
-    assert realised == {
-        (min(names[u], names[v]), max(names[u], names[v])) for u, v in plan.graph.edges.tolist()
+def circuits_by_rail(inventory: Inventory, mapping: Mapping) -> dict[int, set[tuple[str, str]]]:
+    """Rail → the accelerator pairs (GPU names) its circuits join; fails on a patch that leaves its rail or
+    joins two different port indices."""
+    ports = {(p.switch, p.tx): p for p in inventory.ports}
+    by_rx = {(p.switch, p.rx): p for p in inventory.ports}
+    index = {
+        p: k for accs in rail_accelerators(inventory).values() for a in accs for k, p in enumerate(a.ports)
     }
-    with pytest.raises(InputError, match="needs 3 ports per accelerator"):
-        inventory_static(decompose(hypercube(3)), inventory, "gpu")
-    with pytest.raises(InputError, match="needs 8 accelerators; the inventory has 4"):
-        inventory_static(plan, inventory, "host")
+    out: dict[int, set[tuple[str, str]]] = {}
+    for ingress, egress in mapping:
+        a, b = ports[("ocs1", ingress)], by_rx[("ocs1", egress)]
+        assert a.rail == b.rail, f"{a.label} (rail {a.rail}) → {b.label} (rail {b.rail}) leaves its rail"
+        assert index[a] == index[b]  # matching k joins port k at both ends
+        names = sorted((f"{a.host}/gpu{a.gpu}", f"{b.host}/gpu{b.gpu}"))
+        out.setdefault(a.rail, set()).add((names[0], names[1]))
+    return out
+
+
+def ring_pairs(names: list[str]) -> set[tuple[str, str]]:
+    return {(min(a, b), max(a, b)) for a, b in zip(names, names[1:] + names[:1], strict=True) if a != b}
+
+
+def test_a_ring_of_8_on_the_testbed_is_one_ring_per_rail_over_all_four_hosts(inventory_path: Path) -> None:
+    """Issue 24: `ring -n 8 -i inventory.yaml` joined h1/gpu0's rail-0 port to h1/gpu1's rail-1 port
+    (one C8 over the GPUs in host order); now each rail carries a C4 over every host's GPU on that rail."""
+    inventory = load_inventory(inventory_path)
+    rails, per_rail = rail_share(inventory, 8)
+    assert (rails, per_rail) == ((0, 1), 4)
+    plan = decompose(ring(per_rail))
+    (switch,) = inventory_static(plan, inventory, "gpu", rails)
+    validate_mapping(switch.mapping, inventory.switches["ocs1"].space, switch="ocs1")
+    assert len(switch.mapping) == 16 and switch.circuits == 8
+    assert circuits_by_rail(inventory, switch.mapping) == {
+        0: ring_pairs(["h1/gpu0", "h2/gpu0", "h3/gpu0", "h4/gpu0"]),
+        1: ring_pairs(["h1/gpu1", "h2/gpu1", "h3/gpu1", "h4/gpu1"]),
+    }
+    for rail in (0, 1):  # every port of every host on the rail hears a peer on the same rail
+        peers = peers_of(inventory, rail, switch.mapping)
+        assert all(peer is not None and peer.rail == rail for peer in peers.values())
+        assert {p.host for p in peers} == {"h1", "h2", "h3", "h4"}
+
+
+def test_a_plan_that_fits_one_rail_spans_every_host_of_that_rail(inventory_path: Path) -> None:
+    """`ring -n 4` used h1 and h2 only (their two GPUs each, across rails); now it is rail 0's four GPUs."""
+    inventory = load_inventory(inventory_path)
+    assert rail_share(inventory, 4) == ((0,), 4)
+    (switch,) = inventory_static(decompose(ring(4)), inventory)  # default: the first rail that holds it
+    assert circuits_by_rail(inventory, switch.mapping) == {
+        0: ring_pairs(["h1/gpu0", "h2/gpu0", "h3/gpu0", "h4/gpu0"])
+    }
+    assert set(switch.scope) == {q for p in inventory.ports if p.rail == 0 for q in (p.tx, p.rx)}
+
+
+REFUSED = {
+    3: "ports per accelerator on its rail",
+    5: "do not split evenly",
+    6: "ports per accelerator on its rail",
+    7: "do not split evenly",
+    9: "the inventory has 8",
+    12: "the inventory has 8",
+}
+
+
+@pytest.mark.parametrize("total", range(2, 13))
+def test_any_count_is_laid_within_rails_over_the_first_hosts_or_refused_in_one_line(
+    inventory_path: Path, total: int
+) -> None:
+    inventory = load_inventory(inventory_path)
+
+    def lay() -> tuple[tuple[int, ...], int, list[SwitchPlan]]:
+        rails, per_rail = rail_share(inventory, total, what=f"-n {total}")
+        return rails, per_rail, list(inventory_static(decompose(ring(per_rail)), inventory, "gpu", rails))
+
+    if total in REFUSED or total > 8:
+        with pytest.raises(InputError, match=REFUSED.get(total, "the inventory has 8")) as info:
+            lay()
+        assert "\n" not in str(info.value) and str(info.value).startswith(str(inventory_path))
+        return
+    rails, per_rail, switch_plans = lay()
+    assert per_rail * len(rails) == total
+    (switch,) = switch_plans
+    got = circuits_by_rail(inventory, switch.mapping)
+    assert sorted(got) == list(rails)
+    for rail in rails:
+        hosts = [f"h{i + 1}/gpu{rail}" for i in range(per_rail)]
+        assert got[rail] == ring_pairs(hosts)  # every host asked for, in inventory order
+
+
+def test_rail_share_takes_the_fewest_rails_and_says_why_it_cannot(inventory_path: Path) -> None:
+    inventory = load_inventory(inventory_path)
+    assert rail_share(inventory, 2) == ((0,), 2)
+    assert rail_share(inventory, 6) == ((0, 1), 3)
+    assert rail_share(inventory, 8, "host") == ((0, 1), 4)
+    with pytest.raises(InputError, match=r"needs 16 accelerators; the inventory has 8 \(one per GPU on each"):
+        rail_share(inventory, 16)
+    with pytest.raises(
+        InputError, match=r"5 accelerators do not split evenly .* counts that do: 2, 3, 4, 6, 8$"
+    ):
+        rail_share(inventory, 5)
+    with pytest.raises(InputError, match=r"Q3 needs 8 accelerators on one rail .* rail 0, has 4"):
+        rail_share(inventory, 8, split=False, what="Q3")
+    with pytest.raises(InputError, match=r"Q3 needs 8 accelerators on one rail"):
+        inventory_static(decompose(hypercube(3)), inventory)
+    with pytest.raises(
+        InputError, match=r"needs 3 ports per accelerator on its rail .* h1/gpu0 on rail 0 has 2"
+    ):
+        inventory_static(decompose(ring(3)), inventory)
+    with pytest.raises(InputError, match=r"needs 8 accelerators on rail 1; it has 4"):
+        inventory_static(decompose(ring(8)), inventory, "gpu", [1])
+
+
+def test_a_gpu_with_ports_on_two_rails_is_an_accelerator_on_each(tmp_path: Path) -> None:
+    """One NIC port per rail per GPU (the other common cabling): each rail still gets its own ring, and the
+    GPU's rail-0 port is never patched to a rail-1 port."""
+    lines = ["lab: two-rail-ports", "switches:", "  ocs1: {driver: sim, size: 16x16}", "hosts:"]
+    for h in range(4):
+        lines += [f"  h{h + 1}:", "    gpus: [{index: 0, model: L40}]", "    nics:"]
+        for rail in (0, 1):
+            for k in (0, 1):
+                tx = 1 + 8 * rail + 2 * h + k
+                lines.append(
+                    f"      - {{ifname: r{rail}p{k}, rail: {rail}, gpu: 0, switch: ocs1, tx: {tx}, "
+                    f"rx: {tx + 16}, gbps: 100}}"
+                )
+    path = tmp_path / "inventory.yaml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    inventory = load_inventory(path)
+    by_rail = rail_accelerators(inventory)
+    assert [a.name for a in by_rail[0]] == [a.name for a in by_rail[1]] == [f"h{h}/gpu0" for h in range(1, 5)]
+    assert all(p.rail == a.rail for accs in by_rail.values() for a in accs for p in a.ports)
+    rails, per_rail = rail_share(inventory, 8)
+    (switch,) = inventory_static(decompose(ring(per_rail)), inventory, "gpu", rails)
+    by_tx = {p.tx: p for p in inventory.ports}
+    by_rx = {p.rx: p for p in inventory.ports}
+    assert len(switch.mapping) == 16
+    for ingress, egress in switch.mapping:
+        assert by_tx[ingress].rail == by_rx[egress].rail
+        assert by_tx[ingress].ifname[-1] == by_rx[egress].ifname[-1]  # port k ↔ port k
 
 
 # --- the command line ------------------------------------------------------------------------------------------
@@ -442,6 +569,33 @@ def test_cli_ep_rings() -> None:
     assert (on_lab["experts"], on_lab["rails"], on_lab["domains"]) == (8, 2, 4)
 
 
+@pytest.mark.parametrize(
+    ("nodes", "rails"),
+    [(8, {0: ["h1", "h2", "h3", "h4"], 1: ["h1", "h2", "h3", "h4"]}), (4, {0: ["h1", "h2", "h3", "h4"]})],
+)
+def test_cli_ring_on_the_inventory_stays_within_rails_and_uses_every_host(
+    inventory_path: Path, nodes: int, rails: dict[int, list[str]]
+) -> None:
+    """Issue 24's done-when: `labctl plan ring -n 8 -i inventory.yaml` is one ring per rail over all four
+    hosts (it was one C8 patching h1's rail-0 port to its own rail-1 port, `1→41` for -n 4)."""
+    inventory = load_inventory(inventory_path)
+    data = invoke("ring", "-n", str(nodes), "-i", str(inventory_path))
+    switches: list[dict[str, Any]] = data["switches"]  # type: ignore[assignment]
+    (switch,) = switches
+    by_tx = {p.tx: p for p in inventory.ports}
+    by_rx = {p.rx: p for p in inventory.ports}
+    hosts: dict[int, set[str]] = {}
+    for ingress, egress in switch["patches"]:
+        a, b = by_tx[ingress], by_rx[egress]
+        assert a.rail == b.rail, (
+            f"{ingress}→{egress}: {a.label} on rail {a.rail} to {b.label} on rail {b.rail}"
+        )
+        assert a.host != b.host
+        hosts.setdefault(a.rail, set()).update((a.host, b.host))
+    assert {r: sorted(h) for r, h in hosts.items()} == rails
+    assert data["accelerators"] == nodes and len(switch["patches"]) == 2 * nodes
+
+
 def test_cli_out_writes_files_labctl_ocs_apply_reads(tmp_path: Path, inventory_path: Path) -> None:
     from labctl.cli.ocs import load_mapping_file
 
@@ -478,7 +632,21 @@ def run_main(
         (("fold", "--dims", "3,x"), "comma-separated integers"),
         (("fold", "--dims", "3,2", "--ports", "8"), "budget is 8"),
         (("hypercube", "--dim", "13"), "--dim"),
-        (("hypercube", "--dim", "3", "-i", str(REPO / "inventory.yaml")), "h1/gpu0 has 2"),
+        (
+            ("hypercube", "--dim", "3", "-i", str(REPO / "inventory.yaml")),
+            "Q3 needs 8 accelerators on one rail",
+        ),
+        (
+            ("hypercube", "--dim", "2", "--fold", "11", "-i", str(REPO / "inventory.yaml")),
+            "h1/gpu0 on rail 0 has 2",
+        ),
+        (("ring", "-n", "6", "-i", str(REPO / "inventory.yaml")), "ring C3 needs 3 ports per accelerator"),
+        (("ring", "-n", "5", "-i", str(REPO / "inventory.yaml")), "do not split evenly"),
+        (("ring", "-n", "16", "-i", str(REPO / "inventory.yaml")), "the inventory has 8"),
+        (
+            ("circulant", "-n", "8", "--offsets", "3", "-i", str(REPO / "inventory.yaml")),
+            "4 on each of rails 0, 1",
+        ),
         (("ep-rings", "-E", "100", "-G", "7"), "not a positive multiple"),
         (("ep-rings", "-E", "10584", "-G", "72"), "above G(2G+1) = 10440"),
         (("ep-rings",), "give -E GPUS and -G RAILS"),
