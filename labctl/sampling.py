@@ -268,13 +268,135 @@ async def ticks(period_ns: int, max_lag_ns: int | None = None) -> AsyncGenerator
 
 
 class TickCount:
-    """What a schedule did: ticks run and ticks skipped after stalls (each one a missed sample)."""
+    """What a schedule did: ticks skipped after stalls (each one a missed sample), and ticks run late at
+    their own instant (a model's samplers, `ModelSchedule`)."""
 
-    __slots__ = ("skipped", "stalls")
+    __slots__ = ("caught_up", "skipped", "stalls")
 
     def __init__(self) -> None:
         self.skipped = 0
         self.stalls = 0
+        self.caught_up = 0
+
+
+class _Sampler:
+    __slots__ = ("count", "finished", "next_t", "on_tick", "period_ns")
+
+    def __init__(
+        self,
+        period_ns: int,
+        on_tick: Callable[[int], bool | None],
+        count: TickCount | None,
+        finished: asyncio.Future[None],
+        next_t: int,
+    ) -> None:
+        self.period_ns = period_ns
+        self.on_tick = on_tick
+        self.count = count
+        self.finished = finished
+        self.next_t = next_t
+
+
+class ModelSchedule:
+    """One schedule for the samplers of a behaviour model that is read at an instant and advanced only by
+    its readers (an agent's mirror of the controller's model, decision 0046): each sampler ticks at its own
+    schedule's instants, every sampler's in time order, from one timer. A tick the host ran late (this
+    machine busy) reads the model at its own instant, since nothing has advanced the model past it: a
+    stall of the host delays the samples, it does not thin them. Instants more than `catch_up_ns` behind
+    are skipped and counted, as a sampler of real hardware skips what it missed (`run_ticks`).
+
+    `on_tick(t)` gets the instant it samples; samplers read the model at it, in that order, so two of them
+    never see the model at different times for one instant. `wake_ns`: the host wakes this much after the
+    earliest instant due and samples every instant due by then in one go (a model read later than its
+    instants is read as at them), a wake-up per `wake_ns` instead of per period: on a host running many
+    agents the wake-ups, not the reads, are most of the cost."""
+
+    def __init__(self, catch_up_ns: int = 200_000_000, wake_ns: int = 0) -> None:
+        self.catch_up_ns = catch_up_ns
+        self.wake_ns = wake_ns
+        self._samplers: list[_Sampler] = []
+        self._alarm: Alarm | None = None
+        self._alarm_tried = False
+        self._handle: asyncio.Handle | None = None
+
+    async def run(
+        self, period_ns: int, on_tick: Callable[[int], bool | None], count: TickCount | None = None
+    ) -> None:
+        """Call `on_tick(t)` at t = now, now + period, ... until it returns False or the caller is
+        cancelled; its exceptions are raised here."""
+        loop = asyncio.get_running_loop()
+        sampler = _Sampler(period_ns, on_tick, count, loop.create_future(), now_ns())
+        self._samplers.append(sampler)
+        self._wake(loop)
+        try:
+            await sampler.finished
+        finally:
+            self._samplers.remove(sampler)
+            if not sampler.finished.done():
+                sampler.finished.cancel()
+            if not self._samplers:
+                self._close()
+
+    def _wake(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = loop.call_soon(self._fire)
+
+    def _close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._alarm is not None:
+            self._alarm.close()
+            self._alarm = None
+        self._alarm_tried = False
+
+    def _fire(self) -> None:
+        self._handle = None
+        now = now_ns()
+        deadline = slice_deadline()
+        while True:
+            live = [s for s in self._samplers if not s.finished.done()]
+            if not live:
+                return
+            sampler = min(live, key=lambda s: s.next_t)  # ties: the first started goes first
+            t = sampler.next_t
+            if t > now:
+                break
+            behind = now - t
+            if behind > self.catch_up_ns:  # too far behind to be worth reading: skip to now
+                if sampler.count is not None:
+                    sampler.count.stalls += 1
+                    sampler.count.skipped += behind // sampler.period_ns
+                sampler.next_t = t + (behind // sampler.period_ns) * sampler.period_ns
+                continue
+            late = behind - self.wake_ns  # later than the schedule meant to read it
+            if late > sampler.period_ns // 4:
+                sampler_behind(now + 2 * sampler.period_ns)
+                if late >= sampler.period_ns and sampler.count is not None:
+                    sampler.count.caught_up += 1
+            try:
+                keep = sampler.on_tick(t)
+            except Exception as e:  # handed to the sampler's task, which raises it
+                sampler.finished.set_exception(e)
+                continue
+            if keep is False:
+                sampler.finished.set_result(None)
+                continue
+            sampler.next_t = t + sampler.period_ns
+            if now_ns() >= deadline:  # a long catch-up: the rest after what else is ready
+                self._handle = asyncio.get_running_loop().call_soon(self._fire)
+                return
+        self._arm(sampler.next_t + self.wake_ns)
+
+    def _arm(self, t_ns: int) -> None:
+        if not self._alarm_tried:
+            self._alarm_tried = True
+            self._alarm = _alarm(self._fire)
+        if self._alarm is not None:
+            self._alarm.arm(t_ns)
+        else:  # no timerfd: the loop's own timers (whole milliseconds)
+            self._handle = asyncio.get_running_loop().call_at(t_ns / 1e9, self._fire)
 
 
 async def run_ticks(

@@ -16,6 +16,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from labctl.looplag import slice_deadline
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
 from labctl.models.timeline import Scheduled, Timeline
 from labctl.profiles import Profile
+
+if TYPE_CHECKING:
+    from labctl.sampling import ModelSchedule
 
 TRANSPORT = "transport"
 """A transition of the model only (no event kind): the link carries traffic end to end."""
@@ -138,6 +142,10 @@ class _Pending:
     handle: Scheduled | None = None
 
 
+SCALAR_SLOTS = 16
+"""Up to this many ports a read computes each in Python (`_rx_power_mw_each`); above, with arrays."""
+
+
 class SimFabric:
     """NIC ports of every host, wired to the switch models through their fibers."""
 
@@ -158,6 +166,8 @@ class SimFabric:
         self._by_tx: dict[tuple[str, int], NicPort] = {}
         self._pending: dict[NicPort, list[_Pending]] = {}
         self.timeline = Timeline()
+        self.schedule: ModelSchedule | None = None
+        """Where readers advance the model (an agent's mirror): the schedule its samplers share."""
         self._port_slots: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for port in inventory.ports:
             # Per-port spread of received power, as fibers and connectors differ.
@@ -362,6 +372,8 @@ class SimFabric:
         light change (then it still shows the power from before it). Values are quantized to the
         register's 0.1 µW and saturate at 6.5535 mW, as an SFF-8636 Rx power word does."""
         self.sync_optics(t_ns)
+        if slots.size <= SCALAR_SLOTS:
+            return np.array(self._rx_power_mw_each(slots.tolist(), t_ns))
         a = self.arrays
         t = np.full(slots.size, t_ns, np.int64)
         update = a.update_ns[slots]
@@ -385,6 +397,41 @@ class SimFabric:
         mw = np.where(stale & (since < 0), a.before_mw[slots], mw)  # refreshed before the change
         return np.minimum(np.rint(mw * 1e4), 0xFFFF) / 1e4
 
+    def _rx_power_mw_each(self, slots: list[int], t_ns: int) -> list[float]:
+        """`rx_power_mw` one slot at a time, for a few ports (an agent's host): the same model, without a
+        numpy call per step for arrays of four (tests/unit/test_rxpower_lanes.py holds the two equal)."""
+        a = self.arrays
+        times = []
+        fresh = []
+        for slot in slots:
+            t = t_ns
+            update = a.update_ns.item(slot)
+            if update > 0:
+                t -= (t - a.update_phase_ns.item(slot)) % update
+            times.append(t)
+            if a.noise_t_ns.item(slot) != t:
+                fresh.append(slot)
+        if fresh:  # as the array code: one draw for the slots whose module refreshed, in slot order
+            draws = ((self.noise.random(len(fresh)) - 0.5) * self.profile.rx_noise_db).tolist()
+            for slot, t, draw in zip(fresh, (times[slots.index(f)] for f in fresh), draws, strict=True):
+                a.noise_db[slot] = draw
+                a.noise_t_ns[slot] = t
+        out = []
+        for slot, t in zip(slots, times, strict=True):
+            since = t - a.light_t_ns.item(slot)
+            if since < 0 and a.update_ns.item(slot) > 0:  # refreshed before the change: the power before it
+                mw = a.before_mw.item(slot)
+            elif a.lit_from.item(slot) >= 0:
+                dbm = a.level_dbm.item(slot) + a.noise_db.item(slot)
+                settle = a.settle_ns.item(slot)
+                if 0 <= since < settle:
+                    dbm -= DARK_RAMP_DB * (1 - since / settle)
+                mw = 10.0 ** (dbm / 10.0)
+            else:
+                mw = 0.0
+            out.append(min(round(mw * 1e4), 0xFFFF) / 1e4)
+        return out
+
     def rx_power_dbm(self, port: NicPort, t_ns: int) -> float | None:
         """Received power of one port at time t_ns; None when no light reaches it (never a made-up floor)."""
         mw = float(self.rx_power_mw(np.array([self.slot[port]]), t_ns)[0])
@@ -397,16 +444,23 @@ class SimFabric:
         for timeline in self._switch_timelines:
             timeline.run_due(t_ns)
 
+    def sync_links(self, t_ns: int) -> None:
+        """`sync_optics`, then the link reactions due by t_ns (a link's transport coming up or going down):
+        a ping at t_ns must see the link as the model has it then, not as the loop got round to it (a busy
+        host ran the fabric's timeline tens of ms late, and pings failed on a link that was up)."""
+        self.sync_optics(t_ns)
+        self.timeline.run_due(t_ns)
+
     def traffic_ok(self, slots: np.ndarray, peer_slots: np.ndarray, t_ns: int | None = None) -> np.ndarray:
         """Whether a ping-pong from each port to its peer (by slot) gets through at t_ns (default: now).
 
-        Both ends must have transport up on the link between them (decision 0044). The optics are caught
-        up to t_ns here, the link reactions are not: they run on the fabric's timeline a slice at a time,
-        so after a light change the transport flags can still be those of the link it ended. A flag counts
-        only while neither end's light has changed since that transport came up (any change of a lit
-        port's light drops its link, `_link_down`), and each end is lit by the other."""
+        Both ends must have transport up on the link between them (decision 0044). The optics and the link
+        reactions are caught up to t_ns here (`sync_links`); a link batch still yields between slices, so
+        a transport flag is only trusted while neither end's light has changed since that transport came
+        up (any change of a lit port's light drops its link, `_link_down`), and each end is lit by the
+        other."""
         t = now_ns() if t_ns is None else t_ns
-        self.sync_optics(t)
+        self.sync_links(t)
         a = self.arrays
         ok: np.ndarray = (
             a.transport[slots]
@@ -421,7 +475,7 @@ class SimFabric:
     def passes(self, slot: int, peer_slot: int, t_ns: int) -> bool:
         """`traffic_ok` for one packet from one port to another: plain scalar reads (per packet, not per
         tick, so no array round trip)."""
-        self.sync_optics(t_ns)
+        self.sync_links(t_ns)
         a = self.arrays
         return bool(
             a.transport[slot]
@@ -431,6 +485,23 @@ class SimFabric:
             and a.light_t_ns[slot] <= a.transport_t_ns[slot]
             and a.light_t_ns[peer_slot] <= a.transport_t_ns[peer_slot]
         )
+
+    def passes_each(self, pairs: list[tuple[int, int]], t_ns: int) -> list[bool]:
+        """`passes` for a few (slot, peer slot) pairs at one instant: the model caught up once."""
+        self.sync_links(t_ns)
+        a = self.arrays
+        transport, lit_from, light_t, up_t = a.transport, a.lit_from, a.light_t_ns, a.transport_t_ns
+        return [
+            bool(
+                transport.item(s)
+                and transport.item(d)
+                and lit_from.item(s) == d
+                and lit_from.item(d) == s
+                and light_t.item(s) <= up_t.item(s)
+                and light_t.item(d) <= up_t.item(d)
+            )
+            for s, d in pairs
+        ]
 
     def rtt_ns_many(self, n: int) -> list[int]:
         """`rtt_ns` for n ping-pongs at once (one draw of the noise stream)."""

@@ -23,13 +23,13 @@ import numpy as np
 from labctl.clock import now_ns
 from labctl.events import Event, Kind
 from labctl.inventory import NicPort
-from labctl.models.fabric import SimFabric
+from labctl.models.fabric import SCALAR_SLOTS, SimFabric
 from labctl.models.module_eeprom import ModelDrivenQsfp28
 from labctl.probes import PortSite, ProbeContext, ProbeKind
 from labctl.probes.rdma import Deliver, RcTrafficProbe
 from labctl.probes.traffic import TrafficEndpoint
 from labctl.rdma.rc import Packet
-from labctl.sampling import Probe, QueueProbe, run_ticks, staggered_heartbeats
+from labctl.sampling import ModelSchedule, Probe, QueueProbe, TickCount, run_ticks, staggered_heartbeats
 
 
 class SimLinkProbe(QueueProbe):
@@ -83,9 +83,12 @@ class SimTrafficProbe(QueueProbe):
         interval_us: int = 1000,
         timeout_us: int | None = None,
         report_interval_ns: int = 100_000_000,
+        schedule: ModelSchedule | None = None,
     ) -> None:
         super().__init__()
         self.fabric = fabric
+        self.schedule = schedule
+        self.tick_count = TickCount()
         self.period_ns = interval_us * 1000
         self.timeout_ns = (timeout_us if timeout_us is not None else 2 * interval_us) * 1000
         self.report_interval_ns = report_interval_ns
@@ -99,6 +102,7 @@ class SimTrafficProbe(QueueProbe):
         self._reported_t = np.full(n, np.iinfo(np.int64).min // 2, np.int64)
         self._pinged_t = np.full(n, -1, np.int64)
         self._src = self._dst = np.zeros(0, np.int64)
+        self._pairs: list[tuple[int, int]] = []
         self._heartbeat_ns = staggered_heartbeats(report_interval_ns, n)
 
     def set_circuits(self, peers: dict[str, str | None]) -> None:
@@ -116,13 +120,20 @@ class SimTrafficProbe(QueueProbe):
         self._reported_t[changed] = np.iinfo(np.int64).min // 2  # report each one's next ping
         self._src = np.fromiter(peer_slots.keys(), np.int64, len(peer_slots))
         self._dst = np.fromiter(peer_slots.values(), np.int64, len(peer_slots))
+        self._pairs = list(peer_slots.items())
 
     async def _run(self) -> None:
-        await run_ticks(self.period_ns, self._ping_all)
+        if self.schedule is not None:  # pings at the schedule's instants, in step with the other samplers
+            await self.schedule.run(self.period_ns, self._ping_all, self.tick_count)
+        else:
+            await run_ticks(self.period_ns, self._ping_all, count=self.tick_count)
 
     def _ping_all(self, t: int) -> None:
         src, dst = self._src, self._dst
         if not src.size:
+            return
+        if src.size <= SCALAR_SLOTS:
+            self._ping_each(t)
             return
         ok = self.fabric.traffic_ok(src, dst, t)
         self.pings += int(src.size)
@@ -140,21 +151,44 @@ class SimTrafficProbe(QueueProbe):
         self._count[s] = 0
         self._reported_t[s] = t
         rtts = self.fabric.rtt_ns_many(int(good.sum()))
-        self.report(self._events(t, s, d, good, counts, prev[due], rtts), due.size)
+        rows = zip(s.tolist(), d.tolist(), good.tolist(), counts.tolist(), prev[due].tolist(), strict=True)
+        self.report(self._events(t, list(rows), rtts), due.size)
+
+    def _ping_each(self, t: int) -> None:
+        """`_ping_all` one circuit at a time, for a few (an agent's host): the same decisions without a
+        numpy call per step (tests/unit/test_rxpower_lanes.py holds the two equal)."""
+        fabric = self.fabric
+        was_ok, count, pinged, reported = self._was_ok, self._count, self._pinged_t, self._reported_t
+        heartbeat = self._heartbeat_ns
+        rows = []
+        good = 0
+        pairs = self._pairs
+        for (s, d), ok in zip(pairs, fabric.passes_each(pairs, t), strict=True):
+            changed = was_ok.item(s) != ok
+            n = 1 if changed else count.item(s) + 1
+            was_ok[s] = ok
+            prev = pinged.item(s)
+            pinged[s] = t
+            if changed or t - reported.item(s) >= heartbeat.item(s):
+                rows.append((s, d, ok, n, prev))
+                good += ok
+                count[s] = 0
+                reported[s] = t
+            else:
+                count[s] = n
+        self.pings += len(self._src)
+        if rows:
+            self.report(self._events(t, rows, fabric.rtt_ns_many(good)), len(rows))
 
     def _events(
         self,
         t: int,
-        slots: np.ndarray,
-        peers: np.ndarray,
-        good: np.ndarray,
-        counts: np.ndarray,
-        prev: np.ndarray,
+        rows: list[tuple[int, int, bool, int, int]],
         rtts: list[int],
     ) -> Iterator[Event]:
-        """The tick's reports (built when put: `report`); each good ping with its drawn round trip."""
+        """The tick's reports, a (slot, peer slot, ok, pings, previous ping) row each (built when put:
+        `report`); each good ping with its drawn round trip."""
         port_at, rtt = self.fabric.port_at, iter(rtts)
-        rows = zip(slots.tolist(), peers.tolist(), good.tolist(), counts.tolist(), prev.tolist(), strict=True)
         for s, d, ok, n, prev_t in rows:
             port, peer = port_at[s], port_at[d]
             meta: dict[str, object] = {"peer": peer.source, "n": n}
@@ -241,6 +275,7 @@ def _traffic(ctx: ProbeContext) -> Probe:
         interval_us=ctx.settings.traffic_interval_us,
         timeout_us=ctx.settings.traffic_timeout_us,
         report_interval_ns=ctx.report_interval_ns,
+        schedule=ctx.schedule,
     )
 
 

@@ -37,7 +37,11 @@ class Scheduled:
 
 
 class Timeline:
-    def __init__(self) -> None:
+    """`pull=True`: no loop timer; entries run only when a reader catches the timeline up (`run_due`), so
+    the model stands at the time its readers last read it (an agent's mirror, decision 0046)."""
+
+    def __init__(self, *, pull: bool = False) -> None:
+        self.pull = pull
         self._heap: list[tuple[int, int, Scheduled]] = []
         self._seq = itertools.count()
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
@@ -53,7 +57,7 @@ class Timeline:
         """Run `callback(*args)` at model time t_ns (CLOCK_MONOTONIC ns, the loop's clock)."""
         entry = Scheduled(t_ns, callback, args)
         heapq.heappush(self._heap, (t_ns, next(self._seq), entry))
-        if self._timer_t is None or t_ns < self._timer_t:
+        if not self.pull and (self._timer_t is None or t_ns < self._timer_t):
             self._arm(t_ns)
         return entry
 

@@ -18,7 +18,7 @@ from labctl.inventory import MeterChannel, NicPort, PowerMeterSpec
 from labctl.models.fabric import SimFabric
 from labctl.ocs import OpticalSwitch
 from labctl.registry import PROBES, Registry
-from labctl.sampling import Probe, ProbeSettings
+from labctl.sampling import ModelSchedule, Probe, ProbeSettings
 from labctl.transceiver import ModuleEeprom
 
 
@@ -75,6 +75,9 @@ class ProbeContext:
     """Switches and the ports on each to watch (the switches' own power monitors)."""
     meters: Sequence[MeterSite] = ()
     """Bench power meters (labctl.probes.power_meter)."""
+    schedule: ModelSchedule | None = None
+    """Where the model is advanced only by its readers (an agent's mirror): the schedule its samplers share,
+    each sampling at its own instants, in time order (labctl.sampling.ModelSchedule); None: sample now."""
 
     @property
     def report_interval_ns(self) -> int:

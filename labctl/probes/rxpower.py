@@ -36,7 +36,7 @@ from labctl.clock import now_ns
 from labctl.events import Event, Kind
 from labctl.linux.ethtool import ModuleEepromError, open_module_eeprom
 from labctl.probes import ProbeContext, ProbeKind, RxPowerBatch
-from labctl.sampling import Probe, QueueProbe, TickCount, run_ticks, staggered_heartbeats
+from labctl.sampling import ModelSchedule, Probe, QueueProbe, TickCount, run_ticks, staggered_heartbeats
 from labctl.transceiver import (
     A0H,
     A2H,
@@ -137,6 +137,10 @@ UPDATE_REPORT_NS = 1_000_000_000  # how often module update-interval estimates a
 UPDATE_MIN_CHANGES = 20  # value changes a module must show before its update interval is estimated
 
 
+SCALAR_LANES = 16
+"""Up to this many lanes a tick decides lane by lane in Python (`_report_lanes`); above, with arrays."""
+
+
 class RxPowerProbe(QueueProbe):
     """Polls every port's module at `hz` and emits `rx_power` per lane on change and as a heartbeat.
 
@@ -166,9 +170,12 @@ class RxPowerProbe(QueueProbe):
         consume_latched_flags: bool = False,
         max_error_streak_s: float = 1.0,
         queue_size: int = 65536,
+        schedule: ModelSchedule | None = None,
     ) -> None:
         super().__init__(queue_size)
         self.ports = list(ports)
+        self.schedule = schedule
+        """A model's shared schedule: each tick reads the model batches at the tick's own instant."""
         self.period_ns = round(1e9 / hz)
         self.deadband_db = deadband_db
         self.report_interval_ns = report_interval_ns
@@ -202,6 +209,8 @@ class RxPowerProbe(QueueProbe):
             # Ticks the schedule gave up after a stall of the loop (longer than the catch-up budget).
             out["ticks_skipped"] = self.tick_count.skipped
             out["stalls"] = self.tick_count.stalls
+            if self.schedule is not None:  # ticks the host ran late, each at its own instant
+                out["ticks_caught_up"] = self.tick_count.caught_up
             out["samples_per_s_per_port"] = round(self.samples / span_s / sampled, 1)
         if self._lanes is not None:
             estimates = self._lanes.update_estimates()
@@ -340,20 +349,21 @@ class RxPowerProbe(QueueProbe):
         if los is not None:
             p.los_now = [los[i] for i in p.lanes]
 
-    def _tick(self, lanes: _Lanes) -> bool:
-        """Sample every live port once and report what changed; False when none is left to sample."""
+    def _tick(self, lanes: _Lanes, at_ns: int | None = None) -> bool:
+        """Sample every live port once and report what changed; False when none is left to sample.
+        `at_ns`: the instant a model is read at (a `ModelSchedule`'s tick); else each read's own time."""
         n = lanes.n
         t_ns = np.zeros(n, np.int64)
         mw = np.full(n, math.nan)
         any_live = False
         for batch, slots, at in lanes.batches:
-            live = lanes.live[at]
-            if live.any():
+            live = int(np.count_nonzero(lanes.live[at]))
+            if live:
                 any_live = True
-                t = now_ns()
+                t = now_ns() if at_ns is None else at_ns
                 mw[at] = batch.rx_power_mw(slots, t)
                 t_ns[at] = t
-                self.samples += int(live.sum())
+                self.samples += live
         for p in lanes.unbatched:
             if p.failed is None:
                 any_live = True
@@ -364,6 +374,9 @@ class RxPowerProbe(QueueProbe):
         return True
 
     def _report(self, lanes: _Lanes, t_ns: np.ndarray, mw: np.ndarray) -> None:
+        if lanes.n <= SCALAR_LANES:
+            self._report_lanes(lanes, t_ns.tolist(), mw.tolist())
+            return
         read = ~np.isnan(mw) & lanes.live
         lit = read & (mw > 0)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -396,7 +409,15 @@ class RxPowerProbe(QueueProbe):
         lanes.last_mw[read] = mw[read]
         rows = np.flatnonzero(due)
         if rows.size:
-            self.report(self._events(lanes, rows, t_ns[rows], mw[rows], dbm[rows], prev_t[rows]), rows.size)
+            events = self._events(
+                lanes,
+                rows.tolist(),
+                t_ns[rows].tolist(),
+                mw[rows].tolist(),
+                dbm[rows].tolist(),
+                prev_t[rows].tolist(),
+            )
+            self.report(events, rows.size)
         lanes.reported[due] = True
         lanes.reported_t[due] = t_ns[due]
         last[due] = dbm[due]
@@ -405,20 +426,90 @@ class RxPowerProbe(QueueProbe):
             lanes.update_checked_t = t
             self._report_update_intervals(lanes, t)
 
+    def _report_lanes(self, lanes: _Lanes, t_ns: list[int], mw: list[float]) -> None:
+        """`_report` one lane at a time, for a few lanes (an agent's host): the same decisions as the array
+        code, which costs a numpy call per step whatever the number of lanes (~150 µs a tick for 4 lanes
+        where this takes ~10 µs). tests/unit/test_rxpower_lanes.py holds the two to the same reports."""
+        threshold, deadband = self.threshold_dbm, self.deadband_db
+        live = lanes.live.tolist()
+        last_dbm = lanes.last_dbm.tolist()
+        reported = lanes.reported.tolist()
+        force = lanes.force.tolist()
+        window_until = lanes.window_until.tolist()
+        seen_dark = lanes.seen_dark.tolist()
+        moving = lanes.moving.tolist()
+        reported_t = lanes.reported_t.tolist()
+        heartbeat = lanes.heartbeat_ns.tolist()
+        last_mw = lanes.last_mw.tolist()
+        sampled_t = lanes.sampled_t.tolist()
+        rows: list[int] = []
+        row_dbm: list[float] = []
+        prevs: list[int] = []
+        for k in range(lanes.n):
+            m = mw[k]
+            if not live[k] or m != m:  # not sampled this tick (NaN: failed, or a dead module)
+                continue
+            t = t_ns[k]
+            lit = m > 0
+            dbm = 10.0 * math.log10(m) if lit else -math.inf
+            above = lit and dbm >= threshold
+            last = last_dbm[k]
+            was_lit = last > -math.inf
+            moved = (
+                lit != was_lit
+                or above != (was_lit and last >= threshold)
+                or (lit and abs(dbm - (last if was_lit else 0.0)) >= deadband)
+            )
+            changed = not reported[k] or moved or force[k]
+            if force[k]:
+                lanes.force[k] = False
+            windowed = window_until[k] > 0
+            if windowed and (t >= window_until[k] or (above and seen_dark[k])):
+                lanes.window_until[k] = 0
+                lanes.seen_dark[k] = False
+                windowed = False
+            elif windowed and not above:
+                lanes.seen_dark[k] = True
+            if moving[k] and not above:
+                lanes.dark_seen[k] = True
+            interval = self.window_interval_ns if windowed else heartbeat[k]
+            due = changed or t - reported_t[k] >= interval
+            prev = sampled_t[k]
+            if lit and last_mw[k] > 0 and prev > 0:
+                lanes.steady_ns[k] += t - prev
+                if m != last_mw[k]:
+                    lanes.value_changes[k] += 1
+            lanes.sampled_t[k] = t
+            lanes.last_mw[k] = m
+            if due:
+                rows.append(k)
+                row_dbm.append(dbm)
+                prevs.append(prev)
+                lanes.reported[k] = True
+                lanes.reported_t[k] = t
+                lanes.last_dbm[k] = dbm
+        if rows:
+            events = self._events(lanes, rows, [t_ns[k] for k in rows], [mw[k] for k in rows], row_dbm, prevs)
+            self.report(events, len(rows))
+        t = max(t_ns)
+        if t - lanes.update_checked_t >= UPDATE_REPORT_NS:
+            lanes.update_checked_t = t
+            self._report_update_intervals(lanes, t)
+
     def _events(
         self,
         lanes: _Lanes,
-        rows: np.ndarray,
-        t_ns: np.ndarray,
-        mw: np.ndarray,
-        dbm: np.ndarray,
-        prev: np.ndarray,
+        rows: list[int],
+        t_ns: list[int],
+        mw: list[float],
+        dbm: list[float],
+        prev: list[int],
     ) -> Iterator[Event]:
         """The tick's reports of these lane rows, as observed by the tick (built when put: `report`)."""
-        owners = [lanes.owner[k] for k in rows.tolist()]
+        owners = [lanes.owner[k] for k in rows]
         # What the module said beside the power (loss-of-signal, read errors): as it was at this tick.
         extras = [(p.los_now[lane] if p.los_now is not None else None, p.read_errors) for p, lane in owners]
-        values = zip(owners, extras, t_ns.tolist(), mw.tolist(), dbm.tolist(), prev.tolist(), strict=True)
+        values = zip(owners, extras, t_ns, mw, dbm, prev, strict=True)
         for (p, lane), (los, read_errors), t, mw_k, dbm_k, prev_t in values:
             meta: dict[str, object] = {"lane": p.info.lanes[p.lanes[lane]], "mw": round(mw_k, 6)}
             if prev_t > 0:
@@ -484,9 +575,12 @@ class RxPowerProbe(QueueProbe):
             self.ticks += 1
             self._last_tick_ns = t
             # False: every module failed, nothing left to sample (each said why in the stream)
-            return self._tick(lanes)
+            return self._tick(lanes, t if self.schedule is not None else None)
 
-        await run_ticks(self.period_ns, tick, count=self.tick_count)
+        if self.schedule is not None:
+            await self.schedule.run(self.period_ns, tick, self.tick_count)
+        else:
+            await run_ticks(self.period_ns, tick, count=self.tick_count)
 
     @property
     def failures(self) -> list[str]:
@@ -582,6 +676,7 @@ def _build(ctx: ProbeContext) -> Probe:
         threshold_dbm=ctx.settings.rx_power_threshold_dbm,
         deadband_db=ctx.settings.rx_power_deadband_db,
         report_interval_ns=ctx.report_interval_ns,
+        schedule=ctx.schedule,
     )
 
 

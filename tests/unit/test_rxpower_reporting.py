@@ -7,12 +7,20 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from labctl.events import Event, Kind
 from labctl.models.module_eeprom import EmulatedQsfp28
+from labctl.probes import rxpower
 from labctl.probes.rxpower import UPDATE_MIN_CHANGES, ModulePort, RxPowerProbe, _Lanes
 
 MS = 1_000_000
+
+
+@pytest.fixture(autouse=True, params=["lane by lane", "arrays"])
+def _path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test on both of the poller's paths (a few lanes, one at a time; many, as arrays)."""
+    monkeypatch.setattr(rxpower, "SCALAR_LANES", 10**6 if request.param == "lane by lane" else 0)
 
 
 class FakeBatch:

@@ -384,7 +384,8 @@ def test_live_chronyd(chronyd_pair: str) -> None:
     assert "chronyd" in s["daemons"]
     assert s["discipline"]["source"] == "chrony"
     assert (
-        s["uncertainty_source"] in ("chrony", "adjtimex") and s["uncertainty_ns"] <= s["discipline"]["bound_ns"]
+        s["uncertainty_source"] in ("chrony", "adjtimex")
+        and s["uncertainty_ns"] <= s["discipline"]["bound_ns"]
     )
 
 

@@ -1,0 +1,168 @@
+"""The per-lane paths (a few ports, as on an agent's host) decide exactly as the array paths (hundreds of
+ports in one process): the Rx-power poller's reports and lane state, the model's Rx power readings and
+the model traffic probe's pings, over random sequences of light, windows and switch notices."""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from labctl.events import Event
+from labctl.inventory import load_inventory
+from labctl.models import fabric as fabric_mod
+from labctl.models import probes as model_probes
+from labctl.models.fabric import SimFabric
+from labctl.models.module_eeprom import EmulatedQsfp28
+from labctl.models.probes import SimTrafficProbe
+from labctl.models.switch import SwitchModel
+from labctl.probes import rxpower
+from labctl.probes.rxpower import ModulePort, RxPowerProbe, _Lanes
+from labctl.profiles import resolve_profile
+
+MS = 1_000_000
+REPO = Path(__file__).resolve().parents[2]
+LANE_STATE = (
+    "reported", "reported_t", "last_dbm", "last_mw", "sampled_t", "window_until", "seen_dark", "force",
+    "moving", "dark_seen", "steady_ns", "value_changes",
+)  # fmt: skip
+
+
+def _probe(n: int, threshold_dbm: float | None) -> tuple[RxPowerProbe, _Lanes]:
+    ports = [ModulePort(f"nic:h1/p{i}", "h1", EmulatedQsfp28, (1,), None) for i in range(n)]
+    probe = RxPowerProbe(ports, hz=1000, report_interval_ns=20 * MS, threshold_dbm=threshold_dbm)
+    probe.polled = [probe._open(port) for port in ports]
+    probe._lanes = lanes = _Lanes(probe.polled)
+    return probe, lanes
+
+
+def _drain(probe: RxPowerProbe) -> list[tuple[int, str, str, object, dict[str, object]]]:
+    out = [(e.t_ns, e.kind, e.source, e.value, e.meta) for e in probe.queue._items]
+    probe.queue._items.clear()
+    return out
+
+
+@pytest.mark.parametrize("threshold_dbm", [-10.0, None])
+@pytest.mark.parametrize("seed", range(6))
+def test_rx_power_reports_lane_by_lane_as_with_arrays(
+    monkeypatch: pytest.MonkeyPatch, seed: int, threshold_dbm: float | None
+) -> None:
+    rng = random.Random(seed)
+    n = 4
+    by_lane, lanes_a = _probe(n, threshold_dbm)
+    by_array, lanes_b = _probe(n, threshold_dbm)
+    sources = [f"nic:h1/p{i}" for i in range(n)]
+    mw = [0.5] * n
+    for step in range(1, 600):
+        t = step * MS
+        for k in range(n):  # light goes, comes back, wobbles around the deadband, a read fails
+            r = rng.random()
+            if r < 0.03:
+                mw[k] = 0.0
+            elif r < 0.06:
+                mw[k] = rng.choice([0.5, 0.08, 0.1, 0.11, 6.5535])
+            elif r < 0.5 and mw[k] > 0:
+                mw[k] = round(mw[k] * (1 + rng.uniform(-0.03, 0.03)), 4)
+        read = [m if rng.random() > 0.02 else math.nan for m in mw]
+        if rng.random() < 0.02:
+            lanes_a.live[rng.randrange(n)] = False
+            lanes_b.live[:] = lanes_a.live
+        action = rng.random()
+        chosen = rng.sample(sources, rng.randint(1, n))
+        until = t + rng.randint(1, 30) * MS
+        for probe in (by_lane, by_array):
+            if action < 0.03:
+                probe._lanes.open_window(chosen, until)  # type: ignore[union-attr]
+            elif action < 0.05:
+                probe.switched(chosen)
+            elif action < 0.06:
+                probe.close_window()
+        times = np.array([t + k for k in range(n)], np.int64)  # each lane read at its own instant
+        monkeypatch.setattr(rxpower, "SCALAR_LANES", n)
+        by_lane._report(lanes_a, times.copy(), np.array(read))
+        monkeypatch.setattr(rxpower, "SCALAR_LANES", 0)
+        by_array._report(lanes_b, times.copy(), np.array(read))
+        assert _drain(by_lane) == _drain(by_array), f"step {step}"
+        for name in LANE_STATE:
+            assert np.array_equal(getattr(lanes_a, name), getattr(lanes_b, name)), (step, name)
+
+
+def _fabric(seed: int) -> SimFabric:
+    inv = load_inventory(REPO / "inventory.yaml")
+    profile = resolve_profile("fast")
+    model = SwitchModel("ocs1", inv.switches["ocs1"].space, profile, random.Random(seed))
+    return SimFabric(inv, {"ocs1": model}, profile, random.Random(seed))
+
+
+def _scramble(fabric: SimFabric, rng: random.Random, t: int) -> None:
+    """Random optical and link state: lit or dark, settling or settled, modules refreshing or not."""
+    a = fabric.arrays
+    n = a.lit_from.size
+    for slot in range(n):
+        a.lit_from[slot] = rng.choice([-1, rng.randrange(n)])
+        a.level_dbm[slot] = rng.uniform(-12, 9)
+        a.light_t_ns[slot] = t - rng.randint(-2 * MS, 4 * MS)
+        a.settle_ns[slot] = rng.choice([0, rng.randint(1, 3 * MS)])
+        a.update_ns[slot] = rng.choice([0, 0, rng.randint(MS // 2, 5 * MS)])
+        a.update_phase_ns[slot] = rng.randint(0, 5 * MS)
+        a.before_mw[slot] = rng.choice([0.0, 0.3])
+        a.transport[slot] = rng.random() < 0.7
+        a.transport_t_ns[slot] = t - rng.randint(-MS, 4 * MS)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_model_rx_power_port_by_port_as_with_arrays(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    rng = random.Random(seed)
+    one = _fabric(seed)
+    other = copy.deepcopy(one)
+    slots = np.array(sorted(rng.sample(range(one.arrays.lit_from.size), 4)), np.int64)
+    for step in range(200):
+        t = 10**12 + step * 300_000
+        if step % 20 == 0:
+            state = random.Random(seed * 1000 + step)
+            _scramble(one, state, t)
+            _scramble(other, random.Random(seed * 1000 + step), t)
+        monkeypatch.setattr(fabric_mod, "SCALAR_SLOTS", 16)
+        each = one.rx_power_mw(slots, t)
+        monkeypatch.setattr(fabric_mod, "SCALAR_SLOTS", 0)
+        arrays = other.rx_power_mw(slots, t)
+        assert each.tolist() == arrays.tolist(), f"step {step}"
+        assert np.array_equal(one.arrays.noise_db, other.arrays.noise_db)  # the same noise stream, in order
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_model_traffic_pings_circuit_by_circuit_as_with_arrays(
+    monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    rng = random.Random(seed)
+    one = _fabric(seed)
+    other = copy.deepcopy(one)
+    ports = one.port_at[:8]
+    probes = [SimTrafficProbe(fabric, fabric.port_at, report_interval_ns=15 * MS) for fabric in (one, other)]
+    peers = [p.source for p in one.port_at[8:16]]
+    for probe in probes:
+        probe.set_circuits(dict(zip([p.source for p in ports], peers, strict=True)))
+    out: list[list[Event]] = [[], []]
+    for step in range(400):
+        t = 10**12 + step * MS
+        if step % 25 == 0:
+            _scramble(one, random.Random(seed * 1000 + step), t)
+            _scramble(other, random.Random(seed * 1000 + step), t)
+        if rng.random() < 0.02:  # a circuit moves, or goes
+            change = {ports[rng.randrange(8)].source: rng.choice([None, *peers])}
+            for probe in probes:
+                probe.set_circuits(change)
+        for k, (probe, scalar) in enumerate(zip(probes, (16, 0), strict=True)):
+            monkeypatch.setattr(model_probes, "SCALAR_SLOTS", scalar)
+            probe._ping_all(t)
+            out[k].extend(probe.queue._items)
+            probe.queue._items.clear()
+    assert [(e.t_ns, e.kind, e.source, e.value, e.meta) for e in out[0]] == [
+        (e.t_ns, e.kind, e.source, e.value, e.meta) for e in out[1]
+    ]
+    assert len(out[0]) > 50  # changes and heartbeats happened
+    assert probes[0].pings == probes[1].pings
