@@ -79,6 +79,9 @@ class Kind:
     RUN_ABORT: Final = "run.abort"
     RUN_FAULT: Final = "run.fault"  # the lab reported a fault (value: why); the run stops and restores
     AGENT_LOST: Final = "agent.lost"  # a host's agent went offline mid-run (meta: events received before)
+    AGENT_GAP: Final = (
+        "agent.gap"  # a host's events went missing (value: how many; meta: after_ns, before_ns)
+    )
     # Workload replay (labctl.workload, issue 16)
     WORKLOAD_TOPO: Final = "workload.topo_write"  # a topo_id write on every rail (value: the topo_id)
     WORKLOAD_OP: Final = "workload.op"  # a replayed collective (value: its label; meta: times, exposed)

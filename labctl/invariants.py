@@ -22,6 +22,12 @@ The check is exact where the measurement is, and allows only for what the measur
 - **Down-marks** are never earlier than the change (a receipt or a poll comes after it; linkwatch even
   defers carrier-down by up to 1 s), so a signal may have been up until its down observation.
 - **Before a signal's first observation** nothing is known: it may have been up.
+- **While its observer's events went missing** (`agent.gap`: a broker outage lost a host's batches, from
+  `meta.after_ns`, the latest stamp before them, to `meta.before_ns`, the earliest after) the signal may
+  have been up, until its next observation.
+- **After its observer was lost** (`agent.lost`: the agent of the port's host went away mid-run) nothing is
+  known either from the signal's last observation on: the lab went on without anyone watching (an agent
+  whose mirror runs behind the model, decision 0046, is lost before it reported what its model did last).
 
 Everything else is exact: the model stamps transitions at their model times, and a ping of the model
 probe at the instant it read the model.
@@ -29,6 +35,7 @@ probe at the instant it read the model.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -40,7 +47,7 @@ import numpy as np
 from labctl.events import Event, Kind
 
 LINK_KINDS = (Kind.CARRIER, Kind.LINK_FIRMWARE)
-_CHECKED = (Kind.CARRIER, Kind.LINK_FIRMWARE, Kind.TRAFFIC_OK)
+_CHECKED = (Kind.CARRIER, Kind.LINK_FIRMWARE, Kind.TRAFFIC_OK, Kind.AGENT_LOST, Kind.AGENT_GAP)
 # The byte patterns of those kinds in an events.jsonl line: the other lines (most of a 1M-line run: Rx
 # power samples) are not decoded at all.
 _MARKERS = tuple(f'"kind":"{kind}"'.encode() for kind in _CHECKED)
@@ -92,6 +99,7 @@ class _Meta(msgspec.Struct, frozen=True):
     after_ns: int | None = None
     sent_ns: int | None = None
     via: str | None = None
+    before_ns: int | None = None
 
 
 class _Row(msgspec.Struct):
@@ -103,6 +111,7 @@ class _Row(msgspec.Struct):
     value: int | float | str | None = None
     reconfig: int | None = None
     meta: _Meta = _Meta()
+    host: str | None = None
 
 
 _decoder = msgspec.json.Decoder(_Row)
@@ -138,13 +147,25 @@ def _rows_from_events(events: Iterable[Event]) -> Iterator[_Row]:
                 e.kind,
                 e.value,
                 e.reconfig,
-                _Meta(m.get("peer"), m.get("prev_ns"), m.get("after_ns"), m.get("sent_ns"), m.get("via")),
+                _Meta(
+                    m.get("peer"),
+                    m.get("prev_ns"),
+                    m.get("after_ns"),
+                    m.get("sent_ns"),
+                    m.get("via"),
+                    m.get("before_ns"),
+                ),
+                e.host,
             )
 
 
-def _up_intervals(obs: list[_Row]) -> tuple[np.ndarray, np.ndarray]:
+def _up_intervals(
+    obs: list[_Row], unwatched: bool = False, gaps: Iterable[tuple[int, int]] = ()
+) -> tuple[np.ndarray, np.ndarray]:
     """When one signal of one port may have been up, as sorted disjoint closed intervals (starts, ends),
-    from its observations in time order (the allowances are the module's)."""
+    from its observations in time order (the allowances are the module's). `unwatched`: its observer was
+    lost during the run, so after the last observation it may have been up; `gaps`: spans whose
+    observations went missing, during which (and until the next observation) it may have been up."""
     starts: list[int] = []
     ends: list[int] = []
     up_since: int | None = _NEG  # unknown before the first observation: may have been up
@@ -165,10 +186,30 @@ def _up_intervals(obs: list[_Row]) -> tuple[np.ndarray, np.ndarray]:
             ends.append(t)
             up_since = None
         previous = t
+    if up_since is None and unwatched and previous is not None:
+        up_since = previous
     if up_since is not None:
         starts.append(up_since)
         ends.append(_POS)
-    return np.array(starts, np.int64), np.array(ends, np.int64)
+    times = [row.t_ns for row in obs]
+    for a, b in gaps:  # up to the first observation at or after the gap's end (its last, then, is known)
+        k = bisect.bisect_left(times, b)
+        starts.append(a)
+        ends.append(times[k] if k < len(times) else _POS)
+    return _merged(starts, ends)
+
+
+def _merged(starts: list[int], ends: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Closed intervals, sorted and merged where they meet."""
+    out_s: list[int] = []
+    out_e: list[int] = []
+    for s, e in sorted(zip(starts, ends, strict=True)):
+        if out_e and s <= out_e[-1]:
+            out_e[-1] = max(out_e[-1], e)
+        else:
+            out_s.append(s)
+            out_e.append(e)
+    return np.array(out_s, np.int64), np.array(out_e, np.int64)
 
 
 def _intersect(
@@ -217,7 +258,19 @@ def check_rows(rows: Iterable[_Row]) -> list[Violation]:
     signals: dict[tuple[str, str], list[_Row]] = defaultdict(list)
     # per (source, peer): send times, receipt times, reconfigurations
     traffic: dict[tuple[str, str | None], tuple[list[int], list[int], list[int | None]]] = {}
+    lost_hosts: set[str] = set()
+    gaps: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for row in rows:
+        if row.kind == Kind.AGENT_LOST:
+            if row.host is not None:
+                lost_hosts.add(row.host)
+            continue
+        if row.kind == Kind.AGENT_GAP:
+            if row.host is not None:
+                after = row.meta.after_ns if row.meta.after_ns is not None else _NEG
+                before = row.meta.before_ns if row.meta.before_ns is not None else _POS
+                gaps[row.host].append((after, before))
+            continue
         if row.kind == Kind.TRAFFIC_OK:
             sends, gots, recs = traffic.setdefault((row.source, row.meta.peer), ([], [], []))
             gots.append(row.t_ns)
@@ -228,7 +281,8 @@ def check_rows(rows: Iterable[_Row]) -> list[Violation]:
     up: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for (source, _kind), obs in signals.items():
         obs.sort(key=lambda r: r.t_ns)
-        intervals = _up_intervals(obs)
+        host = obs[0].host
+        intervals = _up_intervals(obs, host in lost_hosts, gaps.get(host, ()) if host else ())
         up[source] = _intersect(up[source], intervals) if source in up else intervals
     violations: list[Violation] = []
     for (source, peer), (sent_l, got_l, reconfigs) in traffic.items():

@@ -108,6 +108,14 @@ class BrokerSpec(ConfigModel):
         description="agents lab: how far ahead of a switch command its light changes are sent to the "
         "agents' mirrors of the model (more than the broker's delivery time, so each is applied on time)",
     )
+    mirror_lag_ms: float = Field(
+        default=50.0,
+        ge=0.0,
+        le=1000.0,
+        description="agents lab: how far each agent's mirror of the model runs behind it (its probes sample "
+        "the model as it was this long ago, stamped then), so a world update that took up to this long "
+        "through the broker is still applied at its model time (decision 0046)",
+    )
     agent_grace_s: float = Field(
         default=5.0,
         gt=0,

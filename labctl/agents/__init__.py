@@ -20,8 +20,9 @@ Topics (`<lab>` and `<host>` from the inventory):
 - `labctl/<lab>/_world`         controller → agents, simulated labs only: the switch's light and the NIC
   link transitions of the one behavioural model of the lab (decision 0017). Each switch change is
   announced `broker.feed_lead_ms` before its command goes out (decision 0041) and each light change is
-  sent again when it happens; an agent's mirror applies it at its model time when it got there first, else
-  on arrival (counted: the agent's samples saw that light late).
+  sent again when it happens; an agent's mirror runs `broker.mirror_lag_ms` behind the model, applies each
+  change at its model time + lag, and its samplers read it at their own instants (decision 0046); a change
+  that got there after the samplers passed its time is applied at once and counted late.
 The controller hands every message to its client as soon as it is queued (no waiting for the previous
 ones' PUBACKs) and, when it stops, waits until the broker has acknowledged them all; an agent told to stop
 (SIGTERM) stops its probes, publishes what they sampled and its replies in flight, then says `offline`.

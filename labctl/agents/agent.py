@@ -60,14 +60,18 @@ from labctl.models.switch import SwitchModel
 from labctl.models.timeline import Scheduled, Timeline
 from labctl.probes import probe_kinds
 from labctl.profiles import Profile
-from labctl.sampling import CircuitProbe, Probe, ProbeSettings
+from labctl.sampling import CircuitProbe, ModelSchedule, Probe, ProbeSettings
 
 log = logging.getLogger("labctl.agents")
 
 BATCH_MAX = 512
-BATCH_GAP_NS = 2_000_000
+BATCH_GAP_NS = 20_000_000
+"""At most one event batch per this interval: a publish costs this host and the broker's ~0.1-0.5 ms of CPU
+(a loopback send wakes the broker), and what is sampled is stamped when sampled: a batch 20 ms later moves
+no mark, it only tells the controller of a recovery that much later (a mirror lags the model as much)."""
 OUTBOX_MAX = 200_000
 RECONNECT_MAX_S = 2.0  # agents retry a lost broker with backoff up to this
+MIRROR_WAKE_NS = 4_000_000  # a lagging mirror's samplers wake this often (ModelSchedule.wake_ns)
 WIND_DOWN_S = 3.0  # an agent told to stop publishes what it still holds for at most this long
 
 
@@ -90,14 +94,25 @@ class FabricMirror(SimFabric):
     (`late`, by how much). An item older than the light state already applied to a port is stale (a
     repeat, or overtaken) and ignored."""
 
-    def __init__(self, inventory: Inventory, profile: Profile, rng: random.Random) -> None:
+    def __init__(
+        self, inventory: Inventory, profile: Profile, rng: random.Random, *, lag_ns: int = 0
+    ) -> None:
         dark = SwitchModel.many({name: s.space for name, s in inventory.switches.items()}, profile, rng)
         super().__init__(inventory, dark, profile, rng)
         self.by_source = {p.source: p for p in inventory.ports}
         self._light_t: dict[NicPort, int] = {}  # model time (local clock) of the light state applied per port
-        # Announced changes wait on a timeline that the readers catch up (`sync_optics`), so a sample taken
-        # at t sees every change due by t even when the loop runs the timer late.
-        self._announced = Timeline()
+        self.lag_ns = lag_ns
+        """How far this copy runs behind the model (decision 0046): an item of model time t is applied at
+        t + lag on this host's clock, so a feed that took up to `lag_ns` to get here is still on time; the
+        agent stamps what its probes saw `lag_ns` earlier, back on the model's time. With a lag, the copy
+        is advanced only by its samplers, each at its tick's instant (`schedule`): a tick the host ran late
+        still sees the copy as it was at that instant."""
+        # Changes wait on a timeline that the readers catch up (`sync_optics`), so a sample taken at t sees
+        # every change due by t even when the loop runs the timer late (or, lagging, has no timer at all).
+        self._announced = Timeline(pull=lag_ns > 0)
+        # Its samplers wake every few ms and read every instant due since (a wake-up per instant, per
+        # agent, is what a host of many agents cannot afford); well within the lag.
+        self.schedule = ModelSchedule(wake_ns=min(MIRROR_WAKE_NS, lag_ns // 4)) if lag_ns > 0 else None
         self._switch_timelines.append(self._announced)
         # Per direction ("back": light reaches a port, "lost"): changes applied at their model time
         # (announced ahead), and how late each of the others was applied.
@@ -113,6 +128,19 @@ class FabricMirror(SimFabric):
         meanwhile): until the controller's next snapshot, no ping gets through, rather than one through a
         link this copy no longer knows to be up (decision 0044's invariant)."""
         self._pending_light: dict[tuple[NicPort, str | None], Scheduled] = {}
+        self.transitions = {"on_time": 0, "late": 0}  # link, carrier and transport changes
+        self.transition_late_ns: list[int] = []
+        self._pending_transitions: dict[tuple[NicPort, str], list[Scheduled]] = {}
+
+    def _drop_pending(self, port: NicPort, kind: str) -> None:
+        """Forget what was still to come for this port's signal (a snapshot supersedes it)."""
+        if kind == "light":
+            for key in [k for k in self._pending_light if k[0] == port]:
+                self._pending_light.pop(key).cancel()
+            self._held.pop(port, None)
+        else:
+            for entry in self._pending_transitions.pop((port, kind), []):
+                entry.cancel()
 
     def apply(self, item: WorldItem, t_local_ns: int, *, snapshot: bool = False) -> None:
         """Apply one world item whose model time is `t_local_ns` on this host's clock: now if that is
@@ -125,11 +153,30 @@ class FabricMirror(SimFabric):
             )
         if item.peer is not None and item.peer not in self.by_source:
             raise Rejected("malformed", f"world item: light from unknown port {item.peer!r}")
+        now = self.now()
+        t_local_ns += self.lag_ns  # on this copy's clock (a snapshot's stamps too: its events shift back)
+        if snapshot:
+            self._drop_pending(port, item.kind)  # the snapshot is newer than anything still to come
         if item.kind != "light":
-            self._transition(port, item.kind, 1 if item.value else 0, t_local_ns)
+            value = 1 if item.value else 0
+            if snapshot:
+                self._transition(port, item.kind, value, t_local_ns)
+            elif t_local_ns > now:  # on the timeline with the light, so a reader sees both in model order
+                self.transitions["on_time"] += 1
+                queued = self._pending_transitions.setdefault((port, item.kind), [])
+                queued[:] = [e for e in queued if e.t_ns > now and not e.cancelled]  # (the rest ran)
+                queued.append(
+                    self._announced.at(t_local_ns, self._transition, port, item.kind, value, t_local_ns)
+                )
+            else:
+                self.transitions["late"] += 1
+                self.transition_late_ns.append(now - t_local_ns)
+                self._transition(port, item.kind, value, t_local_ns)
+            return
+        if snapshot:  # the state as it is: at once, whatever this copy's clock says
+            self._apply_light(port, item, t_local_ns)
             return
         direction = "lost" if item.peer is None else "back"
-        now = now_ns()
         if item.mode == WITHDRAWN:  # nothing announced for this port happens: its light is as given, now
             for key in [k for k in self._pending_light if k[0] == port]:
                 self._pending_light.pop(key).cancel()
@@ -177,6 +224,15 @@ class FabricMirror(SimFabric):
             # model did (the command reached the model that much after its announced moment).
             self.early_ns[direction].append(t_local_ns - applied)
 
+    def at(self, t_ns: int, callback: Callable[[], None]) -> None:
+        """Run `callback` when this copy reaches t_ns (on its own clock), in order with its changes."""
+        self._announced.at(t_ns, callback)
+
+    def now(self) -> int:
+        """Where this copy stands: the instant its samplers last read it at (lagging), else the clock's
+        now. A change due after it is still on time."""
+        return self._announced.horizon_ns if self._announced.pull else now_ns()
+
     def _apply_announced(self, port: NicPort, item: WorldItem, t_local_ns: int, direction: str) -> None:
         self._pending_light.pop((port, item.peer), None)
         unconfirmed = item.mode == ANNOUNCED and item.peer is not None
@@ -218,10 +274,17 @@ class FabricMirror(SimFabric):
     def passes(self, slot: int, peer_slot: int, t_ns: int) -> bool:
         return not self.stale and super().passes(slot, peer_slot, t_ns)
 
+    def passes_each(self, pairs: list[tuple[int, int]], t_ns: int) -> list[bool]:
+        if self.stale:
+            self.sync_optics(t_ns)
+            return [False] * len(pairs)
+        return super().passes_each(pairs, t_ns)
+
     def cancel_pending(self) -> None:
         super().cancel_pending()
         self._announced.cancel_all()
         self._pending_light.clear()
+        self._pending_transitions.clear()
         self._held.clear()
 
     def stats(self) -> dict[str, int]:
@@ -234,6 +297,11 @@ class FabricMirror(SimFabric):
                 ordered = sorted(values)
                 out[f"{name}_min_ns"] = ordered[0]
                 out[f"{name}_median_ns"] = ordered[len(ordered) // 2]
+        out["lag_ns"] = self.lag_ns
+        out["transitions_on_time"] = self.transitions["on_time"]
+        out["transitions_late"] = self.transitions["late"]
+        if self.transition_late_ns:
+            out["transitions_late_max_ns"] = max(self.transition_late_ns)
         for direction, on_time in self.on_time.items():
             late = sorted(self.late_ns[direction])
             out[f"light_{direction}_on_time"] = on_time
@@ -295,6 +363,7 @@ class Agent:
         # probes of a real lab read the host's own interfaces): built by each `start`.
         self.mirror: FabricMirror | None = None
         self.world_offset_ns = 0
+        self.mirror_lag_ns = 0  # the run's mirror lag (decision 0046); 0 where probes read the host itself
         self.seq = 0  # batches sent (or lost trying)
         self.sent_events = 0
         self.lost_batches = 0  # publish failed (broker away): the controller sees the gap
@@ -418,8 +487,7 @@ class Agent:
             self._outbox.append(event)
             if not self._send_soon:
                 # Everything queued by the end of this loop turn goes as one batch, and at most one batch
-                # per BATCH_GAP_NS: a publish costs this host ~50 µs of CPU, and what is sampled is stamped
-                # when sampled (a batch a millisecond later moves no mark).
+                # per BATCH_GAP_NS.
                 self._send_soon = True
                 wait_ns = self._last_send_ns + BATCH_GAP_NS - now_ns()
                 if wait_ns > 0:
@@ -436,9 +504,12 @@ class Agent:
         self._last_send_ns = now_ns()
         while self._outbox:
             events = [self._outbox.popleft() for _ in range(min(BATCH_MAX, len(self._outbox)))]
+            lag = self.mirror_lag_ns
             for e in events:
-                if self.clock.synthetic:
-                    shift_stamps(e, self.clock.local(e.t_ns) - e.t_ns)  # onto this host's (test) clock
+                if self.clock.synthetic or lag:
+                    # From the mirror's lagging frame back onto the model's time (decision 0046), and onto
+                    # this host's clock where it has its own (tests).
+                    shift_stamps(e, self.clock.local(e.t_ns - lag) - e.t_ns)
                 e.host = self.host
             batch = Batch(
                 host=self.host, seq=self.seq, n0=self.sent_events, dropped=self.dropped, events=events
@@ -554,8 +625,11 @@ class Agent:
         seq0, n0 = self.seq, self.sent_events
         if self.mirror is not None:
             self.mirror.cancel_pending()
+        self.mirror_lag_ns = max(0, args.mirror_lag_ns) if self.mirrors_world else 0
         if self.mirrors_world:
-            self.mirror = FabricMirror(self.inventory, profile, random.Random(args.seed))
+            self.mirror = FabricMirror(
+                self.inventory, profile, random.Random(args.seed), lag_ns=self.mirror_lag_ns
+            )
         self.world_offset_ns = args.world_offset_ns
         # This host's probes, built from the registry where its lab kind says they look (the mirror of the
         # controller's model, or the host's own interfaces).
@@ -590,6 +664,10 @@ class Agent:
             raise Rejected(
                 "malformed", f"probes {sorted(set(names) - set(self.allowed_probes))} are not run here"
             )
+        if self.mirror_lag_ns and self._probes:
+            # The mirror's probes sample the model `lag` behind it: let them reach the moment of this stop
+            # (and the commands received before it take effect) before they end.
+            await asyncio.sleep(self.mirror_lag_ns / 1e9)
         stats = await self._stop_probes(names)
         await self.flush()  # everything sampled so far goes out before the reply that counts it
         data: dict[str, Any] = {"probes": stats}  # by probe name
@@ -606,9 +684,13 @@ class Agent:
                 raise Rejected("unauthorised", f"{source} is not a port of {self.host}")
             if peer is not None and peer not in self.all_sources:
                 raise Rejected("malformed", f"unknown peer port {peer}")
-        for probe in self._probes.values():
-            if isinstance(probe, CircuitProbe):
-                probe.set_circuits(args.circuits)
+
+        def act() -> None:
+            for probe in self._probes.values():
+                if isinstance(probe, CircuitProbe):
+                    probe.set_circuits(args.circuits)
+
+        self._after_lag(act, t_rx)
         return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True)
 
     async def _cmd_window(self, cmd: Command, t_rx: int) -> Reply:
@@ -616,12 +698,16 @@ class Agent:
         args: WindowArgs = self._args(WindowArgs, cmd)
         if args.open is not None and set(args.open) - self.sources:
             raise Rejected("unauthorised", f"window names ports not on {self.host}")
-        for probe in self._probes.values():
-            if isinstance(probe, ReconfigWindow):
-                if args.open is None:
-                    probe.close_window()
-                else:
-                    probe.open_window(args.open)
+
+        def act() -> None:
+            for probe in self._probes.values():
+                if isinstance(probe, ReconfigWindow):
+                    if args.open is None:
+                        probe.close_window()
+                    else:
+                        probe.open_window(args.open)
+
+        self._after_lag(act, t_rx)
         return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True)
 
     async def _cmd_switched(self, cmd: Command, t_rx: int) -> Reply:
@@ -630,11 +716,25 @@ class Agent:
         args: SwitchedArgs = self._args(SwitchedArgs, cmd)
         if set(args.sources) - self.sources:
             raise Rejected("unauthorised", f"switched names ports not on {self.host}")
-        for probe in self._probes.values():
-            switched = getattr(probe, "switched", None)
-            if callable(switched):
-                switched(args.sources)
+
+        def act() -> None:
+            for probe in self._probes.values():
+                switched = getattr(probe, "switched", None)
+                if callable(switched):
+                    switched(args.sources)
+
+        self._after_lag(act, t_rx)
         return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True)
+
+    def _after_lag(self, act: Callable[[], None], t_rx: int) -> None:
+        """Run a command's effect on the probes where this host's probes are in time: at once, or, for a
+        mirror running `lag` behind the model, on the mirror's timeline `lag` after it arrived, so that a
+        circuit, window or switch notice reaches the samplers at the same point of the model's time as
+        the light it goes with (in order with it, however late the host runs the samplers)."""
+        if self.mirror is None or not self.mirror.lag_ns:
+            act()
+            return
+        self.mirror.at(self.clock.raw(t_rx) + self.mirror.lag_ns, act)
 
     async def _cmd_inspect(self, cmd: Command, t_rx: int) -> Reply:
         """Read-only facts about this host's ports, for `labctl lab check` (labctl.agents.inspect)."""

@@ -33,6 +33,7 @@ class BrokerSettings:
     clock_sync_interval_s: float = 0.5
     clock_samples: int = 8
     feed_lead_ms: float = 50.0
+    mirror_lag_ms: float = 50.0
     agent_grace_s: float = 5.0
 
     @staticmethod
@@ -72,6 +73,7 @@ class BrokerSettings:
             clock_sync_interval_s=spec.clock_sync_interval_s if spec else 0.5,
             clock_samples=spec.clock_samples if spec else 8,
             feed_lead_ms=spec.feed_lead_ms if spec else 50.0,
+            mirror_lag_ms=spec.mirror_lag_ms if spec else 50.0,
             agent_grace_s=spec.agent_grace_s if spec else 5.0,
         )
 

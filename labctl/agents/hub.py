@@ -109,6 +109,30 @@ class HostLink:
     lost_at_wall_ns: int | None = None
     lost_reason: str | None = None  # "offline" (past the grace) or "restarted" (a new agent process)
     time_sync: dict[str, Any] | None = None  # the host's clock discipline, as its agent read it at start
+    last_event_ns: int | None = None  # the latest stamp among this run's events from the host (run timebase)
+
+    def gap(self, missing: int, before_ns: int | None) -> None:
+        """Events of this host went missing (a broker outage): say so in the stream, between the latest
+        stamp received before them and the earliest after (None: the end), for the readers of the run
+        (labctl.invariants: nothing is known of the host's signals in between)."""
+        if missing <= 0:
+            return
+        t = before_ns if before_ns is not None else (self.last_event_ns or now_ns())
+        meta: dict[str, Any] = {"missing_events": missing}
+        if self.last_event_ns is not None:
+            meta["after_ns"] = self.last_event_ns
+        if before_ns is not None:
+            meta["before_ns"] = before_ns
+        self.queue.put(
+            Event(
+                t_ns=t,
+                kind=Kind.AGENT_GAP,
+                source=f"agent:{self.host}",
+                host=self.host,
+                value=missing,
+                meta=meta,
+            )
+        )
 
     def begin_stream(self, seq: int, n: int) -> None:
         """The agent's counters when this run's probes started (from its start reply). An agent outlives
@@ -484,12 +508,15 @@ class AgentHub:
             link.duplicates += 1  # a QoS 1 redelivery
             return
         link.missing_batches += batch.seq - link.next_seq
-        link.missing_events += max(0, batch.n0 - link.cursor)
+        missing = max(0, batch.n0 - link.cursor)
+        link.missing_events += missing
         link.next_seq = batch.seq + 1
         link.cursor = batch.n0 + len(batch.events)
         link.batches += 1
         link.agent_dropped = batch.dropped
         offset = link.offset_now(t_rx)
+        if missing:
+            link.gap(missing, min(ev.t_ns for ev in batch.events) - offset if batch.events else None)
         bad = 0
         for ev in batch.events:
             if ev.source not in link.sources or ev.host != link.host:
@@ -502,6 +529,8 @@ class AgentHub:
             ev.wall_ns = None
             ev.reconfig = None
             link.delivered += 1
+            if link.last_event_ns is None or ev.t_ns > link.last_event_ns:
+                link.last_event_ns = ev.t_ns
             link.queue.put(ev)
         if bad:
             self.rejections.add("unauthorised", f"{bad} event(s) for ports not on {link.host}", link.host)
@@ -777,6 +806,9 @@ class RemoteProbe:
                 "profile": self.profile.model_dump(mode="json"),
                 "seed": self.seed,
                 "world_offset_ns": offset,
+                "mirror_lag_ns": (
+                    round(self.hub.broker.mirror_lag_ms * 1e6) if self.hub.world_snapshot is not None else 0
+                ),
             },
         )
         if reply.seq is not None and reply.n is not None:
@@ -820,6 +852,7 @@ class RemoteProbe:
             assert reply.seq is not None and reply.n is not None
             self.link.missing_batches += max(0, reply.seq - self.link.next_seq)
             self.link.missing_events += max(0, reply.n - self.link.cursor)
+            self.link.gap(reply.n - self.link.cursor, None)  # the last ones never came
             self.link.next_seq = max(self.link.next_seq, reply.seq)
             self.link.cursor = max(self.link.cursor, reply.n)
         self.link.queue.close()

@@ -69,6 +69,7 @@ class StartArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     profile: dict[str, Any]
     seed: int
     world_offset_ns: int = 0
+    mirror_lag_ns: int = 0  # a mirrored world: how far the mirror runs behind the model (decision 0046)
 
 
 class StopArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

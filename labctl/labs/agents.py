@@ -123,7 +123,7 @@ def agent_context(
     assert mirror is not None, "modeled probes: the agent mirrors the controller's world"
     sites = model_sites(mirror, inventory.ports)
     mine = [site for site in sites if site.port.host == host]
-    return ProbeContext(settings, ports=mine, peers=sites, world=mirror)
+    return ProbeContext(settings, ports=mine, peers=sites, world=mirror, schedule=mirror.schedule)
 
 
 def check(inventory: Inventory) -> None:

@@ -40,10 +40,11 @@ def _patch(model: SwitchModel, t: int, pairs: list[tuple[NicPort, NicPort]]) -> 
 
 
 async def test_a_new_circuit_passes_no_traffic_before_its_link_is_up(inventory_path: Path) -> None:
-    """Issue 23: h1-h2 and h3-h4 carry traffic; the switch swaps to h1-h3 and h2-h4. A reader that catches
-    the optics up to just after the swap, before the fabric's timeline has run the link reactions (a busy
-    loop: the samplers read first), saw the old links' transport flags with the new light and passed
-    traffic from h1 to h3 on links that were about to go down, ~50 ms before either had carrier."""
+    """Issue 23: h1-h2 and h3-h4 carry traffic; the switch swaps to h1-h3 and h2-h4. A reader that caught
+    only the optics up to just after the swap, before the fabric's timeline had run the link reactions (a
+    busy loop: the samplers read first), saw the old links' transport flags with the new light and passed
+    traffic from h1 to h3 on links that were about to go down, ~50 ms before either had carrier. Readers
+    of traffic now catch the link reactions up as well (decision 0046)."""
     _inv, model, fabric, p = _lab(inventory_path)
     slot = fabric.slot
     _patch(model, T, [(p["h1"], p["h2"]), (p["h3"], p["h4"])])
@@ -59,7 +60,8 @@ async def test_a_new_circuit_passes_no_traffic_before_its_link_is_up(inventory_p
     assert not fabric.traffic_ok(*new, swap + 1).any()  # the optics moved, the links did not react yet
     assert not fabric.traffic_ok(*old, swap + 1).any()
     assert not fabric.passes(slot[p["h1"]], slot[p["h3"]], swap + 1)
-    assert fabric.state(p["h1"]).transport == 1  # (the stale flag the reader must not trust)
+    # A ping's read catches the link reactions up too (`sync_links`): the old links have dropped.
+    assert fabric.state(p["h1"]).transport == 0
 
     fabric.timeline.run_due(swap + 1)  # the link reactions: the old links drop
     assert fabric.state(p["h1"]).carrier == 1 and not fabric.traffic_ok(*new, swap + 1).any()
@@ -161,6 +163,20 @@ def test_an_answer_counts_for_the_time_it_travelled() -> None:
 def test_before_a_ports_first_observation_nothing_is_known() -> None:
     assert check_events([_ok(1 * MS), _link(2 * MS, A, 0), _link(2 * MS, B, 0)]) == []
     assert check_events([_ok(1 * MS, peer="nic:h9/p0")]) == []
+
+
+def test_after_its_agent_was_lost_a_ports_link_is_unknown_from_its_last_observation() -> None:
+    """B's agent went away mid-run (its last report: still down at 30 ms): traffic A -> B at 70 ms, which
+    the lab may well have carried, is no violation; while B's agent still watched (at 20 ms), it is."""
+    events = [_link(0, A, 1), _link(0, B, 1), _link(10 * MS, B, 0), _link(30 * MS, B, 0)]
+    for e in events:
+        e.host = "h1" if e.source == A else "h2"
+    lost = Event(t_ns=50 * MS, kind=Kind.AGENT_LOST, source="agent:h2", host="h2", value=3)
+    assert [v.t_ns for v in check_events([*events, _ok(20 * MS), _ok(70 * MS)])] == [20 * MS, 70 * MS]
+    assert [v.t_ns for v in check_events([*events, lost, _ok(20 * MS), _ok(70 * MS)])] == [20 * MS]
+    # Another host's loss changes nothing for B.
+    other = Event(t_ns=50 * MS, kind=Kind.AGENT_LOST, source="agent:h3", host="h3", value=3)
+    assert [v.t_ns for v in check_events([*events, other, _ok(70 * MS)])] == [70 * MS]
 
 
 @pytest.mark.acausal("made up to break the invariant: this test checks that the checker sees it")

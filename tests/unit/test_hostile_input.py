@@ -180,6 +180,7 @@ FULL_INVENTORY: dict[str, Any] = {
         "clock_samples": 16,
         "agent_grace_s": 5.0,
         "feed_lead_ms": 50.0,
+        "mirror_lag_ms": 50.0,
     },
     "hosts": {
         "a": {
