@@ -193,7 +193,12 @@ async def main(args: argparse.Namespace) -> None:
         )
         print(header)
         results = []
+        cpu_runs: list[list[float]] = []  # per run, each agent's share of a core (not its start-up)
+        others: list[tuple[float, float]] = []  # per run, the controller's and the broker's
         for i in range(args.runs):
+            cpu0 = [agent_cpu_s(p.pid) for p in agents] if i else []
+            own0, broker0 = time.process_time(), agent_cpu_s(broker.pid)
+            started = time.monotonic()
             run = await run_experiment(
                 exp,
                 work / "agents.yaml",
@@ -202,6 +207,12 @@ async def main(args: argparse.Namespace) -> None:
                 plots=False,
                 seed=1 + i,
             )
+            if i:  # run 0 also waits for the agents to start (imports): not what a run costs
+                wall = time.monotonic() - started
+                cpu_runs.append([(agent_cpu_s(p.pid) - c) / wall for p, c in zip(agents, cpu0, strict=True)])
+                others.append(
+                    ((time.process_time() - own0) / wall, (agent_cpu_s(broker.pid) - broker0) / wall)
+                )
             d = describe(run.run_dir, local_optical)
             results.append(d)
             print(
@@ -214,6 +225,16 @@ async def main(args: argparse.Namespace) -> None:
                 print(f"    {run.run_dir}")
         cpu = [agent_cpu_s(p.pid) for p in agents]
         print(f"agent processes' CPU over the runs: {', '.join(f'{c:.1f}' for c in cpu)} s")
+        if cpu_runs:
+            shares = [statistics.median(run[k] for run in cpu_runs) for k in range(len(agents))]
+            print(
+                f"each agent's share of a core during a run (median of runs 1-{len(cpu_runs)}): "
+                f"{', '.join(f'{c:.2f}' for c in shares)}; all agents {sum(shares):.2f} cores of {os.cpu_count()}"
+            )
+            print(
+                f"controller (this process) {statistics.median(o[0] for o in others):.2f}, "
+                f"mosquitto {statistics.median(o[1] for o in others):.2f} of a core"
+            )
         if results:
             print(
                 f"median over {len(results)} runs: optical x{statistics.median(r['ratio'] for r in results):.2f} of "
