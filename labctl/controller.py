@@ -37,6 +37,7 @@ from labctl.labs.base import Lab, LabContext
 from labctl.linux.timesync import clock_sync_state
 from labctl.looplag import LoopLagMonitor, frozen_heap, middle_generation_deferred, slice_deadline
 from labctl.mapping import Mapping, MappingDiff, diff_mapping, validate_mapping
+from labctl.ocs import send_mapping
 from labctl.probes import ProbeContext, probe_kinds
 from labctl.sampling import Probe
 from labctl.store import RunDir, new_run_id, read_run_json, versions
@@ -316,7 +317,9 @@ class Controller:
         switch = self.lab.switches[rp.switch]
         before = self.current[rp.rail]
         self._touched = True
-        await switch.apply(rp.mapping, scope=rail_scope(self.inventory, rp.rail), context={"rail": rp.rail})
+        await send_mapping(
+            switch, rp.mapping, scope=rail_scope(self.inventory, rp.rail), context={"rail": rp.rail}
+        )
         self.current[rp.rail] = rp.mapping
         # Re-target traffic only once the switch acknowledged: until then the old circuit is still
         # probed, so the moment its traffic stops is measured too.

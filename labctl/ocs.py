@@ -106,6 +106,25 @@ class OpticalSwitch(Protocol):
         ...
 
 
+async def send_mapping(
+    switch: OpticalSwitch,
+    mapping: Iterable[tuple[int, int]],
+    *,
+    scope: Iterable[int] | None = None,
+    context: dict[str, Any] | None = None,
+    timeout_s: float | None = None,
+) -> Timed[ApplyResult]:
+    """The one place labctl sends a mapping to a switch: a run's rails (the controller), a replayed job's
+    topology writes and its giant-ring fallback (labctl.workload), the scheduler's restore after a crash,
+    and `labctl ocs`. The switch works the change out and verifies it (`converge`); `timeout_s` bounds
+    the whole call, on top of the driver's own per-operation policy (`TimeoutPolicy`), where a caller has
+    a deadline of its own. tests/unit/test_one_apply_path.py holds every other module to calling this."""
+    if timeout_s is None:
+        return await switch.apply(mapping, scope=scope, context=context)
+    async with asyncio.timeout(timeout_s):
+        return await switch.apply(mapping, scope=scope, context=context)
+
+
 def check_ports(switch: str, space: PortSpace, ports: Iterable[int]) -> list[int]:
     """The ports of a per-port query (power, shutters), sorted, or InputError: none given, or out of range.
     Every driver applies the same rule, so a caller gets the same answer from any switch."""

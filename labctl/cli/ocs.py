@@ -15,7 +15,7 @@ from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt, JsonOpt, out
 from labctl.errors import InputError
 from labctl.events import Event
 from labctl.mapping import Mapping, Patch
-from labctl.ocs import ApplyResult, OpticalSwitch, Timed
+from labctl.ocs import ApplyResult, OpticalSwitch, Timed, send_mapping
 
 T = TypeVar("T")
 
@@ -136,7 +136,7 @@ def connect(
     as_json: JsonOpt = False,
 ) -> None:
     """Patch IN → OUT (whatever either port was patched to before is disconnected)."""
-    sw, result = _with_switch(inventory, switch, lambda s: s.apply([(ingress, egress)]))
+    sw, result = _with_switch(inventory, switch, lambda s: send_mapping(s, [(ingress, egress)]))
     _print_result(sw, "connect", result, as_json)
 
 
@@ -148,7 +148,7 @@ def disconnect(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove every patch that uses one of the ports."""
-    sw, result = _with_switch(inventory, switch, lambda s: s.disconnect(ports))
+    sw, result = _with_switch(inventory, switch, lambda s: send_mapping(s, (), scope=ports))
     _print_result(sw, "disconnect", result, as_json)
 
 
@@ -197,7 +197,7 @@ def apply(
 ) -> None:
     """Make the switch match a mapping file: only ports whose pairing changes are touched; verified."""
     patches, scope = load_mapping_file(file)
-    sw, result = _with_switch(inventory, switch, lambda s: s.apply(patches, scope=scope))
+    sw, result = _with_switch(inventory, switch, lambda s: send_mapping(s, patches, scope=scope))
     _print_result(sw, "apply", result, as_json)
 
 

@@ -38,6 +38,7 @@ async def restore_baseline(row: RunRow, events_path: Path) -> dict[str, Any]:
     from labctl.events import EventLog, Kind
     from labctl.labs import build_lab, load
     from labctl.labs.base import LabContext
+    from labctl.ocs import send_mapping
     from labctl.sampling import ProbeSettings
 
     inventory = load(row.inventory)
@@ -57,7 +58,7 @@ async def restore_baseline(row: RunRow, events_path: Path) -> dict[str, Any]:
             await sw.connect()
             try:
                 mapping = [(int(a), int(b)) for a, b in entry["mapping"]]
-                await sw.apply(mapping, scope=entry["scope"], context={"recovery": row.id})
+                await send_mapping(sw, mapping, scope=entry["scope"], context={"recovery": row.id})
                 got = await sw.get_mapping()
                 scope = set(entry["scope"])
                 held[switch] = sorted([a, b] for a, b in got.value if a in scope or b in scope)

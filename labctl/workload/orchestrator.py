@@ -28,7 +28,7 @@ from labctl.clock import now_ns
 from labctl.errors import HardwareError
 from labctl.events import Event, Kind
 from labctl.mapping import Mapping
-from labctl.ocs import OpticalSwitch
+from labctl.ocs import OpticalSwitch, send_mapping
 from labctl.workload.circuits import JobCircuits, TopoState, changed_stages, topo_id
 
 EventSink = Callable[[Event], object]
@@ -194,8 +194,7 @@ class RailOrchestrator:
     ) -> Any:
         mapping = frozenset(p for s in stages for p in self.circuits.sub_mapping(self.rail, s, target[s]))
         scope = {p for s in stages for p in self.circuits.stage_ports(self.rail, s)}
-        async with asyncio.timeout(timeout_s):
-            return await self.switch.apply(mapping, scope=scope, context=context)
+        return await send_mapping(self.switch, mapping, scope=scope, context=context, timeout_s=timeout_s)
 
 
 class JobOrchestrator:
@@ -405,12 +404,13 @@ class JobOrchestrator:
                 ring = self.circuits.giant_ring(r.rail)
                 before = r.mapping
                 try:
-                    async with asyncio.timeout(self.switch_timeout_s):
-                        await r.switch.apply(
-                            ring,
-                            scope=self.circuits.rail_scope(r.rail),
-                            context={"rail": r.rail, "giant_ring": True},
-                        )
+                    await send_mapping(
+                        r.switch,
+                        ring,
+                        scope=self.circuits.rail_scope(r.rail),
+                        context={"rail": r.rail, "giant_ring": True},
+                        timeout_s=self.switch_timeout_s,
+                    )
                 except (HardwareError, TimeoutError) as e:
                     results.append(f"rail {r.rail}: {e or 'timed out'}")
                     continue
