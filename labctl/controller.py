@@ -29,7 +29,7 @@ from labctl.breakdown import (
 from labctl.clock import Timebase, now_ns
 from labctl.errors import LabctlError, LabFault
 from labctl.events import Event, EventLog, EventQueue, Kind
-from labctl.experiment import Plan, RailPhase, build_plan, load_experiment
+from labctl.experiment import Plan, RailPhase, compile_experiment
 from labctl.fileio import write_json_atomic
 from labctl.inventory import Inventory, NicPort
 from labctl.labs import build_lab, load
@@ -801,16 +801,6 @@ async def run_experiment(
         outcome.status, outcome.error = "failed", "; ".join(filter(None, [error, cause]))
         run.update(status=outcome.status, error=outcome.error)
     return outcome
-
-
-def compile_experiment(experiment: Path, inventory: Inventory) -> Plan:
-    """Any experiment kind, compiled to a plan of typed steps against the inventory."""
-    from labctl.workload.experiment import is_replay, load_replay_plan
-
-    if is_replay(experiment):
-        return load_replay_plan(experiment, inventory)
-    spec, src = load_experiment(experiment)
-    return build_plan(spec, inventory, src)
 
 
 def _record_replays(run: RunDir, results: list[Any]) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ mapping per switch before anything is sent, so a bad experiment fails in full be
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from labctl.errors import InputError
 from labctl.inventory import Inventory
 from labctl.mapping import Mapping
+from labctl.registry import DEFAULT_EXPERIMENT_KIND, EXPERIMENT_KINDS, Registry
 from labctl.sampling import ProbeSettings
 from labctl.topology import Link, links_to_mapping, pairs_links, ring_links
 from labctl.workload.steps import Reconfigure, Step, check_program, timeline_program
@@ -75,7 +77,10 @@ _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 MAX_RECONFIGURATIONS = 1_000_000  # repeat x cycle: a week of back-to-back 0.5 s reconfigurations
 
 
-class ExperimentSpec(_Model):
+class SpecBase(_Model):
+    """The fields every experiment kind shares (a timeline's phases, a replay's trace come on top):
+    `kind` names its entry in the experiment-kind registry (labctl.registry.EXPERIMENT_KINDS)."""
+
     name: str = Field(min_length=1, max_length=80)
 
     @field_validator("name")
@@ -90,15 +95,21 @@ class ExperimentSpec(_Model):
     rails: list[Annotated[int, Field(ge=0, le=1023)]] | None = Field(
         default=None, description="default: every rail of the inventory"
     )
-    phases: dict[str, PhaseSpec] = Field(min_length=1)
-    baseline: str
-    cycle: list[str] = Field(min_length=1)
-    repeat: int = Field(default=1, ge=1, le=MAX_RECONFIGURATIONS)
     recovery_timeout_s: float = Field(default=30.0, gt=0, le=3600)
     hold_s: float = Field(default=0.5, ge=0, le=3600)
     probes: ProbeSettings = ProbeSettings()
     analysis: AnalysisSettings = AnalysisSettings()
     gpu: GpuSettings | None = None
+
+
+class ExperimentSpec(SpecBase):
+    """A timeline experiment: a baseline, then a cycle of phases repeated (the main job)."""
+
+    kind: Literal["timeline"] = Field(default="timeline", exclude=True)
+    phases: dict[str, PhaseSpec] = Field(min_length=1)
+    baseline: str
+    cycle: list[str] = Field(min_length=1)
+    repeat: int = Field(default=1, ge=1, le=MAX_RECONFIGURATIONS)
 
     @model_validator(mode="after")
     def _probes_know_the_threshold(self) -> ExperimentSpec:
@@ -168,12 +179,6 @@ class Plan:
     program: tuple[Step, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.program and isinstance(self.spec, ExperimentSpec):
-            steps = [(rep, name) for rep in range(self.spec.repeat) for name in self.spec.cycle]
-            program = timeline_program(
-                self.spec.baseline, steps, self.spec.hold_s, gpu=self.spec.gpu is not None
-            )
-            object.__setattr__(self, "program", program)
         check_program(self.program, self.phases)
 
     @property
@@ -238,4 +243,49 @@ def build_plan(spec: ExperimentSpec, inventory: Inventory, src: SourcedYaml | No
             mapping = links_to_mapping(inventory, switch, links, where("phases", name))
             by_rail[rail] = RailPhase(rail, switch, tuple(links), mapping)
         phases[name] = by_rail
-    return Plan(spec=spec, path=src.path if src else None, rails=rails, phases=phases)
+    steps = [(rep, name) for rep in range(spec.repeat) for name in spec.cycle]
+    program = timeline_program(spec.baseline, steps, spec.hold_s, gpu=spec.gpu is not None)
+    return Plan(spec=spec, path=src.path if src else None, rails=rails, phases=phases, program=program)
+
+
+@dataclass(frozen=True)
+class ExperimentKind:
+    """An experiment kind's registry entry (labctl.registry.EXPERIMENT_KINDS): how a file of that kind
+    compiles against an inventory to the plan of typed steps the controller executes. A new kind is its
+    spec (on `SpecBase`), this entry and a line in the registry; the controller does not change."""
+
+    name: str
+    description: str
+    compile: Callable[[Path, Inventory], Plan]
+
+
+def _compile_timeline(path: Path, inventory: Inventory) -> Plan:
+    spec, src = load_experiment(path)
+    return build_plan(spec, inventory, src)
+
+
+KIND = ExperimentKind(
+    "timeline",
+    "a baseline, then a cycle of circuit phases, each reconfiguration's link-up measured (the main job)",
+    _compile_timeline,
+)
+experiment_kinds: Registry[ExperimentKind] = Registry("experiment kind", EXPERIMENT_KINDS, ExperimentKind)
+
+
+def experiment_kind(path: Path | str) -> ExperimentKind:
+    """The kind an experiment file names (`kind:`; default: timeline), from the registry."""
+    src = load_yaml(Path(path), "experiment")
+    name = src.data.get("kind", DEFAULT_EXPERIMENT_KIND) if isinstance(src.data, dict) else None
+    if name is None:
+        name = DEFAULT_EXPERIMENT_KIND  # not a mapping: the kind's own loader says what is wrong
+    if not isinstance(name, str) or name not in experiment_kinds:
+        raise InputError(
+            f"{src.where(('kind',))}: kind: {name!r} is not an experiment kind "
+            f"(known: {', '.join(experiment_kinds.names())})"
+        )
+    return experiment_kinds.get(name)
+
+
+def compile_experiment(path: Path | str, inventory: Inventory) -> Plan:
+    """Any experiment kind, compiled to a plan of typed steps against the inventory."""
+    return experiment_kind(path).compile(Path(path), inventory)

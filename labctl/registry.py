@@ -33,6 +33,11 @@ LAB_KINDS: Mapping[str, str] = {
     "agents": "labctl.labs.agents:KIND",
     "real": "labctl.labs.real:KIND",
 }
+DEFAULT_EXPERIMENT_KIND = "timeline"
+EXPERIMENT_KINDS: Mapping[str, str] = {
+    "timeline": "labctl.experiment:KIND",
+    "replay": "labctl.workload.experiment:KIND",
+}
 PROBES: Mapping[str, str] = {
     "model-link": "labctl.models.probes:LINK",
     "model-traffic": "labctl.models.probes:TRAFFIC",

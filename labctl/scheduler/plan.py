@@ -47,7 +47,7 @@ class Declaration:
 
 def declare(experiment: Path, inventory_path: Path) -> Declaration:
     """Validate the experiment against the inventory (InputError on bad input) and derive its resources."""
-    from labctl.controller import compile_experiment
+    from labctl.experiment import compile_experiment
     from labctl.labs import load
     from labctl.topology import rail_scope
 

@@ -25,11 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from labctl.clock import now_ns
 from labctl.errors import InputError, LabctlError
 from labctl.events import EventLog, Kind
-from labctl.experiment import _NAME_OK, AnalysisSettings, GpuSettings, Plan, RailPhase
+from labctl.experiment import ExperimentKind, GpuSettings, Plan, RailPhase, SpecBase
 from labctl.inventory import Inventory
 from labctl.labs.base import Lab
 from labctl.models.switch import SwitchModel
-from labctl.sampling import ProbeSettings
 from labctl.topology import Link, pairs_links, ring_links
 from labctl.workload.circuits import JobCircuits, TopoState, initial_state, topo_id
 from labctl.workload.orchestrator import JobOrchestrator
@@ -62,10 +61,11 @@ class SweepSettings(_Model):
     )
 
 
-class ReplaySpec(_Model):
-    name: str = Field(min_length=1, max_length=80, pattern=_NAME_OK.pattern)
+class ReplaySpec(SpecBase):
+    """A trace replay (the Figure 10 sweep is one with `sweep:`): the job's collectives and its topology
+    writes, on the lab's rails."""
+
     kind: Literal["replay"]
-    description: str = ""
     trace: str = Field(min_length=1, max_length=4096)
     mode: Literal["provisioning", "on-demand"] = "provisioning"
     switching_ms: float | None = Field(default=None, ge=0, le=3_600_000)
@@ -75,15 +75,10 @@ class ReplaySpec(_Model):
         default=0, ge=0, le=100_000, description="steps replayed on demand first (O1's table)"
     )
     time_scale: float = Field(default=1.0, gt=0, le=1000, description="multiply every trace time by this")
-    rails: list[Annotated[int, Field(ge=0, le=1023)]] | None = None
     retries: int = Field(default=2, ge=0, le=100)
     switch_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     faults: ReplayFaults | None = None
     sweep: SweepSettings | None = Field(default=None, description="run with `labctl replay sweep`")
-    recovery_timeout_s: float = Field(default=30.0, gt=0, le=3600)
-    hold_s: float = Field(default=0.5, ge=0, le=3600)
-    probes: ProbeSettings = ProbeSettings()
-    analysis: AnalysisSettings = AnalysisSettings()
     gpu: GpuSettings | None = Field(default=None, description="not run by a replay")
 
     def profile_update(self) -> dict[str, Any]:
@@ -259,3 +254,11 @@ def build_replay_plan(
 def load_replay_plan(path: Path, inventory: Inventory) -> Plan:
     spec, src, trace = load_replay(path)
     return build_replay_plan(spec, trace, inventory, src, path)
+
+
+KIND = ExperimentKind(
+    "replay",
+    "a training job's trace replayed on the rails: its collectives, its topology writes, the stall each "
+    "switch costs (decisions 0030-0037); with `sweep:`, the Figure 10 sweep (`labctl replay sweep`)",
+    load_replay_plan,
+)

@@ -1,0 +1,95 @@
+"""Experiment kinds in a registry (issue 24): a file's `kind:` picks its entry, which compiles it to the plan
+of typed steps the controller executes; a new kind is a spec, an entry and a registry line, and nothing
+outside the registry and the kind's own modules branches on a kind's name."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from labctl.errors import InputError
+from labctl.experiment import (
+    ExperimentKind,
+    Plan,
+    build_plan,
+    compile_experiment,
+    experiment_kinds,
+    load_experiment,
+)
+from labctl.inventory import Inventory, load_inventory
+from labctl.registry import EXPERIMENT_KINDS
+from labctl.workload.steps import Hold, Reconfigure
+
+REPO = Path(__file__).resolve().parents[2]
+LABCTL = REPO / "labctl"
+# Each kind's own modules: where its name may be written (its spec's `kind` literal, its CLI).
+OWNERS = {
+    "timeline": ("labctl/experiment.py", "labctl/registry.py"),
+    "replay": ("labctl/workload/", "labctl/cli/replay.py", "labctl/registry.py"),
+}
+# The same words meaning something else: the `replay` section of run.json and summary.json (written where
+# replay results exist, whatever the kind that made them), the timeline figure's file name.
+OTHER_MEANINGS = {
+    ("labctl/controller.py", "replay"),
+    ("labctl/cli/run.py", "replay"),
+    ("labctl/plots.py", "timeline"),
+}
+
+
+def test_every_kind_loads_and_names_itself() -> None:
+    assert set(experiment_kinds.names()) == set(EXPERIMENT_KINDS) == set(OWNERS)
+    for name in experiment_kinds:
+        assert experiment_kinds.get(name).name == name
+
+
+def test_the_file_names_its_kind_and_timeline_is_the_default() -> None:
+    inventory = load_inventory(REPO / "inventory.yaml")
+    timeline = compile_experiment(REPO / "experiments/reconfig-timeline.yaml", inventory)
+    assert any(isinstance(s, Reconfigure) and s.baseline for s in timeline.program)
+    replay = compile_experiment(REPO / "experiments/replay-opus-testbed.yaml", inventory)
+    assert type(replay.spec).__name__ == "ReplaySpec" and replay.program
+
+
+def test_an_unknown_kind_is_one_line_naming_the_known_ones(tmp_path: Path) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_text("name: x\nkind: sweep-the-floor\n")
+    with pytest.raises(InputError, match=r"x\.yaml:2.*kind: 'sweep-the-floor'.*known: replay, timeline"):
+        compile_experiment(path, load_inventory(REPO / "inventory.yaml"))
+
+
+def _just_the_baseline(path: Path, inventory: Inventory) -> Plan:
+    """A kind made up by this test: a timeline file's baseline and one hold, nothing else."""
+    spec, src = load_experiment(path.with_name("base.yaml"))
+    plan = build_plan(spec, inventory, src)
+    steps = (*(s for s in plan.program if isinstance(s, Reconfigure) and s.baseline), Hold(0.1))
+    return Plan(plan.spec, plan.path, plan.rails, plan.phases, steps)
+
+
+JUST_THE_BASELINE = ExperimentKind("just-the-baseline", "a test's own kind", _just_the_baseline)
+
+
+def test_a_new_kind_is_an_entry_and_a_registry_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        experiment_kinds,
+        "table",
+        {**EXPERIMENT_KINDS, "just-the-baseline": f"{__name__}:JUST_THE_BASELINE"},
+    )
+    (tmp_path / "base.yaml").write_text((REPO / "experiments/reconfig-timeline.yaml").read_text())
+    (tmp_path / "mine.yaml").write_text("kind: just-the-baseline\n")
+    plan = compile_experiment(tmp_path / "mine.yaml", load_inventory(REPO / "inventory.yaml"))
+    assert [type(s).__name__ for s in plan.program] == ["Reconfigure", "Hold"]
+
+
+def test_no_module_outside_a_kind_and_the_registry_writes_its_name() -> None:
+    found = []
+    for path in sorted(LABCTL.rglob("*.py")):
+        module = path.relative_to(REPO).as_posix()
+        for name, owners in OWNERS.items():
+            if module.startswith(owners) or (module, name) in OTHER_MEANINGS:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and node.value == name:
+                    found.append(f"{module}:{node.lineno}: {name!r}")
+    assert found == [], "branch on an experiment kind only in its registry entry:\n" + "\n".join(found)
