@@ -12,7 +12,7 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from types import TracebackType
-from typing import Literal, Protocol, Self, runtime_checkable
+from typing import Annotated, Literal, Protocol, Self, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -111,6 +111,12 @@ class ProbeSettings(BaseModel):
         ge=0,
         le=1000,
         description="poll the OCS's own power monitor on the rails' ports (0: off)",
+    )
+    extra: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default=[],
+        max_length=32,
+        description="more registered probes to run beside the lab's own, by name (labctl.registry.PROBES), "
+        "each built on the lab's ports and model like its own (in-process lab kinds: simulated, kernel)",
     )
 
 

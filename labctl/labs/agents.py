@@ -24,6 +24,7 @@ from labctl.labs.world import (
     check_power_meters,
     check_switches_over_models,
     drive_models,
+    no_extra_probes,
     switch_models,
 )
 from labctl.mapping import Mapping, diff_mapping, ports_of
@@ -142,6 +143,7 @@ shows light before the model's switch moved it; on a busy host this is what the 
 
 def build(ctx: LabContext) -> Lab:
     require_transport(ctx.probes, "agents")
+    no_extra_probes(ctx.probes, "agents")
     inv = ctx.inventory
     # Light changes are announced when scheduled, so the agents' mirrors apply them at their model time
     # instead of a broker hop after it (labctl.agents.agent.FabricMirror).

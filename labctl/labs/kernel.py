@@ -148,7 +148,7 @@ def build(ctx: LabContext) -> Lab:
     optical = {site.port: site for site in model_sites(optics, inv.ports)}
     sites = [dataclasses.replace(optical[fp.port], netns=fp.host_netns, ip=fp.ip) for fp in layout.ports]
     probes = tuple(TRAFFIC_PROBE[ctx.probes.transport] if name == "traffic" else name for name in PROBES)
-    lab.probes = build_probes(probes, ProbeContext(ctx.probes, ports=sites))
+    lab.probes = build_probes(probes, ProbeContext(ctx.probes, ports=sites), extra=True)
     add_power_meters(lab, ctx, models)
 
     async def start_fabric() -> None:

@@ -17,7 +17,7 @@ from labctl.agents.broker import BrokerSettings
 from labctl.agents.hub import run_probes_on_agents
 from labctl.inventory import Inventory
 from labctl.labs.base import Lab, LabContext, LabKind, require_transport
-from labctl.labs.world import add_power_meters, check_power_meters
+from labctl.labs.world import add_power_meters, check_power_meters, no_extra_probes
 from labctl.models.fabric import SimFabric
 from labctl.probes import PortSite, ProbeContext
 from labctl.sampling import ProbeSettings
@@ -68,6 +68,7 @@ def check(inventory: Inventory) -> None:
 
 def build(ctx: LabContext) -> Lab:
     require_transport(ctx.probes, "real", tuple(TRAFFIC_PROBE))
+    no_extra_probes(ctx.probes, "real")
     if ctx.probes.transport == "rdma":
         require_rdma_ports(ctx.inventory)
     lab = Lab(

@@ -44,7 +44,7 @@ def build(ctx: LabContext) -> Lab:
     probes = tuple(
         TRAFFIC_PROBE[ctx.probes.transport] if name == "model-traffic" else name for name in PROBES
     )
-    lab.probes = build_probes(probes, ProbeContext(ctx.probes, ports=sites, world=fabric))
+    lab.probes = build_probes(probes, ProbeContext(ctx.probes, ports=sites, world=fabric), extra=True)
     add_power_meters(lab, ctx, models)
     return lab
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 
+from labctl.errors import InputError
 from labctl.inventory import Inventory
 from labctl.labs.base import Lab, LabContext
 from labctl.models.switch import SwitchModel
 from labctl.probes import MeterSite, ProbeContext, probe_kinds
-from labctl.sampling import Probe
+from labctl.sampling import Probe, ProbeSettings
 from labctl.switches import emulate_switch, switch_drivers
 
 
@@ -55,8 +56,21 @@ def drive_models(ctx: LabContext, models: dict[str, SwitchModel], lab: Lab) -> N
     lab.close_hooks.extend(model.cancel_pending for model in models.values())
 
 
-def build_probes(names: Sequence[str], ctx: ProbeContext) -> list[Probe]:
-    return [probe_kinds.get(name).build(ctx) for name in names]
+def build_probes(names: Sequence[str], ctx: ProbeContext, *, extra: bool = False) -> list[Probe]:
+    """The probes of these names on `ctx`; with `extra`, also the ones the experiment names
+    (`probes.extra`), each once."""
+    wanted = list(dict.fromkeys([*names, *(ctx.settings.extra if extra else ())]))
+    return [probe_kinds.get(name).build(ctx) for name in wanted]
+
+
+def no_extra_probes(settings: ProbeSettings, kind: str) -> None:
+    """One line if the experiment names extra probes where this lab kind cannot run them (its agents run
+    an allow-list of probes, the lab kind's own)."""
+    if settings.extra:
+        raise InputError(
+            f"probes.extra: {', '.join(settings.extra)}: lab kind {kind} runs its agents' own probes only "
+            "(extra probes run on the in-process lab kinds: simulated, kernel)"
+        )
 
 
 def check_power_meters(inventory: Inventory, kind: str, *, over_models: bool) -> None:

@@ -76,6 +76,7 @@ def test_a_new_kind_is_an_entry_and_a_registry_line(tmp_path: Path, monkeypatch:
         "table",
         {**EXPERIMENT_KINDS, "just-the-baseline": f"{__name__}:JUST_THE_BASELINE"},
     )
+    monkeypatch.setattr(experiment_kinds, "_loaded", dict(experiment_kinds._loaded))  # forgotten afterwards
     (tmp_path / "base.yaml").write_text((REPO / "experiments/reconfig-timeline.yaml").read_text())
     (tmp_path / "mine.yaml").write_text("kind: just-the-baseline\n")
     plan = compile_experiment(tmp_path / "mine.yaml", load_inventory(REPO / "inventory.yaml"))
