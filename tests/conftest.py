@@ -138,6 +138,39 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+TIERS = {
+    "unit": "unit",
+    "integration": "integration",
+    "contract": "integration",
+    "emulated": "emulated",
+    "hardware": "hardware",
+}
+"""The marker each folder of tests/ gives its tests (pyproject.toml says what each tier holds), so that
+`pytest -m "not integration"` and the like select tiers."""
+ROOT_FIXTURES = frozenset({"netns", "fabric_prefix", "own_rehearsal_inventory", "chronyd_pair", "ptp4l_pair"})
+"""Fixtures that need root (network namespaces, veth pairs, daemons run as root): their tests are `root`."""
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with its folder's tier, and `root` where it needs root: an `emulated` mark of its own
+    (it runs in network namespaces) or a fixture of ROOT_FIXTURES."""
+    for item in items:
+        try:
+            folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        except ValueError:  # a test outside tests/ (pytester's own)
+            continue
+        # before the tier's own marker: an `emulated` the test carries itself says it needs root
+        needs_root = item.get_closest_marker("emulated") is not None or bool(
+            ROOT_FIXTURES & set(getattr(item, "fixturenames", ()))
+        )
+        tier = TIERS.get(folder)
+        if tier is not None:
+            item.add_marker(tier)
+        if needs_root:
+            item.add_marker("root")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--lab",
