@@ -23,61 +23,36 @@ import pytest
 
 from labctl.agents.agent import Agent, FabricMirror
 from labctl.agents.broker import BrokerSettings
-from labctl.agents.clock import HostClock, OffsetSample, estimate_offset
-from labctl.agents.hub import AgentHub, HostLink, RemoteProbe
-from labctl.agents.wire import Batch, Command, Reply, Signer, WorldItem, shift_stamps, topic
+from labctl.agents.clock import HostClock
+from labctl.agents.hub import AgentHub, RemoteProbe
+from labctl.agents.wire import Batch, Command, Signer, WorldItem, topic
 from labctl.clock import now_ns
 from labctl.config import Secret
 from labctl.controller import run_experiment
 from labctl.errors import HardwareError
-from labctl.events import Event, Kind, read_events
+from labctl.events import Event, read_events
 from labctl.inventory import load_inventory
 from labctl.labs import agents as agents_lab
 from labctl.labs.base import LabContext
 from labctl.sampling import ProbeSettings
-from tests.conftest import REPO, require
+from tests.conftest import require
+from tests.helpers import agents as helpers
+from tests.helpers.agents import (
+    EXPERIMENT,
+    GRACE_S,
+    _loss,
+    _running,
+    _status,
+    broker_section,
+    write_lab,
+)
 from tests.mosquitto import Mosquitto
+
+hub, lost = helpers.hub, helpers.lost  # fixtures
+
 
 HOSTS = ("h1", "h2", "h3", "h4")
 
-# Zero-width ranges: every draw of the profile is the same, so two runs of the same experiment must give
-# the same breakdown up to sampling and transport effects, which is what the comparison measures.
-INVENTORY = """
-lab: {lab}
-switches:
-  ocs1: {{driver: sim, size: 16x16}}
-profile: fixed
-profiles:
-  fixed:
-    extends: fast
-    switching_ms: [2.5, 2.5]
-    light_loss_ms: [0.2, 0.2]
-    optical_settle_ms: [0.4, 0.4]
-    firmware_up_ms: [50, 50]
-    carrier_after_firmware_us: [75, 75]
-    transport_after_carrier_ms: [15, 15]
-    carrier_down_after_loss_ms: [0.2, 0.2]
-    rtt_us: [10, 10]
-hosts:
-  h1: {{nics: [{{ifname: p0, rail: 0, switch: ocs1, tx: 1, rx: 17}}, {{ifname: p1, rail: 1, switch: ocs1, tx: 2, rx: 18}}]}}
-  h2: {{nics: [{{ifname: p0, rail: 0, switch: ocs1, tx: 3, rx: 19}}, {{ifname: p1, rail: 1, switch: ocs1, tx: 4, rx: 20}}]}}
-  h3: {{nics: [{{ifname: p0, rail: 0, switch: ocs1, tx: 5, rx: 21}}, {{ifname: p1, rail: 1, switch: ocs1, tx: 6, rx: 22}}]}}
-  h4: {{nics: [{{ifname: p0, rail: 0, switch: ocs1, tx: 7, rx: 23}}, {{ifname: p1, rail: 1, switch: ocs1, tx: 8, rx: 24}}]}}
-{broker}
-"""
-
-EXPERIMENT = """
-name: agents-compare
-rails: [0, 1]
-phases:
-  dp: {{pairs: [[h1, h2], [h3, h4]]}}
-  pp: {{pairs: [[h1, h3], [h2, h4]]}}
-baseline: dp
-cycle: [pp, dp]
-repeat: {repeat}
-hold_s: 0.2
-recovery_timeout_s: 10
-"""
 
 # Marks the agents stamp from the NIC models' own transition times (firmware t3, carrier t4) are exact model
 # times shifted by the measured clock offset: they must agree with the one-process run to within the offset
@@ -88,10 +63,16 @@ recovery_timeout_s: 10
 # on a shared 2-core box: up to ~100 ms on single rows when it is loaded, in the one-process run too), so
 # they are compared on the median, within a stated tolerance, and checked row by row against their causes.
 EXACT_SLACK_NS = 500_000  # on top of the recorded offset uncertainty (event-loop stamping jitter)
+
+
 # The world feed's delivery lag (a few ms on loopback, tens with four agents on one busy loop) plus both
 # runs' scheduling noise.
 SAMPLED_MEDIAN_TOLERANCE_NS = 150_000_000
+
+
 SWITCHING_NS = 2_500_000  # the fixed profile's switching_ms
+
+
 TRANSPORT_NS = 15_000_000  # and its transport_after_carrier_ms
 
 
@@ -100,20 +81,6 @@ def broker(mosquitto: Mosquitto) -> Mosquitto:
     if mosquitto.proc is None or mosquitto.proc.poll() is not None:
         mosquitto.start()  # a test that restarted it and failed midway
     return mosquitto
-
-
-def write_lab(tmp_path: Path, broker_yaml: str = "", repeat: int = 1) -> tuple[Path, Path]:
-    """The lab is named after the test directory: retained messages of one test never reach another."""
-    inv = tmp_path / f"inventory{'-mqtt' if broker_yaml else ''}.yaml"
-    lab = "t-" + "".join(c if c.isalnum() else "-" for c in tmp_path.name)[-40:]
-    inv.write_text(INVENTORY.format(broker=broker_yaml, lab=lab))
-    exp = tmp_path / "experiment.yaml"
-    exp.write_text(EXPERIMENT.format(repeat=repeat))
-    return inv, exp
-
-
-def broker_section(url: str, extra: str = "") -> str:
-    return f"kind: agents\nbroker:\n  url: {url}\n  clock_sync_interval_s: 0.5\n{extra}"
 
 
 def breakdown(run_dir: Path) -> pd.DataFrame:
@@ -199,28 +166,6 @@ async def agents_running(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-# -- clock offset estimation (no broker) ------------------------------------------------------------------------
-def test_offset_estimate_keeps_fastest_round_trips_and_bounds_the_error() -> None:
-    rng = random.Random(7)
-    true_offset = 1_234_567
-    samples = []
-    for i in range(64):
-        t1 = i * 1_000_000
-        clean = i % 4 == 0  # a quarter of the round trips meet no queue; the rest wait on one leg or both
-        up = 20_000 + rng.randrange(0, 5_000 if clean else 2_000_000)  # queueing only ever adds delay
-        down = 20_000 + rng.randrange(0, 5_000 if clean else 2_000_000)
-        t2 = t1 + up + true_offset
-        t3 = t2 + 3_000
-        t4 = t3 - true_offset + down
-        samples.append(OffsetSample(t1, t2, t3, t4))
-    est = estimate_offset(samples)
-    assert est.kept == 16 and est.samples == 64
-    assert abs(est.offset_ns - true_offset) <= est.uncertainty_ns
-    assert est.uncertainty_ns < 100_000  # the slow samples were not used
-    naive = sorted(s.offset_ns for s in samples)[len(samples) // 2]
-    assert abs(est.offset_ns - true_offset) < abs(naive - true_offset) or abs(naive - true_offset) < 10_000
-
-
 # -- four agents through mosquitto --------------------------------------------------------------------------------
 @pytest.fixture
 def agent_procs(broker: Mosquitto, tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
@@ -299,6 +244,8 @@ async def test_four_agent_processes_match_the_one_process_run(
 # - the difference of the two runs' median switch phase: where a dark gap fell between samples, a run's
 #   optical mark follows its t1, so each controller's own lateness in stamping t1 moves it too.
 FAST_RUNS = 5
+
+
 SAMPLING_PERIOD_NS = 1_000_000  # the experiment's rx_power_hz: 1000
 
 
@@ -685,47 +632,6 @@ async def _drain(queue: Any) -> AsyncIterator[Event]:
         yield queue._items.popleft()
 
 
-# -- agent loss, status by status (no broker: the hub's decisions on the messages it is given) ----------------
-GRACE_S = 0.3
-
-
-@pytest.fixture
-def lost() -> list[str]:
-    """The reasons the hub gave the run for its lost agents (what `Lab.fault` would get)."""
-    return []
-
-
-@pytest.fixture
-async def hub(tmp_path: Path, lost: list[str]) -> AsyncIterator[AgentHub]:
-    inv_path, _ = write_lab(tmp_path, broker_section("mqtt://127.0.0.1:1"))
-    inventory = load_inventory(inv_path)
-    settings = dataclasses.replace(BrokerSettings.from_inventory(inventory), agent_grace_s=GRACE_S)
-    hub = AgentHub(inventory, settings)  # never started: messages are handed to it as if they had come
-    hub.on_lost = lost.append
-    try:
-        yield hub
-    finally:
-        await hub.stop()
-
-
-def _status(hub: AgentHub, host: str, body: str, t_ns: int) -> None:
-    name = topic(hub.lab, host, "status")
-    hub._on_message(name, hub.signer.seal(name, body.encode()), t_ns)
-
-
-def _loss(link: HostLink) -> tuple[int | None, str | None]:
-    """When (the controller's clock) and why the hub declared the agent lost."""
-    return link.lost_at_ns, link.lost_reason
-
-
-def _running(hub: AgentHub, host: str, incarnation: str) -> HostLink:
-    """The agent `incarnation` is online and runs this run's probes (as after its start reply)."""
-    _status(hub, host, f"online {incarnation}", 1)
-    link = hub.links[host]
-    link.started, link.incarnation = True, incarnation
-    return link
-
-
 async def test_the_same_agent_process_back_within_the_grace_is_an_outage_not_a_loss(
     hub: AgentHub, lost: list[str]
 ) -> None:
@@ -764,18 +670,6 @@ async def test_a_new_agent_process_is_a_loss_at_once_however_quickly_it_came(
     other = _running(hub, "h2", "C")
     _status(hub, "h2", "online D", 40)
     assert _loss(other) == (40, "restarted")
-
-
-async def test_a_reply_from_a_new_agent_process_is_a_loss(hub: AgentHub) -> None:
-    """Its `online` may come after its first reply (to a command the old one never saw)."""
-    link = _running(hub, "h1", "A")
-    name = topic(hub.lab, "h1", "reply")
-    same = msgspec.json.encode(Reply(host="h1", id=1, op="window", ok=True, incarnation="A"))
-    hub._on_message(name, hub.signer.seal(name, same), 5)
-    assert _loss(link) == (None, None)
-    new = msgspec.json.encode(Reply(host="h1", id=2, op="window", ok=True, incarnation="B"))
-    hub._on_message(name, hub.signer.seal(name, new), 6)
-    assert _loss(link) == (6, "restarted")
 
 
 async def test_status_without_an_agent_process_is_rejected_and_a_stale_will_ignored(hub: AgentHub) -> None:
@@ -858,40 +752,6 @@ async def test_the_world_mirror_applies_light_at_its_model_time(tmp_path: Path) 
     assert st.light_from is None
 
 
-async def test_a_lagging_mirror_applies_what_it_learned_within_its_lag_at_the_model_time(
-    tmp_path: Path,
-) -> None:
-    """A mirror running `lag` behind the model (decision 0046) applies a change that reached it up to `lag`
-    after its model time as if on time: light and link changes alike, in model order on its timeline, each
-    `lag` later on the mirror's clock (the agent stamps what its probes saw `lag` earlier). Learned later
-    than that, a change is applied at once and counted late."""
-    inv_path, _ = write_lab(tmp_path, broker_section("mqtt://127.0.0.1:1"))
-    inventory = load_inventory(inv_path)
-    lag = 30_000_000
-    mirror = FabricMirror(inventory, inventory.profile(), random.Random(1), lag_ns=lag)
-    port, peer = mirror.by_source["nic:h1/p0"], mirror.by_source["nic:h2/p0"]
-    st = mirror.state(port)
-    mirror.apply(WorldItem("light", port.source, 0, 0, peer.source, 0, -2.0), 0, snapshot=True)
-    mirror.apply(WorldItem(Kind.CARRIER, port.source, 0, 1), 0, snapshot=True)
-    seen: list[tuple[str, int, int]] = []
-    mirror.add_listener(lambda p, kind, value, t: seen.append((kind, value, t)))
-    t_lost = now_ns() - 10_000_000  # it happened 10 ms before the feed brought it
-    mirror.apply(WorldItem("light", port.source, t_lost, 0, None), t_lost)
-    mirror.apply(WorldItem(Kind.CARRIER, port.source, t_lost + 1, 0), t_lost + 1)
-    assert st.light_from is peer and seen == [], "not before its time on the mirror's clock"
-    mirror.sync_optics(t_lost + lag + 1)  # a reader at that time catches the mirror up
-    assert st.light_from is None and st.light_t_ns == t_lost + lag
-    assert seen == [(Kind.CARRIER, 0, t_lost + 1 + lag)]
-    t_old = now_ns() - lag - 5_000_000  # later than the lag allows
-    mirror.apply(WorldItem(Kind.CARRIER, port.source, t_old, 1), t_old)
-    assert seen[-1] == (Kind.CARRIER, 1, t_old + lag)
-    stats = mirror.stats()
-    assert stats["lag_ns"] == lag and stats["light_lost_on_time"] == 1 and stats["light_lost_late"] == 0
-    assert (stats["transitions_on_time"], stats["transitions_late"]) == (1, 1)
-    assert stats["transitions_late_max_ns"] >= 5_000_000
-    mirror.cancel_pending()
-
-
 async def test_the_agents_lab_announces_light_changes_when_the_switch_schedules_them(tmp_path: Path) -> None:
     """The controller's side of the mirror: a switch change is on the world feed when the switch takes the
     command (light lost, light back a switching time later), before it happens; then again as it happens."""
@@ -920,34 +780,6 @@ async def test_the_agents_lab_announces_light_changes_when_the_switch_schedules_
         )
     happened = [(at, item) for at, item in back if at >= item.t_ns]
     assert {item.port for _, item in happened} == {"nic:h1/p0", "nic:h2/p0"}, "and again as it happens"
-
-
-def test_agent_stamps_in_event_meta_move_with_the_event() -> None:
-    """Times a probe writes into meta (the previous sample a mark's bracket starts at, when a ping was sent
-    or given up on) are on the observing host's clock like t_ns, and go onto the run timebase with it;
-    durations stay as they are."""
-    ev = Event(
-        t_ns=5_000,
-        source="nic:h1/p0",
-        kind="rx_power",
-        meta={"prev_ns": 4_000, "detected_ns": 7_000, "sampling_period_ns": 1_000, "lane": 1},
-    )
-    shift_stamps(ev, -1_000)
-    assert ev.t_ns == 4_000
-    assert ev.meta == {"prev_ns": 3_000, "detected_ns": 6_000, "sampling_period_ns": 1_000, "lane": 1}
-
-
-def test_agents_build_a_world_mirror_only_for_modeled_probes(tmp_path: Path) -> None:
-    """A real lab's agents read their host's interfaces: no mirror of a behaviour model, no world feed.
-    Each agent is its own process to the controller: a fresh incarnation per agent."""
-    inv_path, _ = write_lab(tmp_path, broker_section("mqtt://127.0.0.1:1"))
-    modeled = load_inventory(inv_path)
-    settings = BrokerSettings.from_inventory(modeled)
-    one, two = Agent(modeled, "h1", settings), Agent(modeled, "h1", settings)
-    assert one.mirrors_world and one.incarnation != two.incarnation
-    real = load_inventory(REPO / "experiments" / "inventories" / "rehearsal.yaml")
-    on_host = Agent(real, "h1", BrokerSettings.from_inventory(real))
-    assert not on_host.mirrors_world and on_host.mirror is None
 
 
 async def test_a_broker_that_refuses_the_login_is_named_as_refusing_not_unreachable(tmp_path: Path) -> None:

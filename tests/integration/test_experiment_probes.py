@@ -15,8 +15,7 @@ from labctl.errors import InputError
 from labctl.probes import ProbeContext, ProbeKind, probe_kinds
 from labctl.registry import PROBES
 from labctl.sampling import Probe, QueueProbe, run_ticks
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO
 
 
 class TickCounter(QueueProbe):
@@ -82,29 +81,3 @@ async def test_an_unknown_extra_probe_is_one_line(tmp_path: Path) -> None:
             out_dir=tmp_path / "runs",
             plots=False,
         )
-
-
-def test_a_lab_kind_whose_agents_run_an_allow_list_refuses_extra_probes_in_one_line(tmp_path: Path) -> None:
-    import random
-
-    from labctl.inventory import load_inventory
-    from labctl.labs import agents as agents_lab
-    from labctl.labs.base import LabContext
-    from labctl.sampling import ProbeSettings
-
-    inv = tmp_path / "agents.yaml"
-    inv.write_text(
-        (REPO / "inventory.yaml").read_text() + "kind: agents\nbroker: {url: mqtt://127.0.0.1:1}\n"
-    )
-    inventory = load_inventory(inv)
-    ctx = LabContext(
-        inventory,
-        inventory.profile("fast"),
-        random.Random(1),
-        lambda e: None,
-        ProbeSettings(extra=["rx-power"]),
-    )
-    with pytest.raises(
-        InputError, match=r"^probes\.extra: rx-power: lab kind agents runs its agents' own probes"
-    ):
-        agents_lab.build(ctx)

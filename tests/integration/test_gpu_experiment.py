@@ -11,23 +11,11 @@ import pandas as pd
 import pytest
 
 from labctl.controller import Stage, run_experiment
-from labctl.errors import InputError
 from labctl.events import read_events
-from labctl.experiment import load_experiment
 from labctl.probes.gpu.errors import NoGpuError
 from labctl.probes.gpu.sim import SimulatedGpu
+from tests.helpers.gpu_experiment import SHORT
 
-SHORT = """\
-name: gpu-short
-phases:
-  dp: {pairs: [[h1, h2], [h3, h4]]}
-  pp: {pairs: [[h1, h3], [h2, h4]]}
-baseline: dp
-cycle: [pp]
-repeat: 1
-hold_s: 0.05
-recovery_timeout_s: 5
-"""
 GPU = """\
 gpu:
   iterations: 200
@@ -52,28 +40,6 @@ def gpu_experiment(tmp_path: Path) -> Path:
     path = tmp_path / "gpu.yaml"
     path.write_text(SHORT + GPU)
     return path
-
-
-def test_gpu_section_is_optional_and_validated(tmp_path: Path, repo: Path) -> None:
-    plain = tmp_path / "plain.yaml"
-    plain.write_text(SHORT)
-    assert load_experiment(plain)[0].gpu is None
-    spec, _ = load_experiment(repo / "experiments" / "gpu-pingpong.yaml")
-    assert spec.gpu is not None and spec.gpu.stages == ["before", "after"] and spec.gpu.device == 0
-    assert len(spec.gpu.variants) == 4 and spec.gpu.pointer_chase
-    for bad, where in (
-        ("gpu: {iterations: 100, colour: red}\n", "gpu.colour"),
-        ("gpu: {stages: [during]}\n", "gpu.stages"),
-        ("gpu: {variants: [flip-sideways]}\n", "gpu.variants"),
-        ("gpu: {iterations: 1}\n", "gpu.iterations"),
-        ("gpu: {device: -1}\n", "gpu.device"),
-    ):
-        path = tmp_path / "bad.yaml"
-        path.write_text(SHORT + bad)
-        with pytest.raises(InputError) as info:
-            load_experiment(path)
-        text = str(info.value)
-        assert "\n" not in text and where in text, text
 
 
 async def test_without_a_gpu_the_step_is_skipped_with_events_and_the_run_completes(

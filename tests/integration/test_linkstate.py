@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import itertools
-import struct
 import threading
 from collections.abc import Callable
 
@@ -15,43 +14,13 @@ import pytest
 
 from labctl.events import Event
 from labctl.linux.linkstate import (
-    ETHTOOL_A_LINKSTATE_EXT_DOWN_CNT,
-    ETHTOOL_A_LINKSTATE_EXT_STATE,
-    ETHTOOL_A_LINKSTATE_EXT_SUBSTATE,
-    ETHTOOL_A_LINKSTATE_HEADER,
-    ETHTOOL_A_LINKSTATE_LINK,
     LinkState,
     LinkStateReader,
     parse_linkstate,
 )
-from labctl.linux.netlink import NLA_F_NESTED, NetlinkError, attr, cstr
+from labctl.linux.netlink import NetlinkError
 from labctl.probes.linkstate import LinkStateProbe, LinkTarget
-
-HEADER = attr(ETHTOOL_A_LINKSTATE_HEADER | NLA_F_NESTED, attr(2, cstr("ens1f0np0")))
-
-
-def reply(link: int, ext: tuple[int, int] | None = None, down_count: int | None = None) -> bytes:
-    """The attributes of an ETHTOOL_MSG_LINKSTATE_GET_REPLY as the kernel lays them out."""
-    out = HEADER + attr(ETHTOOL_A_LINKSTATE_LINK, bytes([link]))
-    if ext is not None:
-        out += attr(ETHTOOL_A_LINKSTATE_EXT_STATE, bytes([ext[0]]))
-        out += attr(ETHTOOL_A_LINKSTATE_EXT_SUBSTATE, bytes([ext[1]]))
-    if down_count is not None:
-        out += attr(ETHTOOL_A_LINKSTATE_EXT_DOWN_CNT, struct.pack("=I", down_count))
-    return out
-
-
-def test_replies_decode_to_the_firmwares_reason() -> None:
-    assert parse_linkstate(reply(1)) == LinkState(link=True)
-    assert parse_linkstate(reply(1)).label == "up"
-    down = parse_linkstate(reply(0, (0, 1), down_count=7))  # mlx5 PDDR opcode 2: AN, no partner detected
-    assert (down.link, down.down_count, down.label) == (False, 7, "autoneg/no_partner_detected")
-    assert parse_linkstate(reply(0, (1, 1))).label == "link_training_failure/kr_frame_lock_not_acquired"
-    assert parse_linkstate(reply(0, (2, 5))).label == "link_logical_mismatch/rs_fec_is_not_locked"
-    assert parse_linkstate(reply(0, (4, 0))).label == "no_cable"  # a state without a substate
-    assert parse_linkstate(reply(0, (42, 3))).label == "ext_state_42/substate_3"  # a newer kernel: kept
-    assert parse_linkstate(reply(0)).label == "down"  # a driver that does not say why (veth)
-    assert parse_linkstate(HEADER).link is None
+from tests.helpers.linkstate import reply
 
 
 class Replay:

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from labctl.controller import run_experiment
-from labctl.fileio import atomic_path
 from labctl.plots import plot_run
 from labctl.store import load_run
 
 LABCTL = [sys.executable, "-m", "labctl.cli"]
+
+
 SHORT = """\
 name: records
 phases:
@@ -92,23 +93,6 @@ def test_a_damaged_summary_is_recomputed(run_copy: Path) -> None:
     assert run.summary == {} and run.notes[0].startswith("summary.json is damaged (not valid JSON")
     report = labctl("report", str(run_copy), "--json")
     assert report.returncode == 0 and '"total"' in report.stdout
-
-
-def test_atomic_path_keeps_the_old_file_when_the_writer_fails(tmp_path: Path) -> None:
-    path = tmp_path / "breakdown.csv"
-    path.write_text("old\n")
-
-    def killed_mid_write() -> None:
-        with atomic_path(path) as tmp:
-            tmp.write_text("half a fi")
-            raise RuntimeError("killed")
-
-    with pytest.raises(RuntimeError):
-        killed_mid_write()
-    assert path.read_text() == "old\n" and list(tmp_path.iterdir()) == [path]
-    with atomic_path(path) as tmp:
-        tmp.write_text("new\n")
-    assert path.read_text() == "new\n" and list(tmp_path.iterdir()) == [path]
 
 
 async def test_an_aborted_runs_plot_has_no_nan_and_a_sensible_zoom(

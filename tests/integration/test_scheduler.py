@@ -10,159 +10,21 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator
+from datetime import UTC
 from pathlib import Path
 
 import pytest
 
-from labctl.errors import InputError
 from labctl.events import read_events
-from labctl.scheduler.plan import declare, pick
+from labctl.scheduler.plan import declare
 from labctl.scheduler.service import Scheduler
-from labctl.scheduler.store import TRANSITIONS, QueueStore, RunRow
-from labctl.scheduler.timing import parse_at
-from labctl.scheduler.worker import WorkerResult
+from labctl.scheduler.store import QueueStore, RunRow
 from tests.conftest import REPO
+from tests.helpers import scheduler as helpers
+from tests.helpers.scheduler import MIN, T0, FakeClock, RecordingExecutor
 
-# Two rails on one switch, each on its own pair of hosts: rail 0 = h1,h2; rail 1 = h3,h4.
-SPLIT_INVENTORY = """
-lab: split-test
-switches:
-  ocs1: {driver: sim, size: 16x16}
-profile: fast
-hosts:
-  h1: {nics: [{ifname: p0, rail: 0, switch: ocs1, tx: 1, rx: 17}, {ifname: p1, rail: 0, switch: ocs1, tx: 2, rx: 18}]}
-  h2: {nics: [{ifname: p0, rail: 0, switch: ocs1, tx: 3, rx: 19}, {ifname: p1, rail: 0, switch: ocs1, tx: 4, rx: 20}]}
-  h3: {nics: [{ifname: p0, rail: 1, switch: ocs1, tx: 5, rx: 21}, {ifname: p1, rail: 1, switch: ocs1, tx: 6, rx: 22}]}
-  h4: {nics: [{ifname: p0, rail: 1, switch: ocs1, tx: 7, rx: 23}, {ifname: p1, rail: 1, switch: ocs1, tx: 8, rx: 24}]}
-"""
-
-
-def experiment(rail: int, hosts: tuple[str, str], *, name: str, repeat: int = 1, hold_s: float = 0.0) -> str:
-    a, b = hosts
-    return f"""
-name: {name}
-rails: [{rail}]
-phases:
-  up: {{pairs: [[{a}, {b}]]}}
-  down: {{pairs: [[{b}, {a}]]}}
-baseline: up
-cycle: [down, up]
-repeat: {repeat}
-hold_s: {hold_s}
-recovery_timeout_s: 10
-"""
-
-
-@pytest.fixture
-def lab(tmp_path: Path) -> dict[str, Path]:
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(SPLIT_INVENTORY)
-    files = {"inventory": inv}
-    for key, rail, hosts, repeat, hold in (
-        ("rail0", 0, ("h1", "h2"), 3, 0.4),
-        ("rail1", 1, ("h3", "h4"), 3, 0.4),
-        ("rail0b", 0, ("h1", "h2"), 1, 0.0),
-        ("quick", 0, ("h1", "h2"), 1, 0.0),
-        ("long", 0, ("h1", "h2"), 20, 0.3),
-    ):
-        p = tmp_path / f"{key}.yaml"
-        p.write_text(experiment(rail, hosts, name=key, repeat=repeat, hold_s=hold))
-        files[key] = p
-    return files
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[QueueStore]:
-    s = QueueStore(tmp_path / "q.sqlite")
-    yield s
-    s.close()
-
-
-class FakeClock:
-    def __init__(self, wall_ns: int) -> None:
-        self.now = wall_ns
-
-    def wall_ns(self) -> int:
-        return self.now
-
-
-class RecordingExecutor:
-    """A behavioural model of the executor: a run starts when asked and ends when the test says so."""
-
-    def __init__(self) -> None:
-        self.started: list[int] = []
-        self._done: dict[int, asyncio.Future[WorkerResult]] = {}
-
-    async def start(self, row: RunRow, on_started: Callable[[int, str | None], Awaitable[None]]) -> None:
-        self.started.append(row.id)
-        self._done[row.id] = asyncio.get_running_loop().create_future()
-        await on_started(os.getpid(), None)
-
-    async def wait(self, run_id: int) -> WorkerResult:
-        return await self._done[run_id]
-
-    def stop(self, run_id: int) -> None:
-        self.finish(run_id, "aborted")
-
-    def kill(self, run_id: int) -> None:
-        self.finish(run_id, "crashed")
-
-    def finish(self, run_id: int, status: str = "completed") -> None:
-        if not self._done[run_id].done():
-            self._done[run_id].set_result(WorkerResult(status, None, None))
-
-
-T0 = int(datetime(2026, 12, 1, 0, 0, 30, tzinfo=UTC).timestamp() * 1e9)
-MIN = 60 * 10**9
-
-
-# -- declarations and pure ordering ---------------------------------------------------------------------------
-def test_declaration_holds_rail_ports_and_plan_hosts(lab: dict[str, Path]) -> None:
-    d0 = declare(lab["rail0"], lab["inventory"])
-    d1 = declare(lab["rail1"], lab["inventory"])
-    assert d0.resources.ports == {("ocs1", p) for p in (1, 2, 3, 4, 17, 18, 19, 20)}
-    assert d0.resources.hosts == {"h1", "h2"}
-    assert not d0.resources.overlaps(d1.resources)
-    assert d0.resources.overlaps(declare(lab["rail0b"], lab["inventory"]).resources)
-    assert sorted(map(tuple, d0.baseline["ocs1"]["mapping"])) == [(1, 19), (2, 20), (3, 17), (4, 18)]
-
-
-def test_submit_rejects_bad_experiment_with_one_line(lab: dict[str, Path], tmp_path: Path) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(experiment(0, ("h1", "h9"), name="bad"))
-    with pytest.raises(InputError, match="unknown host 'h9'"):
-        declare(bad, lab["inventory"])
-    with pytest.raises(InputError, match="--at"):
-        parse_at("next tuesday", T0)
-    assert parse_at("+10m", T0) == T0 + 10 * MIN
-    assert parse_at("2026-12-01T00:05:30+00:00", T0) == T0 + 5 * MIN
-
-
-def test_priority_order_and_conservative_backfill(lab: dict[str, Path], store: QueueStore) -> None:
-    inv = lab["inventory"]
-    low = store.submit(lab["rail0"], inv, declare(lab["rail0"], inv), now_ns=T0, priority=0)
-    high = store.submit(lab["rail0b"], inv, declare(lab["rail0b"], inv), now_ns=T0 + 1, priority=5)
-    mid = store.submit(lab["quick"], inv, declare(lab["quick"], inv), now_ns=T0 + 2, priority=2)
-    other = store.submit(lab["rail1"], inv, declare(lab["rail1"], inv), now_ns=T0 + 3, priority=-1)
-    due = store.due(T0 + 10)
-    assert [r.id for r in due] == [high, mid, low, other]
-    # Rail 0 goes to the highest priority; the rail-1 run backfills since nobody above wants rail 1.
-    assert [r.id for r in pick(due, [])] == [high, other]
-    # While a rail-1 run holds rail 1, a waiting high-priority rail-0 run still reserves rail 0.
-    running_other = [r for r in due if r.id == other]
-    assert [r.id for r in pick([r for r in due if r.id != other], running_other)] == [high]
-
-
-def test_transitions_are_enforced(lab: dict[str, Path], store: QueueStore) -> None:
-    rid = store.submit(lab["quick"], lab["inventory"], declare(lab["quick"], lab["inventory"]), now_ns=T0)
-    assert "completed" not in TRANSITIONS["queued"]
-    with pytest.raises(Exception, match="cannot go from queued to completed"):
-        store.transition(rid, "completed")
-    store.transition(rid, "running", started_ns=T0)
-    store.transition(rid, "completed", finished_ns=T0 + 1)
-    assert store.run(rid).state == "completed"
+lab, store = helpers.lab, helpers.store  # fixtures
 
 
 # -- due dates and cron under an injected clock ------------------------------------------------------------------
@@ -187,44 +49,6 @@ async def test_due_date_holds_a_run_back_until_its_time(lab: dict[str, Path], tm
         await asyncio.gather(*sched._monitors.values())
         assert sched.store.run(later).state == "completed"
         assert sched.store.run(later).started_ns == T0 + 5 * MIN
-    finally:
-        writer.cancel()
-        await asyncio.gather(writer, return_exceptions=True)
-        sched.store.close()
-
-
-async def test_cron_fires_on_schedule_and_merges_missed_fires(lab: dict[str, Path], tmp_path: Path) -> None:
-    clock, ex = FakeClock(T0), RecordingExecutor()
-    sched = Scheduler(tmp_path / "q.sqlite", executor=ex, clock=clock, tz=UTC, out_dir=tmp_path)
-    sid = sched.store.add_schedule(
-        lab["quick"], lab["inventory"], "every10", "*/10 * * * *", now_ns=T0, tz=UTC, priority=1
-    )
-    writer = asyncio.create_task(sched._writer())
-    try:
-        clock.now = T0 + 9 * MIN  # 00:09:30
-        assert await sched.step() == []
-        clock.now = T0 + 10 * MIN  # 00:10:30: the 00:10 fire
-        [first] = await sched.step()
-        row = sched.store.run(first)
-        assert (row.schedule_id, row.name, row.priority, row.missed_fires) == (sid, "every10", 1, 0)
-        assert row.due_ns == int(datetime(2026, 12, 1, 0, 10, tzinfo=UTC).timestamp() * 1e9)
-        ex.finish(first)
-        await asyncio.gather(*sched._monitors.values())
-        assert await sched.step() == []  # fires once per cron time, not once per step
-        clock.now = T0 + 35 * MIN  # 00:35:30: serve "was down" over 00:20 and 00:30
-        [merged] = await sched.step()
-        row = sched.store.run(merged)
-        assert row.missed_fires == 1
-        assert row.due_ns == int(datetime(2026, 12, 1, 0, 30, tzinfo=UTC).timestamp() * 1e9)
-        [schedule] = sched.store.schedules()
-        assert schedule.next_fire_ns == int(datetime(2026, 12, 1, 0, 40, tzinfo=UTC).timestamp() * 1e9)
-        ex.finish(merged)
-        await asyncio.gather(*sched._monitors.values())
-        assert sched.store.cancel(f"c{sid}") == [f"schedule c{sid} disabled"]
-        assert sched.store.cancel(f"c{sid}") == [f"schedule c{sid} already disabled"]  # like a cancelled run
-        assert sched.store.cancel("c999") == []  # no such schedule: the CLI says so, exit 2
-        clock.now = T0 + 60 * MIN
-        assert await sched.step() == []
     finally:
         writer.cancel()
         await asyncio.gather(writer, return_exceptions=True)
@@ -415,49 +239,6 @@ async def test_crashed_worker_is_recovered_and_retried(lab: dict[str, Path], tmp
         await asyncio.gather(serving, return_exceptions=True)
 
 
-# -- review findings -----------------------------------------------------------------------------------------
-async def test_a_run_cancelled_between_read_and_launch_is_skipped(
-    lab: dict[str, Path], tmp_path: Path
-) -> None:
-    """A client may cancel a run after a scheduling pass read the queue and before it launched the run:
-    the pass skips that run instead of dying, and still starts the others."""
-    clock, ex = FakeClock(T0), RecordingExecutor()
-    sched = Scheduler(tmp_path / "q.sqlite", executor=ex, clock=clock, tz=UTC, out_dir=tmp_path)
-    inv = lab["inventory"]
-    first = sched.store.submit(lab["rail0"], inv, declare(lab["rail0"], inv), now_ns=T0, priority=5)
-    second = sched.store.submit(lab["rail1"], inv, declare(lab["rail1"], inv), now_ns=T0, priority=1)
-    due = sched.store.due
-
-    def due_then_cancel(now_ns: int) -> list[RunRow]:
-        rows = due(now_ns)
-        sched.store.cancel(str(first))  # lands between the read and the launch
-        return rows
-
-    sched.store.due = due_then_cancel  # type: ignore[method-assign]
-    writer = asyncio.create_task(sched._writer())
-    try:
-        assert await sched.step() == [second]
-        assert sched.store.run(first).state == "cancelled"
-        ex.finish(second)
-        await asyncio.gather(*sched._monitors.values())
-    finally:
-        writer.cancel()
-        await asyncio.gather(writer, return_exceptions=True)
-        sched.store.close()
-
-
-def test_a_second_serve_on_the_same_queue_is_refused(tmp_path: Path) -> None:
-    from labctl.scheduler.service import exclusive_serve
-
-    db = tmp_path / "q.sqlite"
-    with exclusive_serve(db):
-        with pytest.raises(InputError, match="another `labctl serve` is already running this queue"):
-            with exclusive_serve(db):
-                pass
-    with exclusive_serve(db):  # released when the first one ended
-        pass
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -574,20 +355,6 @@ def test_the_queue_database_defaults_to_the_users_data_directory(
     assert default_queue_db() == tmp_path / "elsewhere.sqlite"
     help_text = subprocess.run(_labctl("queue", "--help"), capture_output=True, text=True, timeout=60).stdout
     assert "XDG_DATA_HOME" in help_text and "LABCTL_QUEUE_DB" in help_text
-
-
-def test_a_queue_database_of_another_user_is_named_as_such(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import labctl.scheduler.store as store
-    from labctl.errors import InputError
-
-    db = tmp_path / "q.sqlite"
-    store.QueueStore(db).close()
-    real_access = os.access
-    monkeypatch.setattr(store.os, "access", lambda p, mode: False if Path(p) == db else real_access(p, mode))
-    with pytest.raises(InputError, match=r"no write permission on the queue database \(it belongs to uid"):
-        store.QueueStore(db)
 
 
 @pytest.mark.slow

@@ -8,51 +8,33 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import re
 import subprocess
 import sys
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from labctl.drivers.polatis_scpi import PolatisScpiConfig
 from labctl.drivers.polatis_scpi.connection import ScpiConnectionLost
 from labctl.drivers.polatis_scpi.switch import PolatisScpiSwitch, ScpiCommandError, ScpiEndpoint
 from labctl.emulators.core import FaultPlan
 from labctl.emulators.scpi import ScpiEmulator
 from labctl.errors import HardwareError, InputError
 from labctl.events import Event, Kind
-from labctl.extras import MissingExtra
 from labctl.mapping import MappingDiff, PortSpace
-from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
+from labctl.models.switch import INSERTION_LOSS_DB
 from labctl.ocs import OpticalSwitch, TimeoutPolicy
-from labctl.profiles import Profile, resolve_profile
-from labctl.switches import emulate_switch, switch_drivers
+from labctl.profiles import Profile
+from tests.helpers import scpi_driver as helpers
+from tests.helpers.scpi_driver import FAST, SPACE, model_of
 
-SPACE = PortSpace(32, 32)
+_no_leaked_threads = helpers._no_leaked_threads  # autouse: no SCPI worker thread outlives a test
+
 STRAIGHT = {(i, 32 + i) for i in range(1, 17)}  # 16 pairs
+
+
 ROTATED = {(i, 32 + i % 16 + 1) for i in range(1, 17)}  # the same 16 ingress ports, every egress moved
-FAST = resolve_profile("fast")
-
-
-@pytest.fixture(autouse=True)
-def _no_leaked_threads() -> Iterator[None]:
-    before = set(threading.enumerate())
-    yield
-    leaked = [t.name for t in threading.enumerate() if t not in before and t.name.startswith("scpi:")]
-    assert not leaked, f"worker threads left running: {leaked}"
-
-
-def model_of(space: PortSpace = SPACE, switching_ms: float | None = None) -> SwitchModel:
-    profile = (
-        FAST
-        if switching_ms is None
-        else Profile(**{**FAST.model_dump(), "switching_ms": (switching_ms,) * 2})
-    )
-    return SwitchModel("ocs1", space, profile, random.Random(3))
 
 
 @pytest.fixture
@@ -368,37 +350,6 @@ async def test_a_lost_change_is_reported_in_one_line_when_it_cannot_be_retried(
     assert str(info.value).startswith("ocs1: session lost during OXC:SWIT:CONN:ADD (@1),(@33) (")
     assert str(info.value).endswith("; reconnected and re-read the switch; it now holds 0 connections")
     assert "\n" not in str(info.value)
-
-
-# -- a missing extra ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("module", ["pyvisa", "pyvisa_py"])
-def test_without_pyvisa_the_driver_is_one_line_naming_the_extra(
-    monkeypatch: pytest.MonkeyPatch, module: str
-) -> None:
-    monkeypatch.setitem(sys.modules, module, None)  # `import pyvisa` now raises ImportError
-    entry = switch_drivers.get("polatis-scpi")
-    at_address = PolatisScpiConfig.model_validate({"driver": "polatis-scpi", "address": "192.0.2.1"})
-    emulated = PolatisScpiConfig.model_validate({"driver": "polatis-scpi", "emulate": True})
-    open_at = entry.open
-    assert open_at is not None
-    model = model_of()
-    builds: list[Callable[[], object]] = [
-        lambda: open_at("ocs1", at_address, lambda e: None),
-        lambda: emulate_switch("ocs1", emulated, model, lambda e: None),
-    ]
-    for build in builds:
-        with pytest.raises(MissingExtra) as info:
-            build()
-        assert str(info.value) == (
-            f"the Polatis SCPI driver needs {module} (it is not installed): pip install 'labctl[scpi]'"
-        )
-
-
-def test_the_config_needs_only_an_address() -> None:
-    config = PolatisScpiConfig.model_validate({"driver": "polatis-scpi", "address": "192.0.2.1"})
-    assert config.port is None and config.user is None
-    with pytest.raises(ValueError, match="needs address"):
-        PolatisScpiConfig.model_validate({"driver": "polatis-scpi"})
 
 
 # -- the emulator's grammar, over a raw socket ----------------------------------------------------------------

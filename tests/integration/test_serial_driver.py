@@ -6,101 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
-import sys
-import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import pytest
 
 from labctl.drivers.dicon_serial.port import LineSettings
-from labctl.drivers.dicon_serial.switch import DiconSerialSwitch
 from labctl.emulators.core import FaultPlan
-from labctl.emulators.serial import DiconSerialEmulator
 from labctl.errors import HardwareError, InputError
-from labctl.events import Event, Kind
-from labctl.extras import MissingExtra
+from labctl.events import Kind
 from labctl.mapping import PortSpace
-from labctl.models.switch import SwitchModel
 from labctl.ocs import TimeoutPolicy
-from labctl.profiles import resolve_profile
+from tests.helpers import serial_driver as helpers
+from tests.helpers.serial_driver import DEADLINE_S, bench, serial_threads
 
-SPACE = PortSpace(8, 8)
-TRANSPORTS = ("pty", "socket", "rfc2217")
-DEADLINE_S = 10.0  # generous: a loaded CI machine (decision 0018)
-
-
-@dataclass
-class Bench:
-    emulator: DiconSerialEmulator
-    switch: DiconSerialSwitch
-    model: SwitchModel
-    events: list[Event]
-
-    def kinds(self, kind: str) -> list[Event]:
-        return [e for e in self.events if e.kind == kind]
-
-
-def url_of(emulator: DiconSerialEmulator, transport: str) -> str:
-    if transport == "pty":
-        assert emulator.pty_path is not None
-        return emulator.pty_path
-    if transport == "socket":
-        return f"socket://127.0.0.1:{emulator.port}"
-    return f"rfc2217://127.0.0.1:{emulator.rfc2217_port}"
-
-
-@asynccontextmanager
-async def bench(
-    transport: str,
-    *,
-    faults: FaultPlan | None = None,
-    settings: LineSettings | None = None,
-    reply_timeout_s: float = 0.25,
-    connect: bool = True,
-) -> AsyncIterator[Bench]:
-    model = SwitchModel("ocs1", SPACE, resolve_profile("fast"), random.Random(3))
-    emulator = DiconSerialEmulator(
-        model, tcp=transport == "socket", pty=transport != "socket", rfc2217=transport == "rfc2217"
-    )
-    await emulator.start()
-    events: list[Event] = []
-    switch = DiconSerialSwitch(
-        "ocs1",
-        SPACE,
-        url=url_of(emulator, transport),
-        settings=settings or LineSettings(),
-        emit=events.append,
-        timeouts=TimeoutPolicy(connect_s=DEADLINE_S, operation_s=DEADLINE_S),
-        reply_timeout_s=reply_timeout_s,
-        settle_timeout_s=1.0,
-    )
-    try:
-        if connect:
-            await switch.connect()
-        if faults is not None:
-            emulator.set_faults(faults)
-        yield Bench(emulator, switch, model, events)
-    finally:
-        await switch.close()
-        await emulator.close()
-        model.cancel_pending()
-
-
-def serial_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith(("serial:", "pySerial"))]
+transport = helpers.transport  # fixtures
 
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
-
-
-@pytest.fixture(params=TRANSPORTS)
-def transport(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
 
 
 # -- apply, read back, events -----------------------------------------------------------------------------
@@ -230,19 +152,6 @@ async def test_the_operation_deadline_bounds_a_slow_switch(transport: str) -> No
         assert (await b.switch.apply({(1, 9)})).value.mapping == {(1, 9)}
 
 
-# -- the line itself ------------------------------------------------------------------------------------------
-async def test_the_pty_is_a_real_tty_at_the_configured_line_settings() -> None:
-    import termios
-
-    async with bench("pty") as b:
-        assert b.emulator.pty_path is not None and os.isatty(b.emulator._slave or -1)
-        attrs = termios.tcgetattr(b.emulator._slave or -1)
-        assert attrs[4] == attrs[5] == termios.B115200
-        assert attrs[2] & termios.CSIZE == termios.CS8 and not attrs[2] & termios.PARENB
-        assert not attrs[3] & (termios.ICANON | termios.ECHO)  # raw: no line editing, no echo
-        assert b.emulator.line_matches()
-
-
 @pytest.mark.parametrize("transport", ["pty", "rfc2217"])
 async def test_wrong_line_settings_fail_connect_in_one_line(transport: str) -> None:
     """The driver opens the line at 9600 baud where the switch runs at 115200 (on rfc2217:// the console
@@ -263,23 +172,3 @@ async def test_a_device_that_is_not_a_dicon_matrix_of_that_size_is_refused() -> 
         b.switch.space = PortSpace(16, 16)
         with pytest.raises(InputError, match="inventory says 16x16 but the switch reports 8x8"):
             await b.switch.connect()
-
-
-async def test_a_missing_device_is_one_line() -> None:
-    switch = DiconSerialSwitch(
-        "ocs1", SPACE, url="/dev/labctl-no-such-tty", settings=LineSettings(), emit=lambda e: None
-    )
-    with pytest.raises(HardwareError, match="cannot open /dev/labctl-no-such-tty"):
-        await switch.connect()
-    assert not serial_threads()
-
-
-async def test_missing_pyserial_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "serial", None)  # `import serial` now raises ImportError
-    switch = DiconSerialSwitch("ocs1", SPACE, url="socket://127.0.0.1:9", settings=LineSettings(), emit=print)
-    with pytest.raises(MissingExtra) as info:
-        await switch.connect()
-    assert str(info.value) == (
-        "the DiCon serial switch driver needs serial (it is not installed): pip install 'labctl[serial]'"
-    )
-    assert not serial_threads()

@@ -15,7 +15,7 @@ import pytest
 from labctl.clock import Timebase
 from labctl.config import Secret
 from labctl.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Deny, Tl1Endpoint
-from labctl.emulators.core import FaultPlan, load_faults
+from labctl.emulators.core import FaultPlan
 from labctl.emulators.tl1 import Tl1Emulator
 from labctl.errors import HardwareError, InputError, MappingError
 from labctl.events import Event, EventLog
@@ -25,9 +25,17 @@ from labctl.ocs import OpticalSwitch, TimeoutPolicy
 from labctl.profiles import resolve_profile
 
 SPACE = PortSpace(32, 32)
+
+
 PW = "c0rrect-Horse-Battery"
+
+
 USER = "admin"
+
+
 STRAIGHT = {(i, 32 + i) for i in range(1, 17)}  # 16 pairs
+
+
 ROTATED = {(i, 32 + i % 16 + 1) for i in range(1, 17)}  # the same 16 ingress ports, every egress moved
 
 
@@ -386,18 +394,6 @@ async def test_unreachable_switch_is_a_typed_error_within_the_connect_deadline()
     )
     with pytest.raises(HardwareError, match=r"cannot connect to 127\.0\.0\.1:1"):
         await sw.connect()
-
-
-def test_fault_file_loads_and_bad_fields_are_one_line(tmp_path: Path) -> None:
-    good = tmp_path / "faults.yaml"
-    good.write_text("drop_after_commands: 3\ndeny_probability: 0.25\ngarbage_position: between\n")
-    assert load_faults(good) == FaultPlan(
-        drop_after_commands=3, deny_probability=0.25, garbage_position="between"
-    )
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("drop_after_commands: 3\ndeny_probability: 2\n")
-    with pytest.raises(InputError, match=r"bad.yaml:2: deny_probability"):
-        load_faults(bad)
 
 
 async def test_no_password_in_logs_exceptions_or_run_dir(

@@ -3,21 +3,15 @@ server around the switch model that lights the simulated NICs and the controller
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
 import labctl
 from labctl.controller import run_experiment
-from labctl.errors import InputError
 from labctl.events import read_events
-from labctl.inventory import load_inventory
-from labctl.labs import build_lab, load
-from labctl.labs.base import LabContext
-from labctl.sampling import ProbeSettings
+from tests.helpers.tl1_e2e import TL1_INVENTORY
 
-TL1_INVENTORY = Path(__file__).resolve().parents[2] / "experiments" / "inventories" / "tl1-emulated.yaml"
 PW = "e2e-Secret-9f3a"
 
 
@@ -73,20 +67,3 @@ async def test_inventory_password_never_reaches_the_run_dir(
     assert "${LABCTL_TEST_TL1_PASSWORD}" in (outcome.run_dir / "run.json").read_text()
     assert "ACT-USER::root:1::********;" in (outcome.run_dir / "events.jsonl").read_text()
     assert not files_containing(tmp_path / "runs", PW.encode())
-
-
-def test_real_tl1_switch_with_simulated_nics_is_refused(tmp_path: Path) -> None:
-    inventory = tmp_path / "inv.yaml"
-    inventory.write_text(
-        TL1_INVENTORY.read_text().replace(
-            "{driver: polatis-tl1, emulate: true, size: 32x32}",
-            "{driver: polatis-tl1, address: 192.0.2.10, user: admin, size: 32x32}",
-        )
-    )
-    inv = load_inventory(inventory)  # a valid switch: only the simulated lab refuses it, with its reason
-    ctx = LabContext(inv, inv.profile("fast"), random.Random(1), lambda e: None, ProbeSettings())
-    refusal = r"inv.yaml:\d+: switches.ocs1: a polatis-tl1 switch at an address cannot light the modeled NIC ports of a simulated lab"
-    with pytest.raises(InputError, match=refusal):
-        build_lab(ctx)
-    with pytest.raises(InputError, match=refusal):  # and `labctl inventory check` says the same
-        load(inventory)

@@ -4,8 +4,6 @@ own, optional dependencies stay optional, and only the registry knows the names 
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,17 +11,7 @@ import pytest
 
 from labctl.events import KINDS
 from labctl.registry import LAB_KINDS, PROBES, SWITCH_DRIVERS
-
-PACKAGE = Path(__file__).resolve().parents[2] / "labctl"
-OPTIONAL = ("cuda", "ncclient", "pyvisa", "serial", "pyverbs")  # the extras' top-level packages
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
+from tests.helpers.architecture import MODULES, PACKAGE, module_name
 
 
 def imported_names(path: Path) -> Iterator[str]:
@@ -121,50 +109,6 @@ def test_the_lab_contract_imports_nothing_above_it() -> None:
     )
     reached = graph()["labctl.labs.base"]
     assert not [m for m in reached if m.startswith(above) and m != "labctl.labs"]
-
-
-def test_loading_the_lab_contract_loads_no_driver_probe_or_lab_kind() -> None:
-    """What `import labctl.labs.base` actually loads, in a fresh interpreter: the inventory needs every
-    switch driver's config model, so the drivers' entry modules (their package `__init__`, config and entry
-    only) load with it; no driver implementation, probe, lab kind, agent, emulator or CLI does."""
-    script = "import sys, labctl.labs.base; print('\\n'.join(sorted(m for m in sys.modules if m.startswith('labctl'))))"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    loaded = set(out.stdout.split())
-    entries = {where.partition(":")[0] for where in SWITCH_DRIVERS.values()}
-    above = sorted(
-        m
-        for m in loaded
-        if m.startswith(
-            ("labctl.drivers.", "labctl.probes", "labctl.agents", "labctl.cli", "labctl.emulators.tl1")
-        )
-        or (m.startswith("labctl.labs.") and m != "labctl.labs.base")
-        or m in ("labctl.controller", "labctl.scheduler")
-    )
-    assert [m for m in above if m not in entries] == [], "loaded above the contract"
-    assert entries <= loaded  # the config models do load (the union needs them)
-
-
-def test_every_module_imports_on_its_own_without_optional_dependencies() -> None:
-    """In a fresh interpreter, each module imported first (after forgetting every labctl module), with the
-    optional extras made unimportable: an order-dependent import or an eager optional one fails here."""
-    script = f"""
-import importlib, sys
-for blocked in {OPTIONAL!r}:
-    sys.modules[blocked] = None  # `import cuda` now raises ImportError
-failed = []
-for name in {sorted(m for m in MODULES if not m.endswith(".__main__"))!r}:  # __main__: scripts
-    for loaded in [m for m in sys.modules if m == "labctl" or m.startswith("labctl.")]:
-        del sys.modules[loaded]
-    try:
-        importlib.import_module(name)
-    except BaseException as e:
-        failed.append(f"{{name}}: {{type(e).__name__}}: {{e}}")
-print("\\n".join(failed))
-"""
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "", out.stdout
 
 
 def _own_modules(where: str) -> tuple[str, ...]:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import subprocess
-import sys
 
 import pytest
 
@@ -30,15 +28,7 @@ from labctl.transceiver import (
     parse_hex,
     read_dom,
 )
-
-
-def put(buf: bytearray, offset: int, hex_bytes: str) -> None:
-    """Write literal bytes (hex, as in the spec tables) at an offset."""
-    raw = bytes.fromhex(hex_bytes)
-    buf[offset : offset + len(raw)] = raw
-
-
-# -- SFF-8472 ----------------------------------------------------------------------------------------------
+from tests.helpers.dom import _collect, _Flaky, put, qsfp28
 
 
 def sfp_internal() -> bytearray:
@@ -139,25 +129,6 @@ def test_sfp_without_ddm_has_no_lanes() -> None:
     assert module_info(FlatImage(bytes(img))).rx_power_reads == ()
 
 
-# -- SFF-8636 ----------------------------------------------------------------------------------------------
-
-
-def qsfp28() -> bytearray:
-    img = bytearray(256)  # lower page + upper page 00h
-    put(img, 0, "11 08 04")  # QSFP28, SFF-8636 rev 2.8+, flat_mem
-    put(img, 3, "04")  # latched: L-Rx3 LOS
-    put(img, 5, "04")  # latched: L-Rx3 CDR LOL
-    put(img, 22, "23 00")  # 35.0 °C
-    put(img, 26, "7E F4")  # 32500 → 3.25 V
-    # Rx power lanes 1-4: 8000 (0.8 mW), 1000 (0.1 mW = -10 dBm), 0 (no light), 10000 (1 mW = 0 dBm)
-    put(img, 34, "1F 40 03 E8 00 00 27 10")
-    put(img, 42, "17 70 17 70 17 70 0B B8")  # bias 12, 12, 12, 6 mA
-    put(img, 50, "13 88 13 88 13 88 00 00")  # Tx power 0.5, 0.5, 0.5, 0 mW
-    put(img, 128, "11")
-    put(img, 220, "3C")  # temp + Vcc monitored, Rx power average (bit 3), Tx power supported (bit 2)
-    return img
-
-
 def test_qsfp28_four_lanes() -> None:
     d = decode_image(bytes(qsfp28()))
     assert d.module is ModuleKind.SFF8636
@@ -204,9 +175,6 @@ def test_live_read_does_not_read_latched_flags_unless_asked() -> None:
     assert not d.latched_flags_read
     assert [lane.rx_los for lane in d.lanes] == [None] * 4
     assert read_dom(mem, latched=True).lanes[2].rx_los is True
-
-
-# -- CMIS --------------------------------------------------------------------------------------------------
 
 
 def cmis_pages(banks: int = 1) -> dict[tuple[int, int, int], bytes]:
@@ -288,9 +256,6 @@ def test_cmis_flat_file_uses_linear_page_layout() -> None:
         decode_image(bytes(flat[:2300]))
 
 
-# -- errors ------------------------------------------------------------------------------------------------
-
-
 def test_empty_image() -> None:
     with pytest.raises(TruncatedImageError, match="empty image"):
         decode_image(b"")
@@ -352,31 +317,6 @@ def test_parse_hex_accepts_ethtool_dump() -> None:
         parse_hex("11\nzz\n", "x")
 
 
-def test_cli_decode_json_and_errors(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    good = tmp_path / "qsfp.hex"
-    good.write_text(bytes(qsfp28()).hex(" "))
-    run = [sys.executable, "-m", "labctl.cli", "dom", "decode"]
-    out = subprocess.run([*run, str(good), "--hex"], capture_output=True, text=True, check=False)
-    assert out.returncode == 0, out.stderr
-    import json
-
-    doc = json.loads(out.stdout)
-    assert doc["module"] == "sff8636"
-    assert [lane["rx_power_dbm"] for lane in doc["lanes"]][2] is None
-    bad = tmp_path / "short.bin"
-    bad.write_bytes(bytes(qsfp28()[:50]))
-    out = subprocess.run([*run, str(bad)], capture_output=True, text=True, check=False)
-    assert out.returncode == 2
-    assert out.stderr.strip().count("\n") == 0
-    assert out.stderr.startswith(f"error: {bad}: truncated sff8636 image (50 bytes)")
-    out = subprocess.run([*run, str(good)], capture_output=True, text=True, check=False)  # hex without --hex
-    assert out.returncode == 2
-    assert "add --hex" in out.stderr
-
-
-# -- the emulated module -----------------------------------------------------------------------------------
-
-
 def test_emulated_module_round_trips_through_the_decoder() -> None:
     m = EmulatedQsfp28(tx_power_mw=0.7, tx_bias_ma=6.5, temperature_c=41.25, supply_v=3.28)
     m.set_rx_power_lanes_mw((0.5, None, 0.01234, 1.2))
@@ -417,18 +357,6 @@ def test_emulated_module_refuses_what_the_kernel_refuses() -> None:
         m.read(0x50, 0x11, 0, 186, 16)
     with pytest.raises(ModuleEepromReadError, match="I2C 0x51"):
         m.read(0x51, 0, 0, 104, 2)
-
-
-# -- the poller over the emulated module -------------------------------------------------------------------
-
-
-async def _collect(probe: RxPowerProbe, n: int) -> list:  # type: ignore[type-arg]
-    out = []
-    async for event in probe.events():
-        out.append(event)
-        if len(out) >= n:
-            return out
-    return out
 
 
 async def test_poller_emits_per_lane_and_never_consumes_latched_flags() -> None:
@@ -496,18 +424,6 @@ async def test_a_module_without_rx_monitor_is_reported_and_not_sampled() -> None
     assert probe.stats()["ports_sampled"] == 1 and probe.stats()["ports_without_module"] == 1
 
 
-class _Flaky:
-    def __init__(self, inner: EmulatedQsfp28, failures: int) -> None:
-        self.inner = inner
-        self.failures = failures
-
-    def read(self, i2c_address: int, page: int, bank: int, offset: int, length: int) -> bytes:
-        if offset == 34 and self.failures > 0:
-            self.failures -= 1
-            raise ModuleEepromError("I2C NAK")
-        return self.inner.read(i2c_address, page, bank, offset, length)
-
-
 async def test_poller_counts_transient_read_errors() -> None:
     flaky = _Flaky(EmulatedQsfp28(rx_power_mw=0.5), failures=3)
     probe = RxPowerProbe([ModulePort("nic:h1/p", "h1", lambda: flaky)], hz=2000)
@@ -515,30 +431,6 @@ async def test_poller_counts_transient_read_errors() -> None:
         first = await asyncio.wait_for(_collect(probe, 4), 5)
     assert probe.read_errors == 3
     assert all(e.meta["read_errors"] == 3 for e in first)
-
-
-async def test_a_module_that_stops_answering_is_dropped_and_the_other_ports_go_on() -> None:
-    """One dead module: its port is given up (a `sampler.error` event says why), the others keep being
-    sampled, and leaving the probe raises the failure so the run records it."""
-    dead = _Flaky(EmulatedQsfp28(rx_power_mw=0.5), failures=10**9)
-    good = EmulatedQsfp28(rx_power_mw=0.5)
-    probe = RxPowerProbe(
-        [
-            ModulePort("nic:h1/dead", "h1", lambda: dead, (1,)),
-            ModulePort("nic:h1/good", "h1", lambda: good, (1,)),
-        ],
-        hz=2000,
-        max_error_streak_s=0.01,  # 20 failed reads
-        report_interval_ns=5_000_000,
-    )
-    with pytest.raises(ModuleEepromError, match=r"^nic:h1/dead: 20 consecutive failed reads, last: I2C NAK$"):
-        async with probe:
-            events = await asyncio.wait_for(_collect(probe, 40), 5)
-    errors = [e for e in events if e.kind == "sampler.error"]
-    assert [(e.source, e.meta["read_errors"]) for e in errors] == [("nic:h1/dead", 20)]
-    after = [e for e in events if e.source == "nic:h1/good" and e.t_ns > errors[0].t_ns]
-    assert after, "the good port must go on after the dead one was given up"
-    assert probe.read_errors == 20  # not one more: the dead module is no longer read
 
 
 def test_ioctl_fallback_maps_pages_onto_the_flat_layouts() -> None:
@@ -571,9 +463,6 @@ async def test_poller_over_a_model_driven_module() -> None:
         lit = await asyncio.wait_for(_collect(probe, 4), 5)
     assert [e.value for e in lit] == pytest.approx([-4.0] * 4, abs=1e-3)
     assert module.module.lower[3] == 0x0F  # the dark period stayed latched for the flags' owner
-
-
-# -- identity: vendor, part number, serial (recorded with every module) --------------------------------------
 
 
 def ascii_field(text: str, width: int) -> str:
@@ -636,26 +525,6 @@ def test_identity_of_each_memory_map() -> None:
             "date_code": "220725XY",
         },
     }
-
-
-def test_cli_decode_prints_the_identity(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import json
-
-    path = tmp_path / "module.bin"
-    path.write_bytes(EmulatedQsfp28(vendor="ACME OPTICS", part_number="QSFP-X", serial="SN42").image())
-    out = subprocess.run(
-        [sys.executable, "-m", "labctl.cli", "dom", "decode", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    identity = json.loads(out.stdout)["identity"]
-    assert (identity["vendor_name"], identity["part_number"], identity["serial_number"]) == (
-        "ACME OPTICS",
-        "QSFP-X",
-        "SN42",
-    )
 
 
 def test_an_image_without_its_upper_page_decodes_without_identity() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,25 +12,7 @@ from labctl.config import NetworkSwitchConfig
 from labctl.errors import InputError
 from labctl.inventory import load_inventory
 from labctl.switches import switch_drivers
-
-GOOD = """\
-lab: tiny
-switches:
-  ocs1: {driver: sim, size: 4x4}
-hosts:
-  a:
-    nics:
-      - {ifname: eth0, rail: 0, switch: ocs1, tx: 1, rx: 5}
-  b:
-    nics:
-      - {ifname: eth0, rail: 0, switch: ocs1, tx: 2, rx: 6}
-"""
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "inventory.yaml"
-    path.write_text(text)
-    return path
+from tests.helpers.inventory import GOOD, write
 
 
 def test_default_inventory_is_the_opus_testbed(inventory_path: Path) -> None:
@@ -138,27 +119,6 @@ def test_bad_inventory_is_one_line_naming_the_field(tmp_path: Path, text: str, e
     assert expected in message, message
 
 
-def inventory_check(path: Path) -> subprocess.CompletedProcess[str]:
-    """`labctl inventory check PATH` as a real subprocess."""
-    return subprocess.run(
-        [sys.executable, "-m", "labctl.cli", "inventory", "check", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-def test_cli_inventory_check_exit_code_2_and_one_line(tmp_path: Path) -> None:
-    path = write(tmp_path, GOOD.replace("switch: ocs1, tx: 2", "switch: ocs9, tx: 2"))
-    proc = inventory_check(path)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: ") and "hosts.b.nics[0].switch" in lines[0]
-    assert "Traceback" not in proc.stderr
-
-
 def test_cli_inventory_check_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sys_argv = sys.argv
     sys.argv = ["labctl", "inventory", "check", str(tmp_path / "nope.yaml")]
@@ -169,25 +129,6 @@ def test_cli_inventory_check_missing_file(tmp_path: Path, capsys: pytest.Capture
         sys.argv = sys_argv
     assert info.value.code == 2
     assert "nope.yaml: inventory not found" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(
-    ("content", "expected"),
-    [
-        (b"lab: x\n\xff\xfe\n", "bad.yaml:2: not a UTF-8 text file"),
-        (None, "bad.yaml: is a directory, expected the inventory"),
-        (b"\n" * 99 + b"lab: x\nprofile: nope\n", "bad.yaml:100: "),  # never rendered as an emoji code
-    ],
-)
-def test_cli_unreadable_inventory_is_one_line(tmp_path: Path, content: bytes | None, expected: str) -> None:
-    path = tmp_path / "bad.yaml"
-    if content is None:
-        path.mkdir()
-    else:
-        path.write_bytes(content)
-    proc = inventory_check(path)
-    assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and expected in proc.stderr, proc.stderr
 
 
 def test_cli_inventory_check_ok(inventory_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,21 @@
+"""Shared by tests/unit/test_sim_switch.py and tests/integration/test_sim_switch.py."""
+
+from __future__ import annotations
+
+import random
+
+from labctl.drivers.sim.switch import SimSwitch
+from labctl.events import Event
+from labctl.mapping import PortSpace
+from labctl.models.switch import SwitchModel
+from labctl.ocs import TimeoutPolicy
+from labctl.profiles import resolve_profile
+
+FAST = resolve_profile("fast")
+
+SPACE = PortSpace(8, 8)
+
+
+def make_switch(events: list[Event], timeouts: TimeoutPolicy | None = None) -> SimSwitch:
+    model = SwitchModel("ocs1", SPACE, FAST, random.Random(1))
+    return SimSwitch(model, events.append, timeouts)

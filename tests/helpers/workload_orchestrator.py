@@ -1,0 +1,26 @@
+"""Shared by tests/integration/test_workload_orchestrator.py and tests/unit/test_workload_orchestrator.py."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from labctl.drivers.sim.switch import SimSwitch
+from labctl.events import Event
+from labctl.inventory import load_inventory
+from labctl.models.switch import SwitchModel
+from labctl.profiles import resolve_profile
+from labctl.workload.circuits import JobCircuits
+from labctl.workload.trace import get_trace
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _lab(switching_ms: float = 20.0) -> tuple[JobCircuits, dict[str, SimSwitch], SwitchModel, list[Event]]:
+    inventory = load_inventory(REPO / "inventory.yaml")
+    profile = resolve_profile("fast").model_copy(update={"switching_ms": (switching_ms, switching_ms)})
+    model = SwitchModel("ocs1", inventory.switches["ocs1"].space, profile, random.Random(1))
+    events: list[Event] = []
+    switch = SimSwitch(model, events.append)
+    circuits = JobCircuits(get_trace("opus-testbed").job, inventory)
+    return circuits, {"ocs1": switch}, model, events
