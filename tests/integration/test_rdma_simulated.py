@@ -1,15 +1,30 @@
-"""`probes.transport: rdma` on the simulated lab, a whole run: t5 comes from the RC transport and the
-transport phase is bounded by the local ACK timeout. Labs that refuse it are tests/unit/test_rdma_simulated.py."""
+"""`probes.transport: rdma` on the simulated lab: the RC rules over the NIC model. t5 comes from the RC
+transport and the transport phase is bounded by the local ACK timeout; other labs without it refuse."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
+
 from labctl.breakdown import read_breakdown_csv
 from labctl.controller import run_experiment
+from labctl.errors import InputError
 from tests.conftest import REPO
-from tests.helpers.rdma_simulated import _experiment
+
+
+def _experiment(tmp_path: Path, rdma: str) -> Path:
+    text = (
+        (REPO / "experiments" / "reconfig-timeline.yaml")
+        .read_text()
+        .replace("repeat: 2 ", "repeat: 1 ")
+        .replace("hold_s: 0.5 ", "hold_s: 0.1 ")
+        .replace("  transport: udp ", f"  rdma: {rdma}\n  transport: rdma ")
+    )
+    path = tmp_path / "rdma.yaml"
+    path.write_text(text)
+    return path
 
 
 async def test_the_simulated_lab_measures_rdma_recovery_within_one_ack_timeout(tmp_path: Path) -> None:
@@ -46,3 +61,20 @@ async def test_the_simulated_lab_measures_rdma_recovery_within_one_ack_timeout(t
 
 def summary_flagged(run_dir: Path) -> int:
     return int(json.loads((run_dir / "summary.json").read_text())["flagged_rows"])
+
+
+async def test_a_lab_without_the_rc_transport_refuses_it_in_one_line(tmp_path: Path) -> None:
+    inventory = (
+        (REPO / "inventory.yaml").read_text().replace("lab: opus-testbed", "lab: opus-testbed\nkind: agents")
+    )
+    inventory += "\nbroker: {url: mqtt://127.0.0.1:1}\n"
+    inv = tmp_path / "agents.yaml"
+    inv.write_text(inventory)
+    with pytest.raises(InputError, match=r"probes\.transport: 'rdma' is not available on lab kind agents"):
+        await run_experiment(
+            _experiment(tmp_path, "{timeout: 12}"),
+            inv,
+            profile="fast",
+            out_dir=tmp_path / "runs",
+            plots=False,
+        )

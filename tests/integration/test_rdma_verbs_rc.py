@@ -9,28 +9,112 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 from labctl.clock import now_ns
-from labctl.events import Kind
+from labctl.events import Event, Kind
+from labctl.probes.traffic import TrafficEndpoint
 from labctl.probes.verbs_rc import VerbsRcProbe
-from labctl.rdma.exchange import PortExchange
-from tests.helpers.rdma_verbs_rc import (
-    TIMEOUT,
-    A,
-    B,
-    _circuit,
-    _fabric,
-    _of,
-    _pair,
-    _running,
-    _settings,
-    _until,
-)
+from labctl.rdma.exchange import LocalExchange, PortExchange, QpExchange
+from labctl.rdma.model import ModelFabric
+from labctl.rdma.rc import QpAttrs
+from labctl.sampling import RdmaSettings
+from tests.helpers.rdma_verbs_rc import A
+
+B = TrafficEndpoint("nic:h2/eth0", "127.0.0.2", "lo", None, "h2")
+
+
+TIMEOUT = 10  # 4.19 ms per retransmission; retry_cnt 7: the last try at 29.4 ms, RETRY_EXC at 33.6 ms
+
 
 PERIOD_NS = 4096 << TIMEOUT
 
 
 SLACK_NS = 8_000_000  # a loaded 2-core CI machine: thread wake-ups, the loop's turn
+
+
+def _settings(policy: str = "reconnect") -> RdmaSettings:
+    return RdmaSettings(timeout=TIMEOUT, retry_cnt=7, policy=policy)  # type: ignore[arg-type]
+
+
+def _fabric(settings: RdmaSettings) -> ModelFabric:
+    attrs = QpAttrs(timeout=settings.timeout, retry_cnt=settings.retry_cnt)
+    return ModelFabric(attrs, latency_ns=5_000, seed=1)
+
+
+@asynccontextmanager
+async def _running(probes: list[VerbsRcProbe]) -> AsyncIterator[list[Event]]:
+    """The probes started, their events collected; on exit every probe stopped and nothing left behind."""
+    threads_before = set(threading.enumerate())
+    events: list[Event] = []
+
+    async def collect(probe: VerbsRcProbe) -> None:
+        async for e in probe.events():
+            events.append(e)
+
+    tasks = []
+    try:
+        for probe in probes:
+            await probe.__aenter__()
+            tasks.append(asyncio.create_task(collect(probe)))
+        yield events
+    finally:
+        for probe in probes:
+            await probe.__aexit__(None, None, None)
+        await asyncio.gather(*tasks)
+    assert set(threading.enumerate()) <= threads_before, "a poller thread outlived its probe"
+    assert asyncio.all_tasks() == {asyncio.current_task()}, "a task outlived the probes"
+
+
+def _pair(settings: RdmaSettings, fabric: ModelFabric, **kw: int) -> VerbsRcProbe:
+    """One probe holding both ends (both ports on one host): the exchange is in process."""
+    return VerbsRcProbe(
+        [A, B],
+        qps=fabric,
+        exchange=LocalExchange([A.source, B.source]),
+        interval_us=kw.get("interval_us", 500),
+        settings=settings,
+        report_interval_ns=kw.get("report_interval_ns", 20_000_000),
+    )
+
+
+def _circuit(probe: VerbsRcProbe) -> None:
+    probe.set_circuits({A.source: B.source, B.source: A.source})
+
+
+async def _until(condition: Callable[[], bool], within_s: float = 3.0) -> None:
+    for _ in range(round(within_s / 0.002)):
+        if condition():
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError(f"not within {within_s} s")
+
+
+def _of(events: list[Event], kind: str, source: str = A.source) -> list[Event]:
+    return [e for e in events if e.kind == kind and e.source == source]
+
+
+async def test_the_ping_pong_completes_both_ways() -> None:
+    settings = _settings()
+    fabric = _fabric(settings)
+    probe = _pair(settings, fabric)
+    async with _running([probe]) as events:
+        _circuit(probe)
+        await _until(lambda: probe.completions >= 40)
+    for source in (A.source, B.source):
+        ok = _of(events, Kind.TRAFFIC_OK, source)
+        assert ok and all(
+            e.meta["transport"] == "rc" and isinstance(e.value, int) and e.value > 0 for e in ok
+        )
+        states = _of(events, Kind.RDMA_QP_STATE, source)
+        assert [e.value for e in states] == ["IBV_QPS_RTS"]
+    assert not [e for e in events if e.kind in (Kind.RDMA_WC_ERROR, Kind.TRAFFIC_LOST)]
+    assert probe.pongs_sent >= 40 and len(probe.round_trips) == probe.completions
+    assert min(probe.round_trips) >= 2 * fabric.latency_ns  # a PING there and its PONG back
+    stats = probe.stats()
+    assert stats["errors"] == 0 and stats["qp_timeout"] == TIMEOUT and stats["reconnects"] == 0
 
 
 async def test_a_dark_gap_inside_the_retry_budget_recovers_within_one_retransmission_period() -> None:
@@ -179,3 +263,6 @@ def _can_bind_device() -> bool:
         except PermissionError:
             return False
     return True
+
+
+_: type[QpExchange] = LocalExchange  # the in-process exchange keeps the Protocol

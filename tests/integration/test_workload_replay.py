@@ -16,9 +16,25 @@ from labctl.controller import run_experiment
 from labctl.events import Kind, read_events
 from labctl.workload.stall import switch_points
 from labctl.workload.trace import get_trace
-from tests.helpers.workload_replay import REPO, _experiment
 
+REPO = Path(__file__).resolve().parents[2]
 T_NS = 25_000_000
+
+
+def _experiment(tmp_path: Path, **fields: object) -> Path:
+    body = {
+        "name": "replay-test",
+        "kind": "replay",
+        "trace": "opus-testbed",
+        "mode": "provisioning",
+        "switching_ms": 25,
+        "steps": 1,
+        "hold_s": 0.05,
+        **fields,
+    }
+    path = tmp_path / "replay.yaml"
+    path.write_text(json.dumps(body))
+    return path
 
 
 async def _run(tmp_path: Path, **fields: object) -> tuple[Path, list, list[dict[str, str]], str]:
@@ -128,6 +144,29 @@ async def test_a_switch_that_always_refuses_fails_the_run_saying_why(tmp_path: P
     run = json.loads((run_dir / "run.json").read_text())
     assert run["error"].startswith("giant-ring fallback failed after ocs1: change refused")
     assert [e.meta["phase"] for e in events if e.kind == Kind.WORKLOAD_FALLBACK] == ["start", "done"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("mode", "sometimes", "mode: Input should be 'provisioning' or 'on-demand'"),
+        ("trace", "no-such-trace", "trace: no-such-trace: no such trace file"),
+    ],
+)
+async def test_bad_replay_experiments_are_one_line(
+    tmp_path: Path, field: str, value: str, message: str
+) -> None:
+    from labctl.errors import InputError
+
+    with pytest.raises(InputError, match=message):
+        await run_experiment(
+            _experiment(tmp_path, **{field: value}),
+            REPO / "inventory.yaml",
+            profile="fast",
+            out_dir=tmp_path / "runs",
+            plots=False,
+        )
+    assert not (tmp_path / "runs").exists()
 
 
 def _final_patches(events: list) -> list[list[int]]:
