@@ -293,7 +293,7 @@ async def model_world_rc(tmp_path: Path) -> AsyncIterator[Rig]:
 @contextlib.asynccontextmanager
 async def rdma_device(tmp_path: Path) -> AsyncIterator[Rig]:
     """verbs-rc needs an RDMA device, which neither CI nor the development machines have: its logic runs
-    against the QP model in tests/unit/test_rdma_verbs_rc.py, and on a lab's ports in tests/hardware."""
+    against the QP model in tests/integration/test_rdma_verbs_rc.py, and on a lab's ports in tests/hardware."""
     pytest.skip("verbs-rc needs an RDMA device (tests/hardware runs it on a lab: --lab, transport rdma)")
     yield  # type: ignore[unreachable]
 

@@ -3,7 +3,7 @@ gid_index}`, the agents able to open /dev/infiniband/uverbs*): the reconfigurati
 `probes.transport: rdma`, the agents running the verbs-rc probe on the lab's ports. t5 then comes from the
 RC ping-pong, and at the default QP attributes (timeout 14, retry_cnt 7) no QP may error.
 
-Never run here: the machine this was written on has no RDMA device (tests/unit/test_rdma_verbs_rc.py runs
+Never run here: the machine this was written on has no RDMA device (tests/integration/test_rdma_verbs_rc.py runs
 the probe's logic on the QP model)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`probes.transport: rdma` on the real lab kind: its agents run verbs-rc instead of the UDP traffic probe
 (and their allow-list takes it), every NIC port must name its RDMA device (one line naming the port where
 one does not), and an agent asked to start verbs-rc on a host without an RDMA device says so in one line.
-The modeled agents kind keeps refusing rdma (tests/unit/test_rdma_simulated.py)."""
+The modeled agents kind keeps refusing rdma (tests/integration/test_rdma_simulated.py)."""
 
 from __future__ import annotations
 
