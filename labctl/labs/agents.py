@@ -3,7 +3,7 @@
 The switch and NIC behaviour model (the world) stays in the controller with the switch drivers; each
 host's agent samples its own ports from a mirror of it, fed over the broker (`labctl/<lab>/_world`), and
 streams its events back. The same run on `kind: simulated` gives the same breakdown up to sampling and
-transport effects (tests/unit/test_agents.py compares them).
+transport effects (tests/integration/test_agents.py compares them).
 """
 
 from __future__ import annotations
