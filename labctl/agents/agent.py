@@ -184,8 +184,7 @@ class FabricMirror(SimFabric):
             self._apply_light(port, item, max(t_local_ns, self._light_t.get(port, t_local_ns)))
             return
         if item.mode == ANNOUNCED:
-            if not snapshot:
-                self.lead_ns.append(t_local_ns - now)
+            self.lead_ns.append(t_local_ns - now)
             if item.peer is not None:
                 # Light coming back waits for its command's confirmation: were the command late (its
                 # controller's loop busy at the announced moment), the announced time would show light
@@ -196,9 +195,8 @@ class FabricMirror(SimFabric):
         else:
             if port in self._held and self._held[port] == item.peer:
                 del self._held[port]
-                if not snapshot:
-                    self.confirm_lead_ns.append(t_local_ns - now)
-            elif not snapshot and (port, item.peer) in self._pending_light:
+                self.confirm_lead_ns.append(t_local_ns - now)
+            elif (port, item.peer) in self._pending_light:
                 self.confirm_lead_ns.append(t_local_ns - now)
         key = (port, item.peer)
         pending = self._pending_light.pop(key, None)
@@ -210,16 +208,10 @@ class FabricMirror(SimFabric):
             )
             return
         if self._apply_light(port, item, t_local_ns):
-            if not snapshot:
-                self.late_ns[direction].append(now - t_local_ns)
+            self.late_ns[direction].append(now - t_local_ns)
             return
         applied = self._light_t.get(port)
-        if (
-            not snapshot
-            and applied is not None
-            and applied < t_local_ns
-            and self._speculative.get(port) == applied
-        ):
+        if applied is not None and applied < t_local_ns and self._speculative.get(port) == applied:
             # Confirmed after the speculative loss was applied: the mirror went dark this much before the
             # model did (the command reached the model that much after its announced moment).
             self.early_ns[direction].append(t_local_ns - applied)
