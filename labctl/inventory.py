@@ -101,6 +101,19 @@ class BrokerSpec(ConfigModel):
         "pings; the clock model keeps the fastest of each burst and fits offset and drift over the run)",
     )
     clock_samples: int = Field(default=8, ge=4, le=1000, description="ping/pong samples per burst")
+    clock_exchange: Literal["udp", "broker"] = Field(
+        default="udp",
+        description="how clock pings reach each agent: `udp`, straight to a responder the agent binds on the "
+        "address it reaches the broker from (falls back to the broker where no pong comes back), or "
+        "`broker`, through MQTT (a bound ~10x looser: two clients and the broker each way; decision 0048)",
+    )
+    clock_udp_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="the UDP port of each agent's clock responder (0: any free port, announced in its pongs "
+        "through the broker; set one where a firewall between controller and hosts needs it)",
+    )
     feed_lead_ms: float = Field(
         default=50.0,
         ge=0.0,

@@ -21,6 +21,7 @@ from labctl.agents.broker import (
     BrokerSettings,
 )
 from labctl.agents.clock import HostClock, clock_identity
+from labctl.agents.clockping import ClockResponder, local_address_towards
 from labctl.agents.inspect import inspect_host
 from labctl.agents.wire import (
     ANNOUNCED,
@@ -371,6 +372,8 @@ class Agent:
         self._replying: set[asyncio.Task[bool]] = set()
         self._sending: set[asyncio.Task[bool]] = set()
         self._identity = clock_identity(self.clock)  # event batches handed to the client, no PUBACK yet
+        self.clock_responder: ClockResponder | None = None
+        """Answers the controller's clock pings over UDP (decision 0048), once a session found the broker."""
         self._send_soon = False
         self._last_send_ns = 0
         self._topics = {leaf: topic(broker.lab, host, leaf) for leaf in ("events", "cmd", "reply", "status")}
@@ -409,6 +412,30 @@ class Agent:
             await self._stop_probes(list(self._probes))
             if self.mirror is not None:
                 self.mirror.cancel_pending()
+            if self.clock_responder is not None:
+                self.clock_responder.close()
+                self.clock_responder = None
+
+    async def _start_clock_responder(self) -> None:
+        """On the address this host reaches the broker from (its management network), where the controller
+        can reach it too; without one (no route, the port taken) clock pings go through the broker."""
+        if self.clock_responder is not None or self.broker.clock_exchange != "udp":
+            return
+        try:
+            bind = local_address_towards(self.broker.hostname, self.broker.port)
+            self.clock_responder = await ClockResponder.start(
+                bind,
+                self.broker.lab,
+                self.host,
+                self.signer,
+                self.now,
+                self.rejections,
+                port=self.broker.clock_udp_port,
+            )
+        except OSError as e:
+            log.warning("agent %s: no UDP clock responder (%s): clock pings go via the broker", self.host, e)
+        else:
+            log.debug("agent %s: clock responder on %s", self.host, self.clock_responder.address)
 
     async def _session(self) -> None:
         status = self._topics["status"]
@@ -418,6 +445,7 @@ class Agent:
         will = aiomqtt.Will(status, offline, qos=1, retain=True)
         ident = f"labctl-agent-{self.broker.lab}-{self.host}-{secrets.token_hex(3)}"
         async with self.broker.client(ident, will) as client:
+            await self._start_clock_responder()
             await client.subscribe(self._topics["cmd"], qos=1)
             if self.mirrors_world:
                 await client.subscribe(self._world, qos=1)
@@ -585,6 +613,8 @@ class Agent:
             real = time.time_ns()
             reply.t3 = self.now()
             reply.data = {"clock": {**self._identity, "mono_ns": reply.t3, "real_ns": real}}
+            if self.clock_responder is not None and self.clock_responder.address is not None:
+                reply.data["clock_udp"] = list(self.clock_responder.address)
         # Not awaited here: the message loop must not wait for the broker's PUBACK of a reply.
         task = asyncio.create_task(self._publish(self._topics["reply"], _enc.encode(reply)))
         self._replying.add(task)

@@ -32,6 +32,8 @@ class BrokerSettings:
     auth_key: Secret | None = None
     clock_sync_interval_s: float = 0.5
     clock_samples: int = 8
+    clock_exchange: str = "udp"  # "udp": pings straight to each agent (decision 0048); "broker": through it
+    clock_udp_port: int = 0  # the agents' clock responder port (0: any free one, announced)
     feed_lead_ms: float = 50.0
     mirror_lag_ms: float = 50.0
     agent_grace_s: float = 5.0
@@ -72,6 +74,8 @@ class BrokerSettings:
             auth_key=spec.auth_key.resolve(where) if spec and spec.auth_key else None,
             clock_sync_interval_s=spec.clock_sync_interval_s if spec else 0.5,
             clock_samples=spec.clock_samples if spec else 8,
+            clock_exchange=spec.clock_exchange if spec else "udp",
+            clock_udp_port=spec.clock_udp_port if spec else 0,
             feed_lead_ms=spec.feed_lead_ms if spec else 50.0,
             mirror_lag_ms=spec.mirror_lag_ms if spec else 50.0,
             agent_grace_s=spec.agent_grace_s if spec else 5.0,

@@ -26,6 +26,7 @@ from labctl.agents.clock import (
     OffsetEstimate,
     OffsetSample,
 )
+from labctl.agents.clockping import ClockPinger
 from labctl.agents.wire import (
     Batch,
     Command,
@@ -109,6 +110,9 @@ class HostLink:
     lost_at_wall_ns: int | None = None
     lost_reason: str | None = None  # "offline" (past the grace) or "restarted" (a new agent process)
     time_sync: dict[str, Any] | None = None  # the host's clock discipline, as its agent read it at start
+    clock_udp: tuple[str, int] | None = None  # where the agent's clock responder listens (its broker pongs)
+    clock_via: str | None = None  # how the latest burst went: "udp" or "broker"
+    udp_unanswered: bool = False  # UDP pings to it got no pong: measured through the broker from then on
     last_event_ns: int | None = None  # the latest stamp among this run's events from the host (run timebase)
 
     def gap(self, missing: int, before_ns: int | None) -> None:
@@ -185,6 +189,10 @@ class HostLink:
             "applied_stray_ns": stray,
             "shared_clock": model.shared,
         }
+        if self.clock_via is not None:
+            record["exchange_via"] = self.clock_via
+            if self.clock_via == "udp" and self.clock_udp is not None:
+                record["exchange_address"] = f"{self.clock_udp[0]}:{self.clock_udp[1]}"
         if fit is not None:
             record |= {
                 # One clock has no drift against itself: the fit's slope is the exchange's noise then.
@@ -228,6 +236,8 @@ class _Outgoing:
 
 APPLIED_EVERY_NS = 50_000_000
 NAGLE_RTT_NS = 30_000_000
+UDP_PING_TIMEOUT_S = 0.2
+"""A clock ping straight to an agent not answered by then is lost (a LAN round trip is well under 1 ms)."""
 """A fastest round trip through the broker this slow (on a LAN) is the signature of Nagle + delayed ACK."""
 _RESEND = _Outgoing("", lambda: b"")
 """Queued by a publish that failed: the sender hands everything unacknowledged to the client again."""
@@ -276,6 +286,7 @@ class AgentHub:
         self._last_error: aiomqtt.MqttError | None = None
         self._refused = asyncio.Event()
         self._nagle_warned = False
+        self._pingers: dict[str, ClockPinger] = {}
         self.world_messages = 0
         self.world_items = 0  # the broker answered and said no: waiting longer cannot help
 
@@ -317,6 +328,9 @@ class AgentHub:
             t.cancel()
         await asyncio.gather(*self._tasks, *self._publishing, return_exceptions=True)
         self._tasks = []
+        for pinger in self._pingers.values():
+            pinger.close()
+        self._pingers.clear()
         for link in self.links.values():
             link.queue.close()
 
@@ -684,22 +698,78 @@ class AgentHub:
             t4 = self._pings.pop(cmd_id, 0)
         if not reply.ok or reply.t2 is None or reply.t3 is None or not t4:
             return None
+        link = self.links[host]
         if reply.data is not None and isinstance(reply.data.get("clock"), dict):
-            self.links[host].identity = reply.data["clock"]
+            link.identity = reply.data["clock"]
+        if reply.data is not None:
+            udp = reply.data.get("clock_udp")
+            good = isinstance(udp, list) and len(udp) == 2 and isinstance(udp[0], str) and type(udp[1]) is int
+            link.clock_udp = (str(udp[0]), int(udp[1])) if good and udp is not None else None
         return OffsetSample(sent["t1"], reply.t2, reply.t3, t4)
+
+    async def _udp_burst(self, host: str, samples: int, *, retry: bool = True) -> list[OffsetSample]:
+        """A burst straight to the agent's clock responder (decision 0048); [] where none answers."""
+        link = self.links[host]
+        if link.identity is None or link.clock_udp is None:
+            await self.ping(host)  # one through the broker: the agent's clock identity, where it listens
+        address = link.clock_udp
+        if address is None:
+            return []
+        pinger = self._pingers.get(host)
+        if pinger is None or pinger.address != address:
+            if pinger is not None:
+                pinger.close()
+            try:
+                pinger = self._pingers[host] = await ClockPinger.connect(
+                    address, self.lab, host, self.signer, now_ns
+                )
+            except OSError:
+                self._pingers.pop(host, None)
+                return []
+        got: list[OffsetSample] = []
+        for i in range(samples):
+            pong = await pinger.ping(UDP_PING_TIMEOUT_S)
+            if pong is not None:
+                got.append(OffsetSample(pong.t1, pong.t2, pong.t3, pong.t4))
+                if link.identity is not None:  # the (monotonic, realtime) pair the daemon source reads
+                    link.identity = {**link.identity, "mono_ns": pong.t3, "real_ns": pong.real_ns}
+            elif not got and i >= 1:
+                break  # nothing back twice: nobody answers there
+        if got or not retry:
+            return got
+        # A restarted agent listens elsewhere: ask where through the broker, and try once more.
+        link.clock_udp = None
+        await self.ping(host)
+        if link.clock_udp is not None and link.clock_udp != address:
+            return await self._udp_burst(host, samples, retry=False)
+        return []
 
     async def measure(self, host: str, samples: int | None = None) -> OffsetEstimate:
         """One burst: one ping at a time (no self-inflicted queueing); the host's clock model keeps the
-        fastest round trip and refits offset and drift over every burst so far."""
-        got = []
-        for _ in range(samples or self.broker.clock_samples):
-            sample = await self.ping(host)
-            if sample is not None:
-                got.append(sample)
+        fastest round trip and refits offset and drift over every burst so far. Straight over UDP where the
+        agent answers there, else through the broker."""
         link = self.links[host]
+        n = samples or self.broker.clock_samples
+        got: list[OffsetSample] = []
+        if self.broker.clock_exchange == "udp" and not link.udp_unanswered:
+            got = await self._udp_burst(host, n)
+            if not got and link.online.is_set():
+                link.udp_unanswered = True
+                log.warning(
+                    "agent %s: no answer to clock pings over UDP%s: measuring its clock through the broker "
+                    "(a bound ~10x looser; open UDP from the controller to the agent, broker.clock_udp_port)",
+                    host,
+                    f" at {link.clock_udp[0]}:{link.clock_udp[1]}" if link.clock_udp else "",
+                )
+        link.clock_via = "udp" if got else "broker"
+        if not got:
+            for _ in range(n):
+                sample = await self.ping(host)
+                if sample is not None:
+                    got.append(sample)
         est = link.clock.add_burst(got)
         link.offset = est
-        if est.rtt_min_ns >= NAGLE_RTT_NS and not self._nagle_warned:
+        if link.clock_via == "broker" and est.rtt_min_ns >= NAGLE_RTT_NS and not self._nagle_warned:
             # ~40 ms for a small message both ways: Nagle's algorithm in the broker meeting delayed ACKs.
             self._nagle_warned = True
             log.warning(

@@ -169,8 +169,8 @@ def clock_table(meta: dict[str, Any]) -> Table | None:
     if not offsets:
         return None
     table = Table(title="agent clocks (offset: agent − controller)", title_justify="left")
-    for name in ("host", "source", "offset", "± uncertainty", "drift", "exchange ±", "fastest RTT"):
-        table.add_column(name, justify="left" if name in ("host", "source") else "right")
+    for name in ("host", "source", "offset", "± uncertainty", "drift", "exchange ±", "fastest RTT", "via"):
+        table.add_column(name, justify="left" if name in ("host", "source", "via") else "right")
     for host, rec in sorted(offsets.items()):
         drift = rec.get("drift_ppb")
         table.add_row(
@@ -181,6 +181,7 @@ def clock_table(meta: dict[str, Any]) -> Table | None:
             "" if drift is None else f"{drift / 1000:+.2f} ppm",
             fmt_ns(rec["exchange_uncertainty_ns"]) if rec.get("exchange_uncertainty_ns") else "",
             fmt_ns(rec["rtt_min_ns"]) if rec.get("rtt_min_ns") else "",
+            str(rec.get("exchange_via", "")),  # udp: straight to the agent; broker: through MQTT
         )
     return table
 

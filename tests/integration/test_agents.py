@@ -424,6 +424,7 @@ async def test_agent_clock_offsets_are_measured_and_removed(
         est = offsets[host]
         ex = est["exchange"]
         assert len(est["history"]) >= 3, "measured at run start, during the run and at its end"
+        assert est["exchange_via"] == "udp", est  # straight to the agent (decision 0048)
         if host == "h4":  # an unmodified clock on this kernel: the controller's own
             assert est["source"] == "shared-clock" and est["offset_ns"] == 0 and est["uncertainty_ns"] == 0
             assert est["shared_clock"] and est["exchange_uncertainty_ns"] > 0
@@ -803,3 +804,55 @@ async def test_a_broker_that_refuses_the_login_is_named_as_refusing_not_unreacha
         "broker username/password and the broker's ACL)"
     )
     assert elapsed < 8  # refused is final: no waiting out the 10 s connect deadline
+
+
+# -- clock pings straight to the agents (decision 0048) -------------------------------------------------------
+@contextlib.asynccontextmanager
+async def _hub_with_agents(
+    broker: Mosquitto, tmp_path: Path, extra: str = ""
+) -> AsyncIterator[tuple[AgentHub, dict[str, Agent]]]:
+    inv_mqtt, _ = write_lab(tmp_path, broker_section(broker.url, extra))
+    inventory = load_inventory(inv_mqtt)
+    async with agents_running(inv_mqtt) as agents:
+        hub = AgentHub(inventory, BrokerSettings.from_inventory(inventory))
+        await hub.start()
+        try:
+            for host in HOSTS:
+                await hub.wait_online(host)
+            yield hub, agents
+        finally:
+            await hub.stop()
+
+
+async def test_clock_pings_go_straight_to_each_agent_over_udp_and_fall_back_to_the_broker(
+    broker: Mosquitto, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """By default each burst goes to the agent's UDP responder on the address it reaches the broker from;
+    an agent whose responder stops answering (a firewall) is measured through the broker from then on,
+    said once, and the record says which way each host went."""
+    async with _hub_with_agents(broker, tmp_path) as (hub, agents):
+        for host in HOSTS:
+            est = await hub.measure(host)
+            assert est.kept >= 3 and hub.links[host].clock_via == "udp", host
+        responder = agents["h2"].clock_responder
+        assert responder is not None and responder.answered >= 8
+        responder.close()  # nothing answers there any more; the agent still says it listens there
+        est = await hub.measure("h2")
+        assert hub.links["h2"].clock_via == "broker" and hub.links["h2"].udp_unanswered
+        assert est.samples == hub.broker.clock_samples
+        assert "no answer to clock pings over UDP" in caplog.text
+        await hub.measure("h1")
+        records = hub.report()["clock_offsets"]
+    assert records["h1"]["exchange_via"] == "udp" and records["h1"]["exchange_address"].startswith(
+        "127.0.0.1:"
+    )
+    assert records["h2"]["exchange_via"] == "broker" and "exchange_address" not in records["h2"]
+
+
+async def test_clock_exchange_broker_sends_every_ping_through_the_broker(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    async with _hub_with_agents(broker, tmp_path, "  clock_exchange: broker\n") as (hub, agents):
+        await hub.measure("h1")
+        assert hub.links["h1"].clock_via == "broker"
+        assert all(a.clock_responder is None for a in agents.values()), "no UDP port opened for nothing"
