@@ -493,6 +493,11 @@ class AgentHub:
             elif link.offline_since is not None:  # the same process back within the grace: not a loss
                 link.cancel_grace()
                 self.resnapshot()  # its mirror missed the world while it was away
+            elif link.probes_running:
+                # The same process online again, never seen offline: a broker restart lost its will and
+                # the retained status. Its mirror went stale when its session ended, and a snapshot the hub
+                # sent on its own reconnect, before this agent had resubscribed, never reached it.
+                self.resnapshot()
             return
         if link.online_incarnation is not None and incarnation != link.online_incarnation:
             # The will of an earlier process whose connection the broker dropped only after its successor

@@ -122,3 +122,16 @@ def test_agents_build_a_world_mirror_only_for_modeled_probes(tmp_path: Path) -> 
     real = load_inventory(REPO / "experiments" / "inventories" / "rehearsal.yaml")
     on_host = Agent(real, "h1", BrokerSettings.from_inventory(real))
     assert not on_host.mirrors_world and on_host.mirror is None
+
+
+async def test_an_agent_back_from_a_broker_restart_gets_the_world_again(hub: AgentHub) -> None:
+    """A broker restart loses the agents' wills and retained statuses, so the hub never sees them go
+    offline; the same process online again mid-run gets a fresh snapshot, whichever of hub and agent
+    reconnected first (one sent before the agent resubscribed never reached its stale mirror)."""
+    sent: list[bool] = []
+    hub.world_snapshot = lambda: [WorldItem("light", "nic:h1/p0", 0)]
+    hub.world_now = lambda items, *, snapshot=False: sent.append(snapshot)  # type: ignore[method-assign]
+    _running(hub, "h1", "A")
+    assert sent == [], "the online status a run starts with is no outage"
+    helpers._status(hub, "h1", "online A", 2)
+    assert sent == [True]
