@@ -13,7 +13,7 @@ import contextlib
 import logging
 import random
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -708,8 +708,11 @@ async def run_experiment(
     seed: int | None = None,
     progress: ProgressSink | None = None,
     plots: bool = True,
+    plot_formats: Sequence[str] | None = None,
 ) -> RunOutcome:
-    """Everything `labctl run` does: validate, run, analyse, plot. InputErrors surface before any I/O."""
+    """Everything `labctl run` does: validate, run, analyse, plot. InputErrors surface before any I/O.
+    `plot_formats`: what to draw the figures in (default: the experiment's `analysis.plot_formats`, png).
+    An aborted run draws none: it stops now, and `labctl plot RUN` draws them on request."""
     progress = progress or NullProgress()
     inventory = load(inventory_path)
     plan = compile_experiment(experiment, inventory)
@@ -791,7 +794,8 @@ async def run_experiment(
     outcome = RunOutcome(run.path, status, error, events=events.count)
     replay = _record_replays(run, controller.replay_results)
     try:
-        outcome.summary = analyse(run.path, spec.analysis.rx_power_threshold_dbm, plots=plots)
+        formats = tuple(plot_formats or spec.analysis.plot_formats) if plots and status != "aborted" else ()
+        outcome.summary = analyse(run.path, spec.analysis.rx_power_threshold_dbm, plot_formats=formats)
         if replay:
             outcome.summary["replay"] = replay
             write_json_atomic(run.path / "summary.json", outcome.summary)
@@ -814,8 +818,11 @@ def _record_replays(run: RunDir, results: list[Any]) -> dict[str, Any] | None:
     return summary
 
 
-def analyse(run_dir: Path, threshold_dbm: float | None = None, *, plots: bool = True) -> dict[str, Any]:
-    """(Re)compute breakdown.csv/.parquet, summary.json and the plots of a run from its events.jsonl."""
+def analyse(
+    run_dir: Path, threshold_dbm: float | None = None, *, plot_formats: Sequence[str] = ("png",)
+) -> dict[str, Any]:
+    """(Re)compute breakdown.csv/.parquet, summary.json and the plots (in `plot_formats`; none if empty) of
+    a run from its events.jsonl."""
     index = EventIndex.from_file(run_dir / "events.jsonl")
     offsets = read_run_json(run_dir).get("clock_offsets") or {}
     frame = compute_breakdown(index, threshold_dbm, clock_uncertainties(offsets))
@@ -823,8 +830,8 @@ def analyse(run_dir: Path, threshold_dbm: float | None = None, *, plots: bool = 
     summary = summarize(frame)
     summary["clock_caveats"] = clock_caveats(frame, offsets)
     write_json_atomic(run_dir / "summary.json", summary)
-    if plots:
+    if plot_formats:
         from labctl.plots import plot_run
 
-        plot_run(run_dir, frame=frame, index=index)
+        plot_run(run_dir, frame=frame, index=index, formats=plot_formats)
     return summary

@@ -42,8 +42,18 @@ class PhaseSpec(_Model):
         return self
 
 
+PlotFormat = Literal["png", "svg", "pdf"]  # labctl.plots.ALL_FORMATS
+
+
 class AnalysisSettings(_Model):
     rx_power_threshold_dbm: float = Field(default=-10.0, ge=-60, le=30)
+    plot_formats: list[PlotFormat] = Field(
+        default=["png"],
+        min_length=1,
+        max_length=3,
+        description="the formats a run draws its timeline and distributions in on its way out (png; svg "
+        "and pdf for LaTeX cost ~4x as long: also `labctl plot RUN --format svg,pdf` afterwards)",
+    )
     t2_source: Literal["dom", "power-meter", "auto"] = Field(
         default="dom",
         description="where t2 (light back) comes from: each port's transceiver DOM, a power meter channel "

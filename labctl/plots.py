@@ -47,7 +47,11 @@ NO_LIGHT_DBM = -40.0
 MAX_PORT_ROWS = 32
 """Above this many ports a timeline draws one row per rail (ports up as a fraction, marks as median with a
 p5–p95 whisker) instead of one row per port."""
-FORMATS = (".png", ".svg", ".pdf")
+ALL_FORMATS = ("png", "svg", "pdf")
+DEFAULT_FORMATS = ("png",)
+"""What a run draws on its way out: the PNG a user looks at first. SVG and PDF (for LaTeX: text stays text)
+cost ~4x the PNG's time on a busy 2-core host, so they are drawn on request (`labctl plot --format`,
+`labctl run --plot-format`, an experiment's `analysis.plot_formats`)."""
 FLAGS = ("impossible", "unresolved")
 PHASE_NAMES = frozenset(c.removesuffix("_ns") for c in DURATIONS)
 STYLE_ENV = "LABCTL_MPLSTYLE"
@@ -238,8 +242,8 @@ def _ns_values(rows: pd.DataFrame, col: str) -> np.ndarray:
 # --- output --------------------------------------------------------------------------------------------
 
 
-def _save(fig: Any, out: Path) -> list[Path]:
-    paths = [out.with_suffix(suffix) for suffix in FORMATS]
+def _save(fig: Any, out: Path, formats: Sequence[str] = DEFAULT_FORMATS) -> list[Path]:
+    paths = [out.with_suffix("." + fmt) for fmt in formats]
     for path in paths:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, format=path.suffix.removeprefix("."))
@@ -257,12 +261,13 @@ def plot_timeline(
     *,
     threshold_dbm: float | None = None,
     style: str | os.PathLike[str] | None = None,
+    formats: Sequence[str] = DEFAULT_FORMATS,
 ) -> list[Path]:
-    """Draw timeline_figure and write it to `out` .png, .svg and .pdf; returns their paths."""
+    """Draw timeline_figure and write it to `out` in each format (.png by default); returns their paths."""
     with styled(style):
         fig = _draw_timeline(index, frame, reconfig, threshold_dbm)
         try:
-            return _save(fig, out)
+            return _save(fig, out, formats)
         finally:
             plt.close(fig)
 
@@ -574,13 +579,17 @@ def _draw_rx(
 
 
 def plot_distributions(
-    frame: pd.DataFrame, out: Path, *, style: str | os.PathLike[str] | None = None
+    frame: pd.DataFrame,
+    out: Path,
+    *,
+    style: str | os.PathLike[str] | None = None,
+    formats: Sequence[str] = DEFAULT_FORMATS,
 ) -> list[Path]:
-    """Draw distributions_figure and write it to `out` .png, .svg and .pdf; returns their paths."""
+    """Draw distributions_figure and write it to `out` in each format (.png by default); returns the paths."""
     with styled(style):
         fig = _draw_distributions(frame)
         try:
-            return _save(fig, out)
+            return _save(fig, out, formats)
         finally:
             plt.close(fig)
 
@@ -701,10 +710,12 @@ def plot_run(
     out_dir: Path | None = None,
     style: str | os.PathLike[str] | None = None,
     threshold_dbm: float | None = None,
+    formats: Sequence[str] = DEFAULT_FORMATS,
 ) -> list[Path]:
-    """Without `reconfig`: timeline.png/.svg/.pdf of the first reconfiguration after the baseline, and
-    distributions.png/.svg/.pdf. With it: timeline-reconfig-N.png/.svg/.pdf only, so each reconfiguration
-    keeps its own. Written into `out_dir` (default: the run directory). `style`: a matplotlib style name or
+    """Without `reconfig`: timeline.<format> of the first reconfiguration after the baseline, and
+    distributions.<format>, in each of `formats` (png by default; svg, pdf). With it:
+    timeline-reconfig-N.<format> only, so each reconfiguration keeps its own. Written into `out_dir`
+    (default: the run directory). `style`: a matplotlib style name or
     .mplstyle path applied over labctl's (default: $LABCTL_MPLSTYLE); a bad one is an InputError.
     `threshold_dbm`: the Rx-power threshold line (default: the run's, from its run.start event)."""
     resolve_style(style)  # a bad style fails before the events are read
@@ -713,13 +724,13 @@ def plot_run(
     out_dir = out_dir or run_dir
     if frame.empty:
         return []
-    options: dict[str, Any] = {"threshold_dbm": threshold_dbm, "style": style}
+    options: dict[str, Any] = {"threshold_dbm": threshold_dbm, "style": style, "formats": formats}
     if reconfig is not None:
         return plot_timeline(index, frame, reconfig, out_dir / f"timeline-reconfig-{reconfig}", **options)
     measured = sorted(int(r) for r in frame["reconfig"].dropna().unique())
     first = next((r for r in measured if r > 0), measured[0])
     paths = plot_timeline(index, frame, first, out_dir / "timeline", **options)
-    paths += plot_distributions(frame, out_dir / "distributions", style=style)
+    paths += plot_distributions(frame, out_dir / "distributions", style=style, formats=formats)
     return paths
 
 
@@ -769,6 +780,6 @@ def plot_step_time_vs_delay(
             ax.set_title(title)
         ax.legend(fontsize="small")
         fig.tight_layout()
-        paths = _save(fig, out)
+        paths = _save(fig, out, ALL_FORMATS)  # one figure per sweep, for a paper: its vector forms too
         plt.close(fig)
     return paths

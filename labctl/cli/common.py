@@ -10,6 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from labctl.errors import InputError
+
 out = Console(soft_wrap=True, emoji=False)
 if not out.is_terminal:  # a pipe or a CI log has no width to fit: rich's default 80 would truncate tables
     out.width = max(out.width, 140)
@@ -33,6 +35,34 @@ NoPlotsOpt = Annotated[
     bool,
     typer.Option("--no-plots", help="Skip the timeline and distributions figures (analysis still runs)."),
 ]
+PlotFormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--plot-format",
+        metavar="png,svg,pdf|all",
+        help="The formats to draw the figures in (default: the experiment's analysis.plot_formats, png). "
+        "SVG and PDF take ~4x the PNG's time; `labctl plot RUN --format svg,pdf` draws them later.",
+    ),
+]
+
+
+def parse_plot_formats(text: str | None, option: str = "--plot-format") -> tuple[str, ...] | None:
+    """`png,svg` (or `all`) as a tuple of formats, None for None; an unknown one is an InputError."""
+    if text is None:
+        return None
+    from typing import get_args
+
+    from labctl.experiment import PlotFormat
+
+    known: tuple[str, ...] = get_args(PlotFormat)
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if names == ["all"]:
+        return known
+    if not names or any(n not in known for n in names):
+        raise InputError(f"{option} {text!r}: use a comma-separated list of {', '.join(known)}, or all")
+    return tuple(dict.fromkeys(names))
+
+
 ProfileOpt = Annotated[
     str | None,
     typer.Option(

@@ -27,11 +27,13 @@ from labctl.cli.common import (
     JsonOpt,
     NoPlotsOpt,
     OutOpt,
+    PlotFormatOpt,
     ProfileOpt,
     err,
     fmt_ns,
     fmt_range_ns,
     out,
+    parse_plot_formats,
 )
 from labctl.errors import InputError
 
@@ -272,6 +274,7 @@ def run(
         ),
     ] = None,
     no_plots: NoPlotsOpt = False,
+    plot_format: PlotFormatOpt = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -284,10 +287,13 @@ def run(
     """Run an experiment: sequence the OCS phases, time every affected port's recovery, write runs/<id>/.
 
     Writes run.json, events.jsonl, breakdown.csv/.parquet, summary.json, timeline and distributions as
-    .png/.svg/.pdf (matplotlib style: $LABCTL_MPLSTYLE, see `labctl plot --help`). Ctrl-C stops cleanly:
-    the baseline mapping is restored and the run is marked aborted.
+    .png (--plot-format png,svg,pdf for more; matplotlib style: $LABCTL_MPLSTYLE, see `labctl plot
+    --help`). Ctrl-C stops now: the baseline mapping is restored, the run is marked aborted and its
+    analysis written; `labctl plot RUN` draws an aborted run's figures.
     """
     from labctl.controller import run_experiment
+
+    formats = parse_plot_formats(plot_format)
 
     if dry_run:
         _dry_run(experiment, inventory, profile)
@@ -304,6 +310,7 @@ def run(
                     seed=seed,
                     progress=progress,
                     plots=not no_plots,
+                    plot_formats=formats,
                 ),
                 progress,
             )
@@ -339,6 +346,8 @@ def run(
         out.print(line, highlight=False)
     out.print(f"status: [bold]{outcome.status}[/]" + (f" ({outcome.error})" if outcome.error else ""))
     if outcome.status == "aborted":
+        if not no_plots and outcome.summary.get("rows"):
+            out.print(f"figures: not drawn for an aborted run; `labctl plot {outcome.run_dir}` draws them")
         raise typer.Exit(EXIT_ABORTED)
     if outcome.status != "completed":
         raise typer.Exit(1)
@@ -562,7 +571,7 @@ def plot(
         int | None,
         typer.Option(
             min=0,
-            help="Draw this reconfiguration (0: the baseline) as timeline-reconfig-N.png/.svg/.pdf "
+            help="Draw this reconfiguration (0: the baseline) as timeline-reconfig-N.<format> "
             "(default: the first after the baseline as timeline.*, plus distributions.*).",
         ),
     ] = None,
@@ -576,12 +585,23 @@ def plot(
             "`font.size: 7` and `figure.figsize: 7, 3` for a two-column paper). Default: $LABCTL_MPLSTYLE.",
         ),
     ] = None,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            metavar="png,svg,pdf|all",
+            help="The formats to draw: png, and svg/pdf that drop into LaTeX (text stays text, TrueType "
+            "fonts).",
+        ),
+    ] = "png",
 ) -> None:
-    """(Re)draw a run's timeline and phase distributions from its events.jsonl: PNG, and SVG/PDF that drop
-    into LaTeX (text stays text, TrueType fonts)."""
+    """(Re)draw a run's timeline and phase distributions from its events.jsonl (an aborted run's too, which
+    draws none on its way out): PNG by default, `--format svg,pdf` (or all) for a paper."""
     from labctl.plots import plot_run
     from labctl.store import damage_notes, resolve_run_path
 
+    formats = parse_plot_formats(fmt, "--format")
+    assert formats is not None
     path = resolve_run_path(run_path)
     for note in damage_notes(path):
         err.print(f"[yellow]note: {note}[/]", highlight=False)
@@ -590,7 +610,7 @@ def plot(
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise InputError(f"{out_dir}: cannot create the output directory: {e.strerror}") from None
-    for p in plot_run(path, reconfig=reconfig, out_dir=out_dir, style=style):
+    for p in plot_run(path, reconfig=reconfig, out_dir=out_dir, style=style, formats=formats):
         out.print(str(p))
 
 

@@ -102,6 +102,19 @@ def test_sigint_restores_baseline_and_leaves_an_aborted_run(
     assert {tuple(x) for x in final.meta["patches"]} == baseline_patches(repo)
     assert (run_dir / "breakdown.csv").exists() and (run_dir / "summary.json").exists()
     assert not run.breakdown.empty
+    # It stops now: no figure is drawn on the way out, and the user is told how to draw them.
+    assert not list(run_dir.glob("*.png")) and f"labctl plot {run_dir}" in stdout.replace("\n", "")
+    drawn = subprocess.run(
+        [*LABCTL, "plot", str(run_dir), "--format", "png,svg"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert drawn.returncode == 0, drawn.stderr
+    assert {p.name for p in run_dir.glob("timeline.*")} == {"timeline.png", "timeline.svg"}
+    bad = subprocess.run(
+        [*LABCTL, "plot", str(run_dir), "--format", "png,tiff"], capture_output=True, text=True, check=False
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert "--format 'png,tiff': use a comma-separated list of png, svg, pdf, or all" in bad.stderr
     report = subprocess.run(
         [*LABCTL, "report", str(run_dir)], capture_output=True, text=True, timeout=60, check=False
     )

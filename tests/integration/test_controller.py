@@ -53,10 +53,11 @@ async def test_run_writes_every_file_and_phases_match_the_profile(
         "breakdown.parquet",
         "summary.json",
         "timeline.png",
-        "timeline.svg",
         "distributions.png",
     ):
         assert (run_dir / name).stat().st_size > 0, name
+    # Vector figures are drawn on request (analysis.plot_formats, --plot-format, labctl plot --format).
+    assert not list(run_dir.glob("*.svg")) and not list(run_dir.glob("*.pdf"))
     run = labctl.load_run(run_dir)
     assert run.status == "completed"
     assert run.meta["seed"] == 7 and run.meta["profile"]["name"] == "fast"

@@ -18,6 +18,7 @@ from labctl.controller import run_experiment
 from labctl.errors import InputError
 from labctl.events import Event, Kind
 from labctl.plots import (
+    ALL_FORMATS,
     STYLE_ENV,
     distributions_figure,
     plot_run,
@@ -272,7 +273,7 @@ def test_flagged_phases_are_left_out_and_counted(small: tuple[EventIndex, pd.Dat
 def test_a_reconfiguration_nothing_recovered_from_still_plots(tmp_path: Path) -> None:
     index, frame = synth(recover=False)
     assert frame.loc[frame["reconfig"] == 2, "total_ns"].isna().all()
-    paths = plot_run(tmp_path, reconfig=2, frame=frame, index=index)  # warnings are errors in this suite
+    paths = plot_run(tmp_path, reconfig=2, frame=frame, index=index, formats=("svg",))  # warnings: errors
     svg = next(p for p in paths if p.suffix == ".svg").read_text()
     assert "none recovered" in svg and "nan" not in svg.lower()
     empty = frame[frame["reconfig"] == 0]  # only the baseline: no phase to distribute
@@ -287,7 +288,11 @@ def test_plot_run_writes_png_svg_and_pdf_with_real_fonts(
     small: tuple[EventIndex, pd.DataFrame], tmp_path: Path
 ) -> None:
     index, frame = small
-    paths = plot_run(tmp_path, frame=frame, index=index)
+    assert [p.name for p in plot_run(tmp_path, frame=frame, index=index)] == [
+        "timeline.png",
+        "distributions.png",
+    ], "a run draws PNG unless asked for more"
+    paths = plot_run(tmp_path, frame=frame, index=index, formats=ALL_FORMATS)
     names = [p.name for p in paths]
     assert names == [
         "timeline.png",

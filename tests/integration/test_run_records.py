@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from labctl.controller import run_experiment
-from labctl.plots import plot_run
+from labctl.plots import ALL_FORMATS, plot_run
 from labctl.store import load_run
 
 LABCTL = [sys.executable, "-m", "labctl.cli"]
@@ -117,7 +117,7 @@ async def test_an_aborted_runs_plot_has_no_nan_and_a_sensible_zoom(
     assert outcome.status == "aborted"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an All-NaN median warned here before
-        paths = plot_run(outcome.run_dir, reconfig=1)
+        paths = plot_run(outcome.run_dir, reconfig=1, formats=ALL_FORMATS)
     # One file per reconfiguration: drawing another never overwrites timeline.png.
     assert [p.name for p in paths] == [
         "timeline-reconfig-1.png",
