@@ -100,6 +100,7 @@ FULL_INVENTORY: dict[str, Any] = {
         "url": "mqtt://127.0.0.1:1883",
         "clock_sync_interval_s": 10.0,
         "clock_samples": 16,
+        "clock_udp_port": 47003,
         "agent_grace_s": 5.0,
         "feed_lead_ms": 50.0,
         "mirror_lag_ms": 50.0,
