@@ -236,9 +236,9 @@ class _Outgoing:
 
 APPLIED_EVERY_NS = 50_000_000
 NAGLE_RTT_NS = 30_000_000
+"""A fastest round trip through the broker this slow (on a LAN) is the signature of Nagle + delayed ACK."""
 UDP_PING_TIMEOUT_S = 0.2
 """A clock ping straight to an agent not answered by then is lost (a LAN round trip is well under 1 ms)."""
-"""A fastest round trip through the broker this slow (on a LAN) is the signature of Nagle + delayed ACK."""
 _RESEND = _Outgoing("", lambda: b"")
 """Queued by a publish that failed: the sender hands everything unacknowledged to the client again."""
 PENDING_PUBLISH_WARNING = 1000
@@ -707,9 +707,11 @@ class AgentHub:
         if reply.data is not None and isinstance(reply.data.get("clock"), dict):
             link.identity = reply.data["clock"]
         if reply.data is not None:
-            udp = reply.data.get("clock_udp")
-            good = isinstance(udp, list) and len(udp) == 2 and isinstance(udp[0], str) and type(udp[1]) is int
-            link.clock_udp = (str(udp[0]), int(udp[1])) if good and udp is not None else None
+            udp = reply.data.get("clock_udp")  # [address, port] of its responder, if it has one
+            if isinstance(udp, list) and len(udp) == 2 and isinstance(udp[0], str) and type(udp[1]) is int:
+                link.clock_udp = (udp[0], udp[1])
+            else:
+                link.clock_udp = None
         return OffsetSample(sent["t1"], reply.t2, reply.t3, t4)
 
     async def _udp_burst(self, host: str, samples: int, *, retry: bool = True) -> list[OffsetSample]:
