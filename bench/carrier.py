@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from labctl.clock import now_ns
+from labctl.core.clock import now_ns
 from labctl.linux import netns
 from labctl.linux.rtnl import Rtnl, open_route_socket
 

@@ -30,7 +30,7 @@ from labctl.linux import netns
 from labctl.linux.ethtool import NetlinkModuleEeprom
 from labctl.linux.netlink import NetlinkError
 from labctl.models.module_eeprom import EmulatedQsfp28
-from labctl.transceiver import module_info, mw_to_dbm
+from labctl.probes.transceiver import module_info, mw_to_dbm
 
 PORTS = 16
 

@@ -1,8 +1,8 @@
 """Event-log append throughput and breakdown time over 1M events, each against a named peer in the same run.
 
-- append: labctl.events.EventLog.emit (msgspec, batched whole-line writes) vs the obvious stdlib way
+- append: labctl.core.events.EventLog.emit (msgspec, batched whole-line writes) vs the obvious stdlib way
   (json.dumps of a dict per event + file.write), both to a file in a temp dir.
-- breakdown: labctl.breakdown (EventIndex.from_file + compute_breakdown) over a 1M-event run vs just
+- breakdown: labctl.analysis.breakdown (EventIndex.from_file + compute_breakdown) over a 1M-event run vs just
   loading the same file with pandas.read_json(lines=True).
 Goals (issue 2): append ≥ 200k events/s; breakdown over 1M events ≤ 5 s. Prints medians of repeated runs.
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from labctl.breakdown import EventIndex, compute_breakdown
-from labctl.clock import Timebase
-from labctl.events import EventLog
+from labctl.analysis.breakdown import EventIndex, compute_breakdown
+from labctl.core.clock import Timebase
+from labctl.core.events import EventLog
 
 PORTS = [f"nic:h{h}/ens{r}f{p}np{p}" for h in range(1, 5) for r in (1, 2) for p in (0, 1)]
 MS = 1_000_000

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from labctl.errors import LabctlError
+from labctl.core.errors import LabctlError
 from labctl.probes.gpu.backend import GpuBackend
 from labctl.probes.gpu.bench import run_bench
 from labctl.probes.gpu.errors import NoGpuError

@@ -23,9 +23,9 @@ from pathlib import Path
 from labctl.agents.agent import Agent
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.hub import AgentHub
-from labctl.clock import Timebase, now_ns
-from labctl.events import Event, EventLog, EventQueue
-from labctl.inventory import load_inventory
+from labctl.core.clock import Timebase, now_ns
+from labctl.core.events import Event, EventLog, EventQueue
+from labctl.inventory.schema import load_inventory
 
 HOSTS = ("h1", "h2", "h3", "h4")
 REPO = Path(__file__).resolve().parent.parent

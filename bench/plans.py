@@ -107,7 +107,7 @@ def bench_static(repeat: int, ports: int) -> None:
         def full(build: Callable[[], Graph] = build) -> tuple[int, int]:
             plan = decompose(build())  # verified: each a matching, together the graph's edges once
             check_budget(plan, ports)
-            switches = abstract_static(plan)  # each validated on its switch (labctl.mapping)
+            switches = abstract_static(plan)  # each validated on its switch (labctl.inventory.mapping)
             return plan.ports_needed, len(switches)
 
         t_build, (needed, n_switches) = timed(full, repeat)
@@ -131,7 +131,7 @@ def bench_replay_overhead(steps: int, trace: str) -> None:
     import tempfile
     from pathlib import Path
 
-    from labctl.controller import run_experiment
+    from labctl.run.engine import run_experiment
 
     repo = Path(__file__).resolve().parents[1]
     print(f"Replay overhead at 0 ms switching: trace {trace}, {steps} steps, simulated lab (profile fast):")

@@ -22,11 +22,11 @@ import statistics
 import time
 from typing import Any
 
-from labctl.events import Event
-from labctl.mapping import PortSpace
+from labctl.core.events import Event
+from labctl.inventory.mapping import PortSpace
+from labctl.inventory.profiles import Profile, resolve_profile
 from labctl.models.switch import SwitchModel
-from labctl.profiles import Profile, resolve_profile
-from labctl.switches import switch_drivers
+from labctl.ocs.switches import switch_drivers
 
 NAME = "ocs1"
 SIZE = "32x32"
@@ -56,7 +56,7 @@ def emulated_drivers() -> list[str]:
 
 async def one_round(driver: str, remaps: int, switching_ms: float, seed: int) -> tuple[int, list[int]]:
     """(connect ns, [apply ns per remap]) for one fresh emulator and driver."""
-    from labctl.clock import now_ns
+    from labctl.core.clock import now_ns
 
     entry = switch_drivers.get(driver)
     config = entry.config.model_validate({"driver": driver, "size": SIZE, "emulate": True, "timeout_s": 30})
@@ -101,9 +101,9 @@ def ncclient_peer(rounds: int, remaps: int, switching_ms: float) -> dict[str, An
     delete body), get again to verify."""
     from ncclient import manager
 
-    from labctl.drivers.polatis_netconf import codec
     from labctl.emulators.netconf import NetconfEmulator
-    from labctl.mapping import MappingDiff
+    from labctl.inventory.mapping import MappingDiff
+    from labctl.ocs.drivers.polatis_netconf import codec
 
     def config(diff: MappingDiff) -> str:  # the driver's <config>, as ncclient's edit_config takes it
         body = codec.edit_config(diff)

@@ -33,12 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-from labctl.clock import now_ns
+from labctl.core.clock import now_ns
+from labctl.core.events import Event, Kind
 from labctl.emulators.fabric import FabricLayout, KernelFabric
-from labctl.events import Event, Kind
-from labctl.inventory import RdmaPortSpec, load_inventory
+from labctl.inventory.schema import RdmaPortSpec, load_inventory
 from labctl.linux import netns
 from labctl.probes.rdma import RcTrafficProbe
+from labctl.probes.sampling import QueueProbe, RdmaSettings
 from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
 from labctl.probes.verbs_rc import VerbsRcProbe
 from labctl.rdma import compat
@@ -46,7 +47,6 @@ from labctl.rdma.exchange import LocalExchange
 from labctl.rdma.perftest import latency_report
 from labctl.rdma.rc import QpAttrs
 from labctl.rdma.verbs import VerbsQpFactory
-from labctl.sampling import QueueProbe, RdmaSettings
 
 PREFIX = f"lb{os.getpid()}-r-"
 INVENTORY = textwrap.dedent(

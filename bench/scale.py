@@ -67,7 +67,7 @@ def write_lab(directory: Path, ports: int, kind: str = "simulated") -> tuple[Pat
 
 
 def one_run(ports: int, kind: str) -> dict[str, Any]:
-    from labctl.controller import run_experiment
+    from labctl.run.engine import run_experiment
 
     with tempfile.TemporaryDirectory() as tmp:
         inventory, experiment = write_lab(Path(tmp), ports, kind)
@@ -102,15 +102,15 @@ def sampler_only(ports: int, design: str, seconds: float = 1.5) -> dict[str, Any
     """Rx-power sampling of `ports` modeled modules on a quiet model, ours or one task per port."""
     import random
 
-    from labctl.clock import now_ns
-    from labctl.inventory import load_inventory
-    from labctl.looplag import LoopLagMonitor
+    from labctl.core.clock import now_ns
+    from labctl.inventory.profiles import resolve_profile
+    from labctl.inventory.schema import load_inventory
+    from labctl.linux.looplag import LoopLagMonitor
     from labctl.models.fabric import SimFabric
-    from labctl.models.probes import model_sites
     from labctl.models.switch import SwitchModel
+    from labctl.probes.model import model_sites
     from labctl.probes.rxpower import ModulePort, RxPowerProbe
-    from labctl.profiles import resolve_profile
-    from labctl.transceiver import module_info
+    from labctl.probes.transceiver import module_info
 
     async def main() -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:

@@ -22,14 +22,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
-from labctl.config import Secret
-from labctl.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Endpoint
+from labctl.core.events import Event
 from labctl.emulators.tl1 import Tl1Emulator
-from labctl.events import Event
-from labctl.mapping import PortSpace
+from labctl.inventory.config import Secret
+from labctl.inventory.mapping import PortSpace
+from labctl.inventory.profiles import Profile, resolve_profile
 from labctl.models.switch import SwitchModel
-from labctl.ocs import TimeoutPolicy
-from labctl.profiles import Profile, resolve_profile
+from labctl.ocs.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Endpoint
+from labctl.ocs.protocol import TimeoutPolicy
 
 SPACE = PortSpace(32, 32)
 PASSWORD = "bench-" + os.urandom(4).hex()

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from labctl.clock import now_ns
+from labctl.core.clock import now_ns
+from labctl.core.events import Event
 from labctl.emulators.fabric import FabricLayout, KernelFabric
-from labctl.events import Event
-from labctl.inventory import load_inventory
+from labctl.inventory.schema import load_inventory
 from labctl.linux import netns
 from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
 

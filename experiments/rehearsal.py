@@ -61,7 +61,7 @@ def labctl(*args: str) -> subprocess.CompletedProcess[str]:
 # must work without the switch password in the environment (`up` checks that it is there).
 FACTS = """
 import json, sys
-from labctl.inventory import load_inventory
+from labctl.inventory.schema import load_inventory
 from labctl.labs import check
 inv = load_inventory(sys.argv[1])
 check(inv, secrets=False)
@@ -79,8 +79,8 @@ AGENTS_ONLINE = """
 import asyncio, json, sys
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.hub import AgentHub
-from labctl.errors import LabctlError
-from labctl.inventory import load_inventory
+from labctl.core.errors import LabctlError
+from labctl.inventory.schema import load_inventory
 inv, timeout_s, hosts = load_inventory(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
 
 async def main():

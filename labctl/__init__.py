@@ -13,21 +13,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from labctl.version import __version__
+from labctl.core.version import __version__
 
 _EXPORTS = {
-    "Event": "labctl.events",
-    "load_experiment": "labctl.experiment",
-    "load_inventory": "labctl.inventory",
-    "Run": "labctl.store",
-    "load_run": "labctl.store",
+    "Event": "labctl.core.events",
+    "load_experiment": "labctl.run.experiment",
+    "load_inventory": "labctl.inventory.schema",
+    "Run": "labctl.analysis.store",
+    "load_run": "labctl.analysis.store",
 }
 
 if TYPE_CHECKING:
-    from labctl.events import Event
-    from labctl.experiment import load_experiment
-    from labctl.inventory import load_inventory
-    from labctl.store import Run, load_run
+    from labctl.analysis.store import Run, load_run
+    from labctl.core.events import Event
+    from labctl.inventory.schema import load_inventory
+    from labctl.run.experiment import load_experiment
 
 
 def __getattr__(name: str) -> Any:

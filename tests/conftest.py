@@ -1,5 +1,5 @@
 """Test hygiene shared by every test: no asyncio task may outlive its test, and every run a test makes obeys
-causality (labctl.invariants: no traffic on a port whose link is down)."""
+causality (labctl.analysis.invariants: no traffic on a port whose link is down)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from labctl.events import EventLog
-from labctl.invariants import check_file
+from labctl.analysis.invariants import check_file
+from labctl.core.events import EventLog
 from tests.mosquitto import Mosquitto
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,7 +101,7 @@ def _record_event_logs() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _runs_are_causal(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After each test, the causality invariant (labctl.invariants) over every event log written since the
+    """After each test, the causality invariant (labctl.analysis.invariants) over every event log written since the
     last check: those this process opened or closed, and any events.jsonl under the test's tmp_path (a
     `labctl` subprocess may have written it). A test whose events break it on purpose says so:
     `@pytest.mark.acausal(why)`."""

@@ -49,19 +49,19 @@ from labctl.agents.wire import (
     topic,
     world_topic,
 )
-from labctl.clock import now_ns
-from labctl.errors import InputError
-from labctl.events import Event
-from labctl.inventory import Inventory, NicPort
+from labctl.core.clock import now_ns
+from labctl.core.errors import InputError
+from labctl.core.events import Event
+from labctl.inventory.profiles import Profile
+from labctl.inventory.schema import Inventory, NicPort
 from labctl.labs import kinds_with_agents, lab_kinds
 from labctl.labs.base import ReconfigWindow
 from labctl.linux.timesync import clock_sync_state
 from labctl.models.fabric import SimFabric
 from labctl.models.switch import SwitchModel
 from labctl.models.timeline import Scheduled, Timeline
-from labctl.probes import probe_kinds
-from labctl.profiles import Profile
-from labctl.sampling import CircuitProbe, ModelSchedule, Probe, ProbeSettings
+from labctl.probes.base import probe_kinds
+from labctl.probes.sampling import CircuitProbe, ModelSchedule, Probe, ProbeSettings
 
 log = logging.getLogger("labctl.agents")
 

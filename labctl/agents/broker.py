@@ -9,9 +9,9 @@ from urllib.parse import urlsplit
 
 import aiomqtt
 
-from labctl.config import Secret
-from labctl.errors import InputError
-from labctl.inventory import Inventory
+from labctl.core.errors import InputError
+from labctl.inventory.config import Secret
+from labctl.inventory.schema import Inventory
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labctl.errors import HardwareError
+from labctl.core.errors import HardwareError
 
 
 @dataclass(frozen=True)

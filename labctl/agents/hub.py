@@ -43,14 +43,14 @@ from labctl.agents.wire import (
     topic,
     world_topic,
 )
-from labctl.clock import now_ns
-from labctl.errors import HardwareError
-from labctl.events import Event, EventQueue, Kind
-from labctl.inventory import Inventory
+from labctl.core.clock import now_ns
+from labctl.core.errors import HardwareError
+from labctl.core.events import Event, EventQueue, Kind
+from labctl.inventory.profiles import Profile
+from labctl.inventory.schema import Inventory
 from labctl.labs.base import Lab, LabContext
 from labctl.linux.timesync import clock_sync_state
-from labctl.profiles import Profile
-from labctl.sampling import ProbeSettings
+from labctl.probes.sampling import ProbeSettings
 
 log = logging.getLogger("labctl.agents")
 
@@ -118,7 +118,7 @@ class HostLink:
     def gap(self, missing: int, before_ns: int | None) -> None:
         """Events of this host went missing (a broker outage): say so in the stream, between the latest
         stamp received before them and the earliest after (None: the end), for the readers of the run
-        (labctl.invariants: nothing is known of the host's signals in between)."""
+        (labctl.analysis.invariants: nothing is known of the host's signals in between)."""
         if missing <= 0:
             return
         t = before_ns if before_ns is not None else (self.last_event_ns or now_ns())

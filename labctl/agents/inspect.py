@@ -13,10 +13,10 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from labctl.errors import LabctlError
-from labctl.inventory import NicPort
+from labctl.core.errors import LabctlError
+from labctl.core.version import __version__
+from labctl.inventory.schema import NicPort
 from labctl.linux.ethtool import read_module
-from labctl.version import __version__
 
 SYS_NET = Path("/sys/class/net")
 

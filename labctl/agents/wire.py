@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from labctl.config import Secret
-from labctl.events import Event, Kind
+from labctl.core.events import Event, Kind
+from labctl.inventory.config import Secret
 from labctl.models.fabric import TRANSPORT
 
 log = logging.getLogger("labctl.agents")

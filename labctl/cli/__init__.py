@@ -15,7 +15,7 @@ import typer
 
 from labctl.cli import agent, bench, dom, emulate, inventory, lab, ocs, plan, probe, queue, replay, run
 from labctl.cli.common import EXIT_ABORTED, err, out
-from labctl.errors import InputError, LabctlError
+from labctl.core.errors import InputError, LabctlError
 
 app = typer.Typer(
     help="labctl: time optical circuit switch reconfigurations, from the switch command to traffic "
@@ -32,7 +32,7 @@ for group in (run, inventory, lab, ocs, emulate, probe, dom, bench, queue, agent
 
 def _print_version(value: bool) -> None:
     if value:
-        from labctl.version import __version__
+        from labctl.core.version import __version__
 
         out.print(f"labctl {__version__}")
         raise typer.Exit()

@@ -47,7 +47,7 @@ def agent(
 
     from labctl.agents.agent import Agent
     from labctl.agents.broker import BrokerSettings
-    from labctl.inventory import load_inventory
+    from labctl.inventory.schema import load_inventory
     from labctl.labs import check
 
     inv = load_inventory(inventory)

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 
 out = Console(soft_wrap=True, emoji=False)
 if not out.is_terminal:  # a pipe or a CI log has no width to fit: rich's default 80 would truncate tables
@@ -52,7 +52,7 @@ def parse_plot_formats(text: str | None, option: str = "--plot-format") -> tuple
         return None
     from typing import get_args
 
-    from labctl.experiment import PlotFormat
+    from labctl.run.experiment import PlotFormat
 
     known: tuple[str, ...] = get_args(PlotFormat)
     names = [n.strip().lower() for n in text.split(",") if n.strip()]

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt, JsonOpt, ProfileOpt
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 
 emulate_app = typer.Typer(
     help="Serve emulated lab hardware: a switch's protocol emulator over TCP (127.0.0.1 by default), or the "
@@ -100,10 +100,10 @@ def emulate_ocs(
     drive it with `labctl ocs` (an inventory switch with this address) or any client of the protocol. With
     --fabric it is the switch of a kernel fabric: to a controller it is just a switch at HOST:PORT."""
     from labctl.emulators.core import load_faults
-    from labctl.mapping import PortSpace
+    from labctl.inventory.mapping import PortSpace
+    from labctl.inventory.profiles import Profile, resolve_profile
     from labctl.models.switch import SwitchModel
-    from labctl.profiles import Profile, resolve_profile
-    from labctl.switches import EmulatorOptions, switch_drivers
+    from labctl.ocs.switches import EmulatorOptions, switch_drivers
 
     serving = {name: e.emulator for name, e in switch_drivers.all().items() if e.emulator is not None}
     if protocol is not None:
@@ -142,7 +142,7 @@ def emulate_ocs(
         import functools
 
         from labctl.emulators.fabric import FabricLayout, KernelFabric, managed_prefix
-        from labctl.inventory import load_inventory
+        from labctl.inventory.schema import load_inventory
 
         inv = load_inventory(inventory)
         switch_name = switch or _only_switch(inv.switches, inventory)
@@ -248,7 +248,7 @@ def emulate_power_meter(
 
     from labctl.emulators.fabric import FabricLayout, managed_prefix
     from labctl.emulators.power_meter import FabricLight, N77xxEmulator
-    from labctl.inventory import load_inventory
+    from labctl.inventory.schema import load_inventory
     from labctl.linux import netns
 
     inv = load_inventory(inventory)
@@ -334,7 +334,7 @@ def fabric_up(
     import random
 
     from labctl.emulators.fabric import FabricLayout, KernelFabric, managed_prefix
-    from labctl.inventory import load_inventory
+    from labctl.inventory.schema import load_inventory
 
     inv = load_inventory(inventory)
     prof = inv.profile(profile)
@@ -389,7 +389,7 @@ def fabric_down(
 ) -> None:
     """Remove the inventory's fabric and any fabric left by a run that was killed."""
     from labctl.emulators.fabric import managed_prefix
-    from labctl.inventory import load_inventory
+    from labctl.inventory.schema import load_inventory
     from labctl.linux import netns
 
     inv = load_inventory(inventory)

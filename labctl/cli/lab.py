@@ -30,7 +30,7 @@ def lab_check(
     its version, every NIC port's interface, carrier, address, transceiver and Rx power per lane. Reads
     only. Exit 0 when nothing failed, 1 otherwise, 2 for an inventory its lab kind refuses."""
     from labctl.labs import load
-    from labctl.preflight import preflight
+    from labctl.run.preflight import preflight
 
     inv = load(inventory)
     checks = asyncio.run(preflight(inv, timeout_s=timeout_s))

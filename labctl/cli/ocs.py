@@ -12,10 +12,10 @@ import typer
 from rich.markup import escape
 
 from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt, JsonOpt, out
-from labctl.errors import InputError
-from labctl.events import Event
-from labctl.mapping import Mapping, Patch
-from labctl.ocs import ApplyResult, OpticalSwitch, Timed, send_mapping
+from labctl.core.errors import InputError
+from labctl.core.events import Event
+from labctl.inventory.mapping import Mapping, Patch
+from labctl.ocs.protocol import ApplyResult, OpticalSwitch, Timed, send_mapping
 
 T = TypeVar("T")
 
@@ -32,8 +32,8 @@ SwitchOpt = Annotated[
 
 def _open_switch(inventory: Path, name: str | None, emit: Callable[[Event], object]) -> OpticalSwitch:
     """The driver of an inventory switch at an address (any registered driver that has one)."""
-    from labctl.inventory import load_inventory
-    from labctl.switches import open_switch
+    from labctl.inventory.schema import load_inventory
+    from labctl.ocs.switches import open_switch
 
     inv = load_inventory(inventory)
     if name is None:
@@ -155,7 +155,7 @@ def disconnect(
 def load_mapping_file(path: Path) -> tuple[list[Patch], list[int] | None]:
     """A mapping file: `patches: [[in, out], …]` and optionally `scope: [port, …]` (ports to leave unpatched
     unless listed); a bare list of pairs also works."""
-    from labctl.yamlio import load_yaml
+    from labctl.core.yamlio import load_yaml
 
     src = load_yaml(path, "mapping file")
     data: Any = src.data

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from labctl.cli.common import JsonOpt, out
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 
 if TYPE_CHECKING:
     from labctl.plans.graphs import Graph
@@ -98,7 +98,7 @@ def _switch_files(target: Path, switches: list[str]) -> dict[str, Path]:
 
 
 def _write_files(target: Path, switch_plans: list[Any], title: str) -> list[dict[str, str]]:
-    from labctl.fileio import atomic_path
+    from labctl.core.fileio import atomic_path
 
     if not target.parent.is_dir():
         raise InputError(f"--out {target}: directory {target.parent} does not exist")
@@ -169,7 +169,7 @@ def _static(
     inv = None
     rails: tuple[int, ...] = ()
     if inventory is not None:
-        from labctl.inventory import load_inventory
+        from labctl.inventory.schema import load_inventory
 
         inv = load_inventory(inventory)
     if isinstance(graph_builder, _Sized):
@@ -517,7 +517,7 @@ def ep_rings_cmd(
 
     inv = None
     if inventory is not None:
-        from labctl.inventory import load_inventory
+        from labctl.inventory.schema import load_inventory
 
         inv = load_inventory(inventory)
         rails = rails if rails is not None else len(inv.rails)

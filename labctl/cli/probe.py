@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt, bounded
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 
 probe_app = typer.Typer(
     help="Run one probe on its own and print its events as JSON lines.", no_args_is_help=True
@@ -18,8 +18,8 @@ probe_app = typer.Typer(
 
 
 def _print_events(probe: object, duration: float | None) -> None:
-    from labctl.events import encode_event
-    from labctl.sampling import QueueProbe
+    from labctl.core.events import encode_event
+    from labctl.probes.sampling import QueueProbe
 
     assert isinstance(probe, QueueProbe)
 
@@ -90,7 +90,7 @@ def probe_traffic(
 ) -> None:
     """UDP ping-pong both ways between two NIC ports of a running emulated fabric; events as JSON lines."""
     from labctl.emulators.fabric import FabricLayout, managed_prefix
-    from labctl.inventory import load_inventory
+    from labctl.inventory.schema import load_inventory
     from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
 
     if port_a == port_b:

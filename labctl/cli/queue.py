@@ -24,7 +24,7 @@ from labctl.cli.common import (
     err,
     out,
 )
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 
 DbOpt = Annotated[
     Path | None,

@@ -25,7 +25,7 @@ from labctl.cli.common import (
     fmt_ns,
     out,
 )
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 
 LATE_WARN_NS = 1_000_000
 """Above this, the replay's own lateness (wake-ups, control lag) is large enough to say so."""
@@ -154,9 +154,9 @@ def import_kineto(
     """Convert a Kineto trace's NCCL kernels to the labctl trace format (and check it)."""
     import yaml
 
+    from labctl.core.yamlio import load_yaml
     from labctl.workload.kineto import kineto_to_trace, load_kineto
     from labctl.workload.trace import load_trace
-    from labctl.yamlio import load_yaml
 
     groups: dict[str, str] = {}
     for item in group or []:

@@ -35,10 +35,10 @@ from labctl.cli.common import (
     out,
     parse_plot_formats,
 )
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 
 if TYPE_CHECKING:
-    from labctl.controller import Stage
+    from labctl.run.engine import Stage
 
 
 class RichProgress:
@@ -291,7 +291,7 @@ def run(
     --help`). Ctrl-C stops now: the baseline mapping is restored, the run is marked aborted and its
     analysis written; `labctl plot RUN` draws an aborted run's figures.
     """
-    from labctl.controller import run_experiment
+    from labctl.run.engine import run_experiment
 
     formats = parse_plot_formats(plot_format)
 
@@ -354,9 +354,9 @@ def run(
 
 
 def _dry_run(experiment: Path, inventory_path: Path, profile: str | None) -> None:
-    from labctl.controller import planned_reconfigurations
-    from labctl.experiment import build_plan, load_experiment
     from labctl.labs import load
+    from labctl.run.engine import planned_reconfigurations
+    from labctl.run.experiment import build_plan, load_experiment
 
     inventory = load(inventory_path)
     from labctl.cli.replay import dry_run_replay  # a `kind: replay` experiment (issue 16)
@@ -405,8 +405,8 @@ def report(
     if len(run_paths) > 1:
         _report_many(run_paths, as_json)
         return
-    from labctl.breakdown import summarize
-    from labctl.store import load_run
+    from labctl.analysis.breakdown import summarize
+    from labctl.analysis.store import load_run
 
     run_data = load_run(run_paths[0])
     summary = run_data.summary or summarize(run_data.breakdown)
@@ -462,7 +462,7 @@ def report(
 
 
 def _report_many(run_paths: list[Path], as_json: bool) -> None:
-    from labctl.compare import aggregate
+    from labctl.analysis.compare import aggregate
 
     summary = aggregate(run_paths)
     if as_json:
@@ -510,8 +510,8 @@ def compare(
 ) -> None:
     """Compare two sets of runs phase by phase: each set's median with its 95% bootstrap CI, and the
     difference of medians (second set minus first) with its own CI: the table a reviewer asks for."""
-    from labctl.compare import compare as compare_sets
-    from labctl.compare import split_sets
+    from labctl.analysis.compare import compare as compare_sets
+    from labctl.analysis.compare import split_sets
 
     a, b = split_sets(runs)
     result = compare_sets(a, b)
@@ -597,8 +597,8 @@ def plot(
 ) -> None:
     """(Re)draw a run's timeline and phase distributions from its events.jsonl (an aborted run's too, which
     draws none on its way out): PNG by default, `--format svg,pdf` (or all) for a paper."""
-    from labctl.plots import plot_run
-    from labctl.store import damage_notes, resolve_run_path
+    from labctl.analysis.plots import plot_run
+    from labctl.analysis.store import damage_notes, resolve_run_path
 
     formats = parse_plot_formats(fmt, "--format")
     assert formats is not None

@@ -21,10 +21,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from labctl.errors import InputError
-from labctl.mapping import MappingDiff
+from labctl.core.errors import InputError
+from labctl.core.yamlio import load_yaml, pydantic_error_line
+from labctl.inventory.mapping import MappingDiff
 from labctl.models.switch import SwitchModel
-from labctl.yamlio import load_yaml, pydantic_error_line
 
 MAX_INPUT = 64 * 1024  # bytes of unterminated input a session may buffer before it is hung up
 

@@ -29,15 +29,15 @@ import random
 import socket
 from dataclasses import dataclass, field
 
-from labctl.clock import now_ns
-from labctl.errors import HardwareError, InputError
-from labctl.events import Event, Kind
-from labctl.inventory import Inventory, NicPort
+from labctl.core.clock import now_ns
+from labctl.core.errors import HardwareError, InputError
+from labctl.core.events import Event, Kind
+from labctl.inventory.profiles import Profile
+from labctl.inventory.schema import Inventory, NicPort
 from labctl.linux import netns
 from labctl.linux.rtnl import Rtnl, open_route_socket
 from labctl.models.switch import SwitchModel
-from labctl.ocs import EventSink
-from labctl.profiles import Profile
+from labctl.ocs.protocol import EventSink
 
 REDIRECT_PRIO = 1
 INDEX_BASE = 1000

@@ -12,7 +12,7 @@ A refusal (the model's ChangeRefused, or the fault plan's) is an `rpc-error` wit
 garbage goes inside a reply's XML (well framed, not XML) or before its framing (`between`).
 
 This parser and formatter are written independently of the driver's codec
-(labctl/drivers/polatis_netconf/codec.py) on purpose, so that a mistake in one is not mirrored by the
+(labctl/ocs/drivers/polatis_netconf/codec.py) on purpose, so that a mistake in one is not mirrored by the
 other. Data nodes follow the shared reference §2; what no source shows (the dark-port power reading, the
 model name's suffix) is an emulator choice, listed in docs/decisions/0031.
 """
@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from typing import Any, cast
 from xml.sax.saxutils import escape, quoteattr
 
+from labctl.core.errors import InputError
+from labctl.core.extras import require
 from labctl.emulators.core import FaultPlan, Session, SwitchEmulator, load_faults
-from labctl.errors import InputError
-from labctl.extras import require
-from labctl.mapping import MappingDiff
+from labctl.inventory.mapping import MappingDiff
 from labctl.models.switch import ChangeRefused, SwitchModel
 
 __all__ = [

@@ -41,10 +41,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from labctl.clock import now_ns
-from labctl.inventory import MeterChannel, NicPort
+from labctl.core.clock import now_ns
+from labctl.core.version import __version__
+from labctl.inventory.schema import MeterChannel, NicPort
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
-from labctl.version import __version__
 
 if TYPE_CHECKING:
     from labctl.emulators.fabric import FabricLayout
@@ -181,7 +181,7 @@ class FabricLight:
         self.drain()
 
     def _dump(self, dump: socket.socket, seq: int, index: int) -> None:
-        from labctl.errors import HardwareError
+        from labctl.core.errors import HardwareError
         from labctl.linux.netlink import NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, iter_messages
         from labctl.linux.netlink import message as netlink_message
         from labctl.linux.rtnl import INGRESS_HANDLE, TCMSG
@@ -220,7 +220,7 @@ class FabricLight:
 
     def drain(self) -> None:
         """Apply every tc change the kernel has sent so far, stamped now."""
-        from labctl.errors import HardwareError
+        from labctl.core.errors import HardwareError
         from labctl.linux.netlink import iter_messages
 
         if self._sock is None:

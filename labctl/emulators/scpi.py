@@ -12,7 +12,7 @@ returns at once (SCPI commands overlap); `*OPC?` answers `1` once this session's
 Errors go to the session's error queue (`SYST:ERR?`): `-221,"Settings conflict;…"` for a port in use, a
 refused change (the model's ChangeRefused, or the plan's refusal) is `-200,"Execution error;…"`.
 
-Written independently of the driver's codec (labctl/drivers/polatis_scpi/codec.py), so a mistake in one
+Written independently of the driver's codec (labctl/ocs/drivers/polatis_scpi/codec.py), so a mistake in one
 is not mirrored by the other. Facts: shared reference §3.1; emulator choices (error codes per case, the
 no-light reading, `*RST` leaving the connections alone, the empty STAT? reply) are listed in
 docs/decisions/0032.
@@ -28,7 +28,7 @@ from collections.abc import Mapping as MappingType
 from dataclasses import dataclass
 
 from labctl.emulators.core import CommandFaults, FaultPlan, Session, SwitchEmulator, load_faults
-from labctl.mapping import MappingDiff
+from labctl.inventory.mapping import MappingDiff
 from labctl.models.switch import ChangeRefused, SwitchModel
 
 __all__ = ["ScpiEmulator", "load_faults"]

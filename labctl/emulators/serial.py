@@ -22,7 +22,7 @@ outside printable ASCII, as a glitch or a wrong baud rate produces. What no sour
 texts, the `Settings conflict` refusal of an output in use, reply line ends) is an emulator choice listed
 in docs/decisions/0033.
 
-Written independently of the driver's codec (labctl/drivers/dicon_serial/codec.py), like the TL1 pair.
+Written independently of the driver's codec (labctl/ocs/drivers/dicon_serial/codec.py), like the TL1 pair.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ import tty
 from collections import deque
 from typing import Any
 
+from labctl.core.errors import InputError
+from labctl.core.extras import require
 from labctl.emulators.core import CommandFaults, FaultPlan, Session, SwitchEmulator, load_faults
-from labctl.errors import InputError
-from labctl.extras import require
-from labctl.mapping import MappingDiff
+from labctl.inventory.mapping import MappingDiff
 from labctl.models.switch import ChangeRefused, SwitchModel
 
 __all__ = ["DiconSerialEmulator", "load_faults"]

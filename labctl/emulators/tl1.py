@@ -10,7 +10,7 @@ sessions as `REPT DBCHG` autonomous messages. Faults (drop, drop mid-reply, dela
 probability, garbage bytes, state loss) come from a YAML file or the test API (FaultPlan).
 
 This parser and formatter are written independently of the driver's codec
-(labctl/drivers/polatis_tl1/codec.py) on purpose, so that a framing mistake in one is not mirrored by the
+(labctl/ocs/drivers/polatis_tl1/codec.py) on purpose, so that a framing mistake in one is not mirrored by the
 other. Response shapes follow the shared
 reference §1.4-1.5; what no source shows (DENY codes, REPT text, shutter tokens, the no-light reading) is
 an emulator choice, listed in docs/decisions/0008.
@@ -25,7 +25,7 @@ from collections.abc import Mapping as MappingType
 from dataclasses import dataclass, field
 
 from labctl.emulators.core import FaultPlan, Session, SwitchEmulator, load_faults
-from labctl.mapping import MappingDiff
+from labctl.inventory.mapping import MappingDiff
 from labctl.models.switch import ChangeRefused, SwitchModel
 
 __all__ = ["Tl1Emulator", "load_faults", "parse_command"]

@@ -1,4 +1,4 @@
-"""Lab kinds: one module per kind, a registry entry each (labctl.registry.LAB_KINDS).
+"""Lab kinds: one module per kind, a registry entry each (labctl.core.registry.LAB_KINDS).
 
 `load(path)` is what the commands that run a lab call (`inventory check`, `run`, `submit`; `agent` runs
 `check` on the inventory it loaded): the inventory's schema and cross-references, then its lab kind's own
@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from labctl.inventory import Inventory, load_inventory
+from labctl.core.registry import LAB_KINDS, Registry
+from labctl.inventory.schema import Inventory, load_inventory
 from labctl.labs.base import Lab, LabContext, LabKind
-from labctl.registry import LAB_KINDS, Registry
 
 lab_kinds: Registry[LabKind] = Registry("lab kind", LAB_KINDS, LabKind)
 

@@ -15,9 +15,10 @@ from typing import Any
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.hub import run_probes_on_agents
 from labctl.agents.wire import ANNOUNCED, HAPPENS, WITHDRAWN, WorldItem
-from labctl.clock import now_ns
-from labctl.events import Kind
-from labctl.inventory import Inventory, NicPort
+from labctl.core.clock import now_ns
+from labctl.core.events import Kind
+from labctl.inventory.mapping import Mapping, diff_mapping, ports_of
+from labctl.inventory.schema import Inventory, NicPort
 from labctl.labs.base import Lab, LabContext, LabKind, require_transport
 from labctl.labs.world import (
     add_power_meters,
@@ -27,13 +28,12 @@ from labctl.labs.world import (
     no_extra_probes,
     switch_models,
 )
-from labctl.mapping import Mapping, diff_mapping, ports_of
 from labctl.models.fabric import TRANSPORT, SimFabric
-from labctl.models.probes import model_sites
 from labctl.models.switch import SwitchModel
-from labctl.ocs import ApplyResult, OpticalSwitch, Timed, command_not_before
-from labctl.probes import ProbeContext
-from labctl.sampling import ProbeSettings
+from labctl.ocs.protocol import ApplyResult, OpticalSwitch, Timed, command_not_before
+from labctl.probes.base import ProbeContext
+from labctl.probes.model import model_sites
+from labctl.probes.sampling import ProbeSettings
 
 PROBES = ("model-link", "rx-power", "model-traffic")
 """What each agent runs, on its mirror of the world."""
@@ -79,7 +79,8 @@ class AnnouncedSwitch:
         mapping = list(mapping)
         scope = None if scope is None else list(scope)
         arming = self._announce(mapping, scope)
-        # The driver's command goes out at the announced moment (labctl.ocs.converge waits for it right
+        # The driver's command goes out at the announced moment (labctl.ocs.protocol.converge waits for it
+        # right
         # before stamping t0 and sending), so the model's switch moves when the mirrors were told it would.
         token = command_not_before.set(arming[1] if arming is not None else None)
         try:

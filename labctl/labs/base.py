@@ -14,15 +14,15 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from labctl.errors import InputError
-from labctl.inventory import Inventory
-from labctl.ocs import EventSink, OpticalSwitch
-from labctl.profiles import Profile
-from labctl.sampling import CircuitProbe, Probe, ProbeSettings
+from labctl.core.errors import InputError
+from labctl.inventory.profiles import Profile
+from labctl.inventory.schema import Inventory
+from labctl.ocs.protocol import EventSink, OpticalSwitch
+from labctl.probes.sampling import CircuitProbe, Probe, ProbeSettings
 
 if TYPE_CHECKING:  # the probe contract and the behaviour model, named in the agent hook's type only
     from labctl.models.fabric import SimFabric
-    from labctl.probes import ProbeContext
+    from labctl.probes.base import ProbeContext
 
 
 @runtime_checkable
@@ -52,7 +52,7 @@ class SwitchAware(Protocol):
 class FaultLatch:
     """Where a lab reports a fault it notices outside any driver call (an agent gone): the controller waits
     on it, stops the sequence, restores the baseline and fails the run with the reason (raising
-    labctl.errors.LabFault). Latched: the first reason wins."""
+    labctl.core.errors.LabFault). Latched: the first reason wins."""
 
     def __init__(self) -> None:
         self.reason: str | None = None
@@ -121,7 +121,7 @@ class LabContext:
 
 @dataclass(frozen=True)
 class LabKind:
-    """A kind of lab's registry entry (labctl.registry.LAB_KINDS)."""
+    """A kind of lab's registry entry (labctl.core.registry.LAB_KINDS)."""
 
     name: str
     description: str

@@ -20,9 +20,9 @@ import fcntl
 import os
 from pathlib import Path
 
+from labctl.core.errors import HardwareError
 from labctl.emulators.fabric import FabricLayout, KernelFabric, managed_prefix, run_prefix
-from labctl.errors import HardwareError
-from labctl.inventory import Inventory
+from labctl.inventory.schema import Inventory
 from labctl.labs.base import Lab, LabContext, LabKind
 from labctl.labs.world import (
     add_power_meters,
@@ -35,8 +35,8 @@ from labctl.labs.world import (
 )
 from labctl.linux import netns
 from labctl.models.fabric import SimFabric
-from labctl.models.probes import model_sites
-from labctl.probes import ProbeContext
+from labctl.probes.base import ProbeContext
+from labctl.probes.model import model_sites
 
 LOCK_DIR = Path("/run/labctl")
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.hub import run_probes_on_agents
-from labctl.inventory import Inventory
+from labctl.inventory.schema import Inventory
 from labctl.labs.base import Lab, LabContext, LabKind, require_transport
 from labctl.labs.world import add_power_meters, check_power_meters, no_extra_probes
 from labctl.models.fabric import SimFabric
-from labctl.probes import PortSite, ProbeContext
-from labctl.sampling import ProbeSettings
-from labctl.switches import open_switch, switch_drivers
+from labctl.ocs.switches import open_switch, switch_drivers
+from labctl.probes.base import PortSite, ProbeContext
+from labctl.probes.sampling import ProbeSettings
 
 PROBES = ("carrier", "rx-power", "traffic", "link-state")
 """What each host's agent runs on its interfaces (with `traffic` as the experiment's transport says)."""

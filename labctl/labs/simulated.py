@@ -8,7 +8,7 @@ poller and DOM decoder). No root, no hardware.
 
 from __future__ import annotations
 
-from labctl.inventory import Inventory
+from labctl.inventory.schema import Inventory
 from labctl.labs.base import Lab, LabContext, LabKind, require_transport
 from labctl.labs.world import (
     add_power_meters,
@@ -20,8 +20,8 @@ from labctl.labs.world import (
     switch_models,
 )
 from labctl.models.fabric import SimFabric
-from labctl.models.probes import model_sites
-from labctl.probes import ProbeContext
+from labctl.probes.base import ProbeContext
+from labctl.probes.model import model_sites
 
 PROBES = ("model-link", "rx-power", "model-traffic")
 TRAFFIC_PROBE = {"udp": "model-traffic", "rdma": "model-rc-traffic"}

@@ -7,13 +7,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 
-from labctl.errors import InputError
-from labctl.inventory import Inventory
+from labctl.core.errors import InputError
+from labctl.inventory.schema import Inventory
 from labctl.labs.base import Lab, LabContext
 from labctl.models.switch import SwitchModel
-from labctl.probes import MeterSite, ProbeContext, probe_kinds
-from labctl.sampling import Probe, ProbeSettings
-from labctl.switches import emulate_switch, switch_drivers
+from labctl.ocs.switches import emulate_switch, switch_drivers
+from labctl.probes.base import MeterSite, ProbeContext, probe_kinds
+from labctl.probes.sampling import Probe, ProbeSettings
 
 
 def check_switches_over_models(inventory: Inventory, kind: str) -> None:

@@ -7,7 +7,8 @@ drivers without the netlink request fall back to the legacy ETHTOOL_GMODULEEEPRO
 (`IoctlModuleEeprom`), which can address only the flat layouts (SFF-8472 A0h/A2h, SFF-8636 pages 0–3),
 not CMIS banks or page 11h. `open_module_eeprom()` picks one; on an interface without a module (e.g. a
 veth) it raises NoModuleEepromError, message exactly "no module EEPROM on <IF>" (plus " (netns <NS>)" when
-a namespace was given). Both satisfy `labctl.transceiver.ModuleEeprom`; decoding is labctl.transceiver's.
+a namespace was given). Both satisfy `labctl.probes.transceiver.ModuleEeprom`; decoding is
+labctl.probes.transceiver's.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import fcntl
 import socket
 import struct
 
-from labctl.errors import HardwareError, InputError
+from labctl.core.errors import HardwareError, InputError
 from labctl.linux.genl import GenericNetlink
 from labctl.linux.netlink import NLA_F_NESTED, NetlinkError, attr, cstr, parse_attrs, u32
 from labctl.linux.netns import sockets_in_netns
-from labctl.transceiver import A0H, A2H, DomReading, check_request, read_dom
+from labctl.probes.transceiver import A0H, A2H, DomReading, check_request, read_dom
 
 ETHTOOL_GENL_NAME = "ethtool"
 ETHTOOL_GENL_VERSION = 1

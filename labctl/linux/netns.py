@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from labctl.errors import HardwareError, InputError
+from labctl.core.errors import HardwareError, InputError
 
 CLONE_NEWNET = 0x40000000
 NETNS_RUN_DIR = Path("/run/netns")

@@ -81,7 +81,7 @@ class PeriodicTimer:
 
 
 class Alarm:
-    """`await alarm.at(t_ns)` wakes at a CLOCK_MONOTONIC instant (labctl.clock.now_ns) to within the
+    """`await alarm.at(t_ns)` wakes at a CLOCK_MONOTONIC instant (labctl.core.clock.now_ns) to within the
     kernel's timer slack (tens of µs), where `asyncio.sleep` would wake up to 1 ms late: a sampler on an
     absolute 1 kHz schedule then keeps that millisecond as headroom against a busy loop. One timerfd, armed
     one-shot at an absolute time, re-armed per wait; `close()` releases it.

@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from labctl.clock import now_ns
-from labctl.events import Kind
-from labctl.inventory import Inventory, NicPort
-from labctl.looplag import slice_deadline
+from labctl.core.clock import now_ns
+from labctl.core.events import Kind
+from labctl.inventory.profiles import Profile
+from labctl.inventory.schema import Inventory, NicPort
+from labctl.linux.looplag import slice_deadline
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
 from labctl.models.timeline import Scheduled, Timeline
-from labctl.profiles import Profile
 
 if TYPE_CHECKING:
-    from labctl.sampling import ModelSchedule
+    from labctl.probes.sampling import ModelSchedule
 
 TRANSPORT = "transport"
 """A transition of the model only (no event kind): the link carries traffic end to end."""
@@ -274,7 +274,7 @@ class SimFabric:
     def _link_batch(self, batch: _LinkBatch) -> None:
         """Run the batch's link reactions in model-time order, interleaved exactly with everything else on
         the timeline: each one only while no other entry is due before it; then the batch waits at its
-        next reaction's time. A slice of the loop at most (labctl.looplag.SLICE_NS) when the timeline is
+        next reaction's time. A slice of the loop at most (labctl.linux.looplag.SLICE_NS) when the timeline is
         running on its own timer; a reader catching the model up runs every one due."""
         rows, i, n = batch.rows, batch.next, len(batch.rows)
         timeline, horizon = self.timeline, self.timeline.horizon_ns

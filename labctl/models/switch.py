@@ -1,6 +1,6 @@
 """A behavioural model of an optical circuit switch: patch state, switching time, light on each port.
 
-Shared by the in-process simulated driver (labctl/drivers/sim) and by the protocol emulators, so every
+Shared by the in-process simulated driver (labctl/ocs/drivers/sim) and by the protocol emulators, so every
 simulated or emulated switch moves light the same way. Light changes are delivered to listeners at
 their model time through the event loop, carrying the exact model timestamp (integer ns).
 """
@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from labctl.clock import now_ns
-from labctl.errors import HardwareError
-from labctl.mapping import Mapping, MappingDiff, PortSpace, apply_diff
+from labctl.core.clock import now_ns
+from labctl.core.errors import HardwareError
+from labctl.inventory.mapping import Mapping, MappingDiff, PortSpace, apply_diff
+from labctl.inventory.profiles import Profile
 from labctl.models.timeline import Timeline
-from labctl.profiles import Profile
 
 # egress port, ingress port whose light now reaches it (None: dark), model time
 LightListener = Callable[[int, int | None, int], None]

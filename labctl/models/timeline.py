@@ -4,7 +4,7 @@ A reconfiguration of a 512-port switch schedules ~2,500 transitions (light lost 
 firmware, carrier and transport per NIC port). One asyncio timer each costs a TimerHandle, a heap push on
 the loop and a callback dispatch: milliseconds of loop time in one burst, during which every sampler of the
 run waits. A `Timeline` keeps its own heap and holds a single loop timer for its earliest entry; when it
-fires, the due entries run in model-time order, a time slice per loop turn (labctl.looplag.SLICE_NS: a
+fires, the due entries run in model-time order, a time slice per loop turn (labctl.linux.looplag.SLICE_NS: a
 wake-up or a sampler's tick gets in between). A reader that must see the model exactly at a time catches
 it up first (`run_due`).
 """
@@ -17,8 +17,8 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from labctl.clock import now_ns
-from labctl.looplag import slice_deadline
+from labctl.core.clock import now_ns
+from labctl.linux.looplag import slice_deadline
 
 
 class Scheduled:

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 
 IntArray = npt.NDArray[np.int64]
 
 MAX_RAILS = 1024
-# A ring uses 2 ports per domain on its rail's OCS; labctl.mapping allows 4096 per side.
+# A ring uses 2 ports per domain on its rail's OCS; labctl.inventory.mapping allows 4096 per side.
 MAX_DOMAINS = 2048
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 
 IntArray = npt.NDArray[np.int64]
 

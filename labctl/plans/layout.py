@@ -1,6 +1,7 @@
-"""From per-OCS matchings to switch patches, each switch's validated as a matching (labctl.mapping).
+"""From per-OCS matchings to switch patches, each switch's validated as a matching (labctl.inventory.mapping).
 
-A duplex circuit between ports X and Y is two patches, X.tx → Y.rx and Y.tx → X.rx (labctl.topology).
+A duplex circuit between ports X and Y is two patches, X.tx → Y.rx and Y.tx → X.rx
+(labctl.inventory.topology).
 Two ways to place a plan:
 - `abstract_*`: the plan's own switches, a port per accelerator numbered in order (accelerator a: ingress
   a + 1, egress N + a + 1 on an N×N switch `ocs<k>`; a ring's domain d: ports 2d + 1 and 2d + 2, egress
@@ -10,7 +11,8 @@ Two ways to place a plan:
   rail; the plan's graph is laid on each rail it uses (`rail_share`: the fewest rails, split evenly, so
   `ring -n 8` on 4 hosts × 2 rails is one C4 per rail over all four hosts) and matching k uses each
   accelerator's k-th port on its rail. An EP plan's domain is a host and rail r's ring uses the host's
-  ports on the inventory's r-th rail (labctl.topology.ring_links: port 2k+1 of one domain ↔ port 2k of
+  ports on the inventory's r-th rail (labctl.inventory.topology.ring_links: port 2k+1 of one domain ↔ port
+  2k of
   the next).
 """
 
@@ -21,12 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from labctl.errors import InputError
-from labctl.inventory import Inventory, NicPort
-from labctl.mapping import Mapping, PortSpace, validate_mapping
+from labctl.core.errors import InputError
+from labctl.inventory.mapping import Mapping, PortSpace, validate_mapping
+from labctl.inventory.schema import Inventory, NicPort
+from labctl.inventory.topology import Link, links_to_mapping, ring_links
 from labctl.plans.ep import EpRingPlan
 from labctl.plans.matchings import StaticPlan
-from labctl.topology import Link, links_to_mapping, ring_links
 
 Unit = Literal["gpu", "host"]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from labctl.errors import InputError, LabctlError
+from labctl.core.errors import InputError, LabctlError
 from labctl.plans.graphs import EdgeClass, Graph
 
 IntArray = npt.NDArray[np.int64]

@@ -26,9 +26,9 @@ import struct
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from labctl.clock import now_ns
-from labctl.errors import InputError
-from labctl.events import Event, Kind
+from labctl.core.clock import now_ns
+from labctl.core.errors import InputError
+from labctl.core.events import Event, Kind
 from labctl.linux import netns
 from labctl.linux.netlink import iter_messages
 from labctl.linux.rtnl import (
@@ -42,8 +42,8 @@ from labctl.linux.rtnl import (
     parse_link,
 )
 from labctl.linux.timerfd import PeriodicTimer
-from labctl.probes import ProbeContext, ProbeKind
-from labctl.sampling import Probe, QueueProbe
+from labctl.probes.base import ProbeContext, ProbeKind
+from labctl.probes.sampling import Probe, QueueProbe
 
 DUMP_SEQ = 1
 POLL_SEQ = 2

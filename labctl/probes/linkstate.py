@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, Self
 
-from labctl.clock import now_ns
-from labctl.errors import InputError
-from labctl.events import Event, Kind
+from labctl.core.clock import now_ns
+from labctl.core.errors import InputError
+from labctl.core.events import Event, Kind
 from labctl.linux.linkstate import LinkState, LinkStateReader
 from labctl.linux.netlink import NetlinkError
-from labctl.probes import PortSite, ProbeContext, ProbeKind
-from labctl.sampling import Probe, QueueProbe, ticks
+from labctl.probes.base import PortSite, ProbeContext, ProbeKind
+from labctl.probes.sampling import Probe, QueueProbe, ticks
 
 
 @dataclass(frozen=True, slots=True)

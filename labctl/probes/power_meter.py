@@ -39,12 +39,12 @@ from typing import Any, Self
 
 import numpy as np
 
-from labctl.clock import now_ns
-from labctl.errors import HardwareError
-from labctl.events import Event, Kind
-from labctl.extras import require
-from labctl.probes import MeterSite, ProbeContext, ProbeKind
-from labctl.sampling import Probe, QueueProbe, staggered_heartbeats
+from labctl.core.clock import now_ns
+from labctl.core.errors import HardwareError
+from labctl.core.events import Event, Kind
+from labctl.core.extras import require
+from labctl.probes.base import MeterSite, ProbeContext, ProbeKind
+from labctl.probes.sampling import Probe, QueueProbe, staggered_heartbeats
 
 NO_LIGHT_DBM = -70.0
 """Readings below this are reported as no light (value None, as the DOM poller's): an N77xx's range ends

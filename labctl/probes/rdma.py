@@ -32,13 +32,13 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from labctl.clock import now_ns
-from labctl.events import Event, Kind
+from labctl.core.clock import now_ns
+from labctl.core.events import Event, Kind
 from labctl.linux.timerfd import PeriodicTimer
-from labctl.probes import ProbeContext, ProbeKind
+from labctl.probes.base import ProbeContext, ProbeKind
+from labctl.probes.sampling import Probe, QueueProbe, RdmaSettings
 from labctl.probes.traffic import PingOutcomes, TrafficEndpoint, _endpoint, bind_port_socket
 from labctl.rdma.rc import Completion, Op, Packet, QpAttrs, QpState, Requester, Responder, WcStatus
-from labctl.sampling import Probe, QueueProbe, RdmaSettings
 
 UDP_PORT = 47_001
 _WIRE = struct.Struct("!BBxxII")  # op, rnr timer code, destination QP number, PSN

@@ -32,12 +32,19 @@ from typing import Self
 
 import numpy as np
 
-from labctl.clock import now_ns
-from labctl.events import Event, Kind
+from labctl.core.clock import now_ns
+from labctl.core.events import Event, Kind
 from labctl.linux.ethtool import ModuleEepromError, open_module_eeprom
-from labctl.probes import ProbeContext, ProbeKind, RxPowerBatch
-from labctl.sampling import ModelSchedule, Probe, QueueProbe, TickCount, run_ticks, staggered_heartbeats
-from labctl.transceiver import (
+from labctl.probes.base import ProbeContext, ProbeKind, RxPowerBatch
+from labctl.probes.sampling import (
+    ModelSchedule,
+    Probe,
+    QueueProbe,
+    TickCount,
+    run_ticks,
+    staggered_heartbeats,
+)
+from labctl.probes.transceiver import (
     A0H,
     A2H,
     DomDecodeError,

@@ -6,12 +6,12 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
-from labctl.clock import now_ns
-from labctl.errors import HardwareError
-from labctl.events import Event, Kind
-from labctl.ocs import OpticalSwitch
-from labctl.probes import ProbeContext, ProbeKind
-from labctl.sampling import Probe, QueueProbe, ticks
+from labctl.core.clock import now_ns
+from labctl.core.errors import HardwareError
+from labctl.core.events import Event, Kind
+from labctl.ocs.protocol import OpticalSwitch
+from labctl.probes.base import ProbeContext, ProbeKind
+from labctl.probes.sampling import Probe, QueueProbe, ticks
 
 
 class SwitchPowerProbe(QueueProbe):

@@ -21,13 +21,13 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from labctl.clock import now_ns
-from labctl.errors import InputError
-from labctl.events import Event, Kind
+from labctl.core.clock import now_ns
+from labctl.core.errors import InputError
+from labctl.core.events import Event, Kind
 from labctl.linux import netns
 from labctl.linux.timerfd import PeriodicTimer
-from labctl.probes import PortSite, ProbeContext, ProbeKind
-from labctl.sampling import Probe, QueueProbe, ReportGate
+from labctl.probes.base import PortSite, ProbeContext, ProbeKind
+from labctl.probes.sampling import Probe, QueueProbe, ReportGate
 
 UDP_PORT = 47_000
 PING, PONG = 1, 2

@@ -35,18 +35,18 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Self
 
-from labctl.clock import now_ns
-from labctl.errors import InputError, LabctlError
-from labctl.events import Event, Kind
-from labctl.inventory import RdmaPortSpec
-from labctl.probes import PortSite, ProbeContext, ProbeKind
+from labctl.core.clock import now_ns
+from labctl.core.errors import InputError, LabctlError
+from labctl.core.events import Event, Kind
+from labctl.inventory.schema import RdmaPortSpec
+from labctl.probes.base import PortSite, ProbeContext, ProbeKind
+from labctl.probes.sampling import Probe, QueueProbe, RdmaSettings
 from labctl.probes.traffic import PingOutcomes, TrafficEndpoint, _endpoint
 from labctl.rdma.exchange import PortExchange, QpExchange
 from labctl.rdma.oob import ExchangeError, PeerBusy, QpInfo
 from labctl.rdma.qp import WR_FLUSH_ERR, QpFactory, RcQp, WorkCompletion
 from labctl.rdma.rc import QpAttrs, QpState
 from labctl.rdma.verbs import VerbsQpFactory
-from labctl.sampling import Probe, QueueProbe, RdmaSettings
 
 log = logging.getLogger("labctl.rdma")
 

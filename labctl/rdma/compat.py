@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from labctl.errors import HardwareError, LabctlError
+from labctl.core.errors import HardwareError, LabctlError
 
 DIST_PACKAGES = (Path("/usr/lib/python3/dist-packages"),)
 SYSFS_INFINIBAND = Path("/sys/class/infiniband")

@@ -17,7 +17,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 
-from labctl.clock import now_ns
+from labctl.core.clock import now_ns
 from labctl.rdma.oob import QpInfo
 from labctl.rdma.qp import RECV_TAG, WorkCompletion
 from labctl.rdma.rc import Op, Packet, QpAttrs, QpState, Requester, Responder, WcStatus

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from labctl.errors import HardwareError, LabctlError
+from labctl.core.errors import HardwareError, LabctlError
 
 log = logging.getLogger("labctl.rdma")
 

@@ -73,7 +73,7 @@ class QpFactory(Protocol):
     """Where a probe's queue pairs come from."""
 
     def check(self, sources: list[str]) -> None:
-        """One line (labctl.errors.LabctlError) if QPs for these ports cannot be opened here: no pyverbs,
+        """One line (labctl.core.errors.LabctlError) if QPs for these ports cannot be opened here: no pyverbs,
         no RDMA device, the inventory's device not on this host."""
         ...
 

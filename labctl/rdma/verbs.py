@@ -15,8 +15,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from labctl.clock import now_ns
-from labctl.inventory import RdmaPortSpec
+from labctl.core.clock import now_ns
+from labctl.inventory.schema import RdmaPortSpec
 from labctl.rdma.compat import RdmaUnavailable, Verbs, devices, load
 from labctl.rdma.oob import QpInfo
 from labctl.rdma.qp import RECV_TAG, SUCCESS, WorkCompletion

@@ -47,9 +47,9 @@ class Declaration:
 
 def declare(experiment: Path, inventory_path: Path) -> Declaration:
     """Validate the experiment against the inventory (InputError on bad input) and derive its resources."""
-    from labctl.experiment import compile_experiment
+    from labctl.inventory.topology import rail_scope
     from labctl.labs import load
-    from labctl.topology import rail_scope
+    from labctl.run.experiment import compile_experiment
 
     inventory = load(inventory_path)
     plan = compile_experiment(experiment, inventory)  # any kind: a timeline, a replay

@@ -15,7 +15,7 @@ from datetime import tzinfo
 from pathlib import Path
 from typing import Any, TypeVar
 
-from labctl.errors import InputError, LabctlError
+from labctl.core.errors import InputError, LabctlError
 from labctl.scheduler.plan import Declaration, pick
 from labctl.scheduler.store import TRANSITIONS, QueueStore, RunRow
 from labctl.scheduler.timing import Clock, SystemClock
@@ -34,12 +34,12 @@ T = TypeVar("T")
 async def restore_baseline(row: RunRow, events_path: Path) -> dict[str, Any]:
     """Re-apply an interrupted run's baseline through the inventory's switch drivers (read back, verified),
     writing the driver events to `events_path`. Returns what the switches hold afterwards."""
-    from labctl.clock import Timebase, now_ns
-    from labctl.events import EventLog, Kind
+    from labctl.core.clock import Timebase, now_ns
+    from labctl.core.events import EventLog, Kind
     from labctl.labs import build_lab, load
     from labctl.labs.base import LabContext
-    from labctl.ocs import send_mapping
-    from labctl.sampling import ProbeSettings
+    from labctl.ocs.protocol import send_mapping
+    from labctl.probes.sampling import ProbeSettings
 
     inventory = load(row.inventory)
     events = EventLog(events_path, Timebase.capture())
@@ -159,7 +159,7 @@ class Scheduler:
             recovery = {"ok": False, "events": str(events_path), "error": f"{type(e).__name__}: {e}"}
             log.error("run %d: baseline NOT restored: %s", row.id, recovery["error"])
         if run_dir is not None and (run_dir / "run.json").is_file():
-            from labctl.fileio import write_json_atomic
+            from labctl.core.fileio import write_json_atomic
 
             try:
                 meta = json.loads((run_dir / "run.json").read_text())

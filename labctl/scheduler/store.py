@@ -14,7 +14,7 @@ from datetime import tzinfo
 from pathlib import Path
 from typing import Any
 
-from labctl.errors import InputError, LabctlError
+from labctl.core.errors import InputError, LabctlError
 from labctl.scheduler.plan import Declaration, Resources, declare
 from labctl.scheduler.timing import next_fire_ns
 

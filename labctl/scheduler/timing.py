@@ -8,7 +8,7 @@ import time
 from datetime import datetime, tzinfo
 from typing import Any, Protocol
 
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 
 
 # -- clocks ----------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from labctl.errors import LabctlError
+from labctl.core.errors import LabctlError
 from labctl.scheduler.store import RunRow
 
 WORKER_MODULE = "labctl.scheduler"  # `python -m WORKER_MODULE worker ARGS` starts a worker
@@ -144,7 +144,7 @@ class SubprocessExecutor:
 
 async def _worker_main(args: dict[str, Any]) -> int:
     """The worker process: one `run_experiment`, reported as JSON lines on stdout."""
-    from labctl.controller import NullProgress, run_experiment
+    from labctl.run.engine import NullProgress, run_experiment
 
     def say(**msg: Any) -> None:
         try:

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from labctl.errors import InputError
-from labctl.inventory import Inventory
-from labctl.mapping import Mapping, validate_mapping
-from labctl.topology import Link, links_to_mapping, pairs_links, ring_links
+from labctl.core.errors import InputError
+from labctl.inventory.mapping import Mapping, validate_mapping
+from labctl.inventory.schema import Inventory
+from labctl.inventory.topology import Link, links_to_mapping, pairs_links, ring_links
 from labctl.workload.trace import JobSpec, Op
 
 DIGIT = {"pp": 0, "dp": 1, "cp": 2}

@@ -22,21 +22,21 @@ from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from labctl.clock import now_ns
-from labctl.errors import InputError, LabctlError
-from labctl.events import EventLog, Kind
-from labctl.experiment import ExperimentKind, GpuSettings, Plan, RailPhase, SpecBase
-from labctl.inventory import Inventory
+from labctl.core.clock import now_ns
+from labctl.core.errors import InputError, LabctlError
+from labctl.core.events import EventLog, Kind
+from labctl.core.yamlio import SourcedYaml, load_yaml, pydantic_error_line
+from labctl.inventory.schema import Inventory
+from labctl.inventory.topology import Link, pairs_links, ring_links
 from labctl.labs.base import Lab
 from labctl.models.switch import SwitchModel
-from labctl.topology import Link, pairs_links, ring_links
+from labctl.run.experiment import ExperimentKind, GpuSettings, Plan, RailPhase, SpecBase
 from labctl.workload.circuits import JobCircuits, TopoState, initial_state, topo_id
 from labctl.workload.orchestrator import JobOrchestrator
 from labctl.workload.replay import LinksUp, LinkWatch, ReplayEngine, ReplayResult
 from labctl.workload.stall import switch_points
 from labctl.workload.steps import Hold, Reconfigure, ReplaySegment, check_program
 from labctl.workload.trace import Trace, get_trace
-from labctl.yamlio import SourcedYaml, load_yaml, pydantic_error_line
 
 
 class _Model(BaseModel):

@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 
 GPU_KERNEL_CAT = "Kernel".casefold()
 """Kineto's category of GPU kernel events: `Kernel` in older PyTorch, `kernel` since; compared casefolded."""

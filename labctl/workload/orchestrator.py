@@ -24,11 +24,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from labctl.clock import now_ns
-from labctl.errors import HardwareError
-from labctl.events import Event, Kind
-from labctl.mapping import Mapping
-from labctl.ocs import OpticalSwitch, send_mapping
+from labctl.core.clock import now_ns
+from labctl.core.errors import HardwareError
+from labctl.core.events import Event, Kind
+from labctl.inventory.mapping import Mapping
+from labctl.ocs.protocol import OpticalSwitch, send_mapping
 from labctl.workload.circuits import JobCircuits, TopoState, changed_stages, topo_id
 
 EventSink = Callable[[Event], object]

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from labctl.clock import now_ns
-from labctl.events import Event, Kind
+from labctl.core.clock import now_ns
+from labctl.core.events import Event, Kind
 from labctl.workload.circuits import TopoState, after_op, topo_id
 from labctl.workload.orchestrator import JobOrchestrator, WriteResult
 from labctl.workload.trace import Op, Trace

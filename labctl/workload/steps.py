@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labctl.errors import InputError
-from labctl.store import new_run_id
+from labctl.analysis.store import new_run_id
+from labctl.core.errors import InputError
 from labctl.workload.builtin import TRACES
 from labctl.workload.experiment import load_replay
 from labctl.workload.stall import model_rows
@@ -63,7 +63,7 @@ async def run_sweep(
     plots: bool = True,
     on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> SweepOutcome:
-    from labctl.controller import run_experiment
+    from labctl.run.engine import run_experiment
 
     spec, src, trace = load_replay(experiment)
     delays = list(switching_ms) if switching_ms else (spec.sweep.switching_ms if spec.sweep else None)
@@ -111,7 +111,7 @@ async def run_sweep(
     paths: list[Path] = []
     done = [r for r in rows if r["status"] == "completed" and r["step_ns"] != ""]
     if plots and done:
-        from labctl.plots import plot_step_time_vs_delay
+        from labctl.analysis.plots import plot_step_time_vs_delay
 
         paths = plot_step_time_vs_delay(
             done, sweep_dir / PLOT_NAME, title=f"{trace.name}: step time vs switching delay"

@@ -37,8 +37,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from labctl.errors import InputError
-from labctl.yamlio import SourcedYaml, format_loc, load_yaml, pydantic_error_line
+from labctl.core.errors import InputError
+from labctl.core.yamlio import SourcedYaml, format_loc, load_yaml, pydantic_error_line
 
 FORMAT = "labctl-trace/1"
 Group = Literal["dp", "cp", "pp", "tp"]

@@ -1,4 +1,4 @@
-"""The probe contract: one suite that every registered probe (labctl.registry.PROBES) passes.
+"""The probe contract: one suite that every registered probe (labctl.core.registry.PROBES) passes.
 
 Every case is parametrized over `probe_kinds.names()`, so a probe enters the suite by being registered;
 `test_every_registered_probe_has_a_harness` then fails until HARNESSES below says how to run it here.
@@ -42,16 +42,16 @@ from pathlib import Path
 
 import pytest
 
-from labctl.clock import now_ns
-from labctl.drivers.sim.switch import SimSwitch
-from labctl.events import KINDS, Event, EventQueue
-from labctl.inventory import Inventory, load_inventory
+from labctl.core.clock import now_ns
+from labctl.core.events import KINDS, Event, EventQueue
+from labctl.inventory.schema import Inventory, load_inventory
 from labctl.labs.base import ReconfigWindow
 from labctl.models.fabric import SimFabric
-from labctl.models.probes import model_sites
 from labctl.models.switch import SwitchModel
-from labctl.probes import PortSite, ProbeContext, probe_kinds
-from labctl.sampling import CircuitProbe, Probe, ProbeSettings, QueueProbe, RdmaSettings
+from labctl.ocs.drivers.sim.switch import SimSwitch
+from labctl.probes.base import PortSite, ProbeContext, probe_kinds
+from labctl.probes.model import model_sites
+from labctl.probes.sampling import CircuitProbe, Probe, ProbeSettings, QueueProbe, RdmaSettings
 from tests.conftest import require
 
 # Heartbeats every 20 ms (so steady probes write often), the switch monitor polled at 200 Hz; the sampling
@@ -169,9 +169,9 @@ async def meter_world(tmp_path: Path) -> AsyncIterator[Rig]:
     """The model world's two receive fibers tapped by an emulated N77xx (one by NIC port, one by switch
     port) over real TCP; the flip darkens and relights both."""
     pytest.importorskip("pyvisa", reason="the power-meter probe needs the [scpi] extra")
-    from labctl.drivers.sim.switch import SimSwitch as Control
     from labctl.emulators.power_meter import meter_emulator
-    from labctl.probes import MeterSite
+    from labctl.ocs.drivers.sim.switch import SimSwitch as Control
+    from labctl.probes.base import MeterSite
 
     path = tmp_path / "inventory.yaml"
     path.write_text(TINY.format(a="ens1f0np0", b="ens1f0np0") + METER)
@@ -449,7 +449,7 @@ def test_entry_declares_known_signals(entry_name: str) -> None:
     assert entry.name == entry_name
     assert entry.signals and isinstance(entry.signals, tuple), f"{entry_name}: declares no signals"
     unknown = sorted(set(entry.signals) - KINDS)
-    assert not unknown, f"{entry_name}: signals {unknown} are not event kinds (labctl.events.Kind)"
+    assert not unknown, f"{entry_name}: signals {unknown} are not event kinds (labctl.core.events.Kind)"
     assert entry.description.strip(), f"{entry_name}: no description"
 
 

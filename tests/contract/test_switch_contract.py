@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from labctl.config import SwitchConfig
-from labctl.errors import HardwareError, InputError, MappingError
-from labctl.events import Event, Kind
-from labctl.mapping import MappingDiff
+from labctl.core.errors import HardwareError, InputError, MappingError
+from labctl.core.events import Event, Kind
+from labctl.inventory.config import SwitchConfig
+from labctl.inventory.mapping import MappingDiff
+from labctl.inventory.profiles import Profile, resolve_profile
 from labctl.models.switch import ChangeRefused, SwitchModel
-from labctl.ocs import ApplyResult, OpticalSwitch, Timed
-from labctl.profiles import Profile, resolve_profile
-from labctl.switches import emulate_switch, open_switch, switch_drivers
+from labctl.ocs.protocol import ApplyResult, OpticalSwitch, Timed
+from labctl.ocs.switches import emulate_switch, open_switch, switch_drivers
 
 NAME = "ocs1"
 SIZE = "8x8"  # ingress 1..8, egress 9..16

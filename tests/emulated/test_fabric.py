@@ -24,19 +24,19 @@ from pathlib import Path
 
 import pytest
 
-from labctl.clock import now_ns
-from labctl.drivers.sim.switch import SimSwitch
+from labctl.core.clock import now_ns
+from labctl.core.errors import HardwareError
+from labctl.core.events import Event, Kind, read_events
 from labctl.emulators.fabric import FabricLayout, KernelFabric
-from labctl.errors import HardwareError
-from labctl.events import Event, Kind, read_events
-from labctl.inventory import Inventory, load_inventory
+from labctl.inventory.schema import Inventory, load_inventory
 from labctl.linux import netns
 from labctl.models.switch import SwitchModel
+from labctl.ocs.drivers.sim.switch import SimSwitch
 from labctl.probes.carrier import CarrierTarget, NetlinkCarrierProbe
 from labctl.probes.rdma import RcTrafficProbe, decode, encode
+from labctl.probes.sampling import RdmaSettings
 from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
 from labctl.rdma.rc import Op, Packet
-from labctl.sampling import RdmaSettings
 from tests.conftest import REPO
 from tests.emulated.conftest import _root_links
 
@@ -176,7 +176,7 @@ def test_a_test_that_fails_midway_leaves_nothing(tmp_path: Path, fabric_prefix: 
             f"""
             import random
             from labctl.emulators.fabric import FabricLayout, KernelFabric
-            from labctl.inventory import load_inventory
+            from labctl.inventory.schema import load_inventory
 
             def test_fails(fabric_prefix):
                 inv = load_inventory({str(inv)!r})
@@ -593,8 +593,8 @@ def run_owned_fabric_swept() -> Iterator[None]:
 async def test_emulated_reconfig_timeline_has_every_mark(
     tmp_path: Path, fabric_prefix: str, run_owned_fabric_swept: None
 ) -> None:
-    from labctl.breakdown import read_breakdown_csv
-    from labctl.controller import run_experiment
+    from labctl.analysis.breakdown import read_breakdown_csv
+    from labctl.run.engine import run_experiment
 
     experiment = tmp_path / "timeline.yaml"
     experiment.write_text(
@@ -785,8 +785,8 @@ async def test_emulated_run_over_rdma_recovers_within_the_ack_timeout_it_was_giv
     phase (carrier up to the first completed SEND) is bounded by the configured local ACK timeout: a
     requester idle in the dark retries once per timeout, so traffic is back at most one timeout (plus a
     ping interval and this machine's slack) after the link. Two timeouts, two bounds."""
-    from labctl.breakdown import read_breakdown_csv
-    from labctl.controller import run_experiment
+    from labctl.analysis.breakdown import read_breakdown_csv
+    from labctl.run.engine import run_experiment
 
     medians = {}
     # 33.6 ms per retry (its 7 retries outlast the 102-153 ms without a link) and 268 ms (longer than the dark:
@@ -837,8 +837,8 @@ async def test_emulated_run_past_the_retry_budget_reconnects_or_times_out_by_pol
     """A dark gap (switching + 100-150 ms firmware) longer than the retry budget (timeout 10: 8 x 4.2 ms):
     under `reconnect` every QP errors, is reset with fresh PSNs and recovers, and run.json counts it;
     under `survive` the ports stay down and time out, and run.json says why (errors counted)."""
-    from labctl.breakdown import read_breakdown_csv
-    from labctl.controller import run_experiment
+    from labctl.analysis.breakdown import read_breakdown_csv
+    from labctl.run.engine import run_experiment
 
     outcomes = {}
     for policy in ("reconnect", "survive"):

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from labctl.drivers.sim.switch import SimSwitch
-from labctl.inventory import load_inventory
+from labctl.inventory.schema import load_inventory
+from labctl.inventory.topology import rail_scope
 from labctl.models.switch import SwitchModel
-from labctl.ocs import ApplyResult, EventSink, Timed
-from labctl.topology import rail_scope
+from labctl.ocs.drivers.sim.switch import SimSwitch
+from labctl.ocs.protocol import ApplyResult, EventSink, Timed
 from tests.conftest import REPO
 from tests.hardware import test_lab
 

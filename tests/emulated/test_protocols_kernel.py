@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from labctl.breakdown import read_breakdown_csv
-from labctl.controller import run_experiment
-from labctl.events import Kind, read_events
+from labctl.analysis.breakdown import read_breakdown_csv
+from labctl.core.events import Kind, read_events
 from labctl.linux import netns
+from labctl.run.engine import run_experiment
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.emulated

@@ -27,9 +27,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from labctl.core.events import read_events
 from labctl.emulators.fabric import managed_prefix
-from labctl.events import read_events
-from labctl.inventory import load_inventory
+from labctl.inventory.schema import load_inventory
 from tests.conftest import REPO, require
 
 pytestmark = [pytest.mark.emulated, pytest.mark.slow]
@@ -324,7 +324,7 @@ def test_the_hardware_tier_runs_against_the_rehearsal(rehearsal: dict[str, str])
 
 
 def _baseline_patches() -> set[tuple[int, int]]:
-    from labctl.experiment import build_plan, load_experiment
+    from labctl.run.experiment import build_plan, load_experiment
 
     spec, src = load_experiment(EXPERIMENT)
     plan = build_plan(spec, load_inventory(INVENTORY), src)

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from labctl.emulators.fabric import FabricLayout, managed_prefix
-from labctl.inventory import load_inventory
+from labctl.inventory.schema import load_inventory
 from labctl.linux import netns
 from tests.conftest import REPO, require
 from tests.emulated.conftest import _children

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 from labctl.linux.ethtool import (
     ETHTOOL_A_MODULE_EEPROM_I2C_ADDRESS,
     ETHTOOL_A_MODULE_EEPROM_LENGTH,

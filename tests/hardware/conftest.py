@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.inventory import Inventory
+from labctl.inventory.schema import Inventory
 
 
 @pytest.fixture(scope="session")

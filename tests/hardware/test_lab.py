@@ -10,11 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from labctl.controller import run_experiment
-from labctl.events import Event
-from labctl.inventory import Inventory
-from labctl.switches import open_switch
-from labctl.topology import rail_scope
+from labctl.core.events import Event
+from labctl.inventory.schema import Inventory
+from labctl.inventory.topology import rail_scope
+from labctl.ocs.switches import open_switch
+from labctl.run.engine import run_experiment
 
 pytestmark = pytest.mark.hardware
 

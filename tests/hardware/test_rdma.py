@@ -14,9 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from labctl.controller import run_experiment
-from labctl.events import Kind, read_events
-from labctl.inventory import Inventory
+from labctl.core.events import Kind, read_events
+from labctl.inventory.schema import Inventory
+from labctl.run.engine import run_experiment
 
 pytestmark = pytest.mark.hardware
 

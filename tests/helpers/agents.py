@@ -12,7 +12,7 @@ import pytest
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.hub import AgentHub, HostLink
 from labctl.agents.wire import topic
-from labctl.inventory import load_inventory
+from labctl.inventory.schema import load_inventory
 
 # Zero-width ranges: every draw of the profile is the same, so two runs of the same experiment must give
 # the same breakdown up to sampling and transport effects, which is what the comparison measures.

@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from labctl.experiment import build_plan, load_experiment
-from labctl.inventory import load_inventory
+from labctl.inventory.schema import load_inventory
+from labctl.run.experiment import build_plan, load_experiment
 
 
 def alias_bomb(levels: int = 9, width: int = 9) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labctl.sampling import ProbeSettings
+from labctl.probes.sampling import ProbeSettings
 
 MS = 1_000_000
 

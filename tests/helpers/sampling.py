@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from labctl import sampling
+from labctl.probes import sampling
 
 
 async def _drain(probe: sampling.QueueProbe) -> list[object]:

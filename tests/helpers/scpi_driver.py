@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from labctl.mapping import PortSpace
+from labctl.inventory.mapping import PortSpace
+from labctl.inventory.profiles import Profile, resolve_profile
 from labctl.models.switch import SwitchModel
-from labctl.profiles import Profile, resolve_profile
 
 SPACE = PortSpace(32, 32)
 

@@ -10,15 +10,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from labctl.drivers.dicon_serial.port import LineSettings
-from labctl.drivers.dicon_serial.switch import DiconSerialSwitch
+from labctl.core.events import Event
 from labctl.emulators.core import FaultPlan
 from labctl.emulators.serial import DiconSerialEmulator
-from labctl.events import Event
-from labctl.mapping import PortSpace
+from labctl.inventory.mapping import PortSpace
+from labctl.inventory.profiles import resolve_profile
 from labctl.models.switch import SwitchModel
-from labctl.ocs import TimeoutPolicy
-from labctl.profiles import resolve_profile
+from labctl.ocs.drivers.dicon_serial.port import LineSettings
+from labctl.ocs.drivers.dicon_serial.switch import DiconSerialSwitch
+from labctl.ocs.protocol import TimeoutPolicy
 
 SPACE = PortSpace(8, 8)
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 
-from labctl.drivers.sim.switch import SimSwitch
-from labctl.events import Event
-from labctl.mapping import PortSpace
+from labctl.core.events import Event
+from labctl.inventory.mapping import PortSpace
+from labctl.inventory.profiles import resolve_profile
 from labctl.models.switch import SwitchModel
-from labctl.ocs import TimeoutPolicy
-from labctl.profiles import resolve_profile
+from labctl.ocs.drivers.sim.switch import SimSwitch
+from labctl.ocs.protocol import TimeoutPolicy
 
 FAST = resolve_profile("fast")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labctl.clock import Timebase
-from labctl.events import EventLog
+from labctl.core.clock import Timebase
+from labctl.core.events import EventLog
 
 
 def make_run(root: Path, run_json: str = '{"status": "completed"}', events: bool = True) -> Path:

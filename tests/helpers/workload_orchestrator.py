@@ -5,11 +5,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from labctl.drivers.sim.switch import SimSwitch
-from labctl.events import Event
-from labctl.inventory import load_inventory
+from labctl.core.events import Event
+from labctl.inventory.profiles import resolve_profile
+from labctl.inventory.schema import load_inventory
 from labctl.models.switch import SwitchModel
-from labctl.profiles import resolve_profile
+from labctl.ocs.drivers.sim.switch import SimSwitch
 from labctl.workload.circuits import JobCircuits
 from labctl.workload.trace import get_trace
 

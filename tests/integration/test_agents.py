@@ -26,15 +26,15 @@ from labctl.agents.broker import BrokerSettings
 from labctl.agents.clock import HostClock
 from labctl.agents.hub import AgentHub, RemoteProbe
 from labctl.agents.wire import Batch, Command, Signer, WorldItem, topic
-from labctl.clock import now_ns
-from labctl.config import Secret
-from labctl.controller import run_experiment
-from labctl.errors import HardwareError
-from labctl.events import Event, read_events
-from labctl.inventory import load_inventory
+from labctl.core.clock import now_ns
+from labctl.core.errors import HardwareError
+from labctl.core.events import Event, read_events
+from labctl.inventory.config import Secret
+from labctl.inventory.schema import load_inventory
 from labctl.labs import agents as agents_lab
 from labctl.labs.base import LabContext
-from labctl.sampling import ProbeSettings
+from labctl.probes.sampling import ProbeSettings
+from labctl.run.engine import run_experiment
 from tests.conftest import require
 from tests.helpers import agents as helpers
 from tests.helpers.agents import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from labctl.registry import SWITCH_DRIVERS
+from labctl.core.registry import SWITCH_DRIVERS
 from tests.helpers.architecture import MODULES
 
 OPTIONAL = ("cuda", "ncclient", "pyvisa", "serial", "pyverbs")  # the extras' top-level packages
@@ -26,10 +26,10 @@ def test_loading_the_lab_contract_loads_no_driver_probe_or_lab_kind() -> None:
         m
         for m in loaded
         if m.startswith(
-            ("labctl.drivers.", "labctl.probes", "labctl.agents", "labctl.cli", "labctl.emulators.tl1")
+            ("labctl.ocs.drivers.", "labctl.probes", "labctl.agents", "labctl.cli", "labctl.emulators.tl1")
         )
         or (m.startswith("labctl.labs.") and m != "labctl.labs.base")
-        or m in ("labctl.controller", "labctl.scheduler")
+        or m in ("labctl.run.engine", "labctl.scheduler")
     )
     assert [m for m in above if m not in entries] == [], "loaded above the contract"
     assert entries <= loaded  # the config models do load (the union needs them)

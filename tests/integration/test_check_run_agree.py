@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from labctl.controller import run_experiment
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 from labctl.labs import build_lab, lab_kinds, load
 from labctl.labs.base import LabContext
-from labctl.sampling import ProbeSettings
-from labctl.switches import switch_drivers
+from labctl.ocs.switches import switch_drivers
+from labctl.probes.sampling import ProbeSettings
+from labctl.run.engine import run_experiment
 
 EXPERIMENT = """
 name: agree

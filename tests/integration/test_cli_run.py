@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import labctl
-from labctl.events import read_events
-from labctl.experiment import build_plan, load_experiment
-from labctl.inventory import load_inventory
+from labctl.core.events import read_events
+from labctl.inventory.schema import load_inventory
+from labctl.run.experiment import build_plan, load_experiment
 
 LABCTL = [sys.executable, "-m", "labctl.cli"]
 

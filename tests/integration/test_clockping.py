@@ -9,8 +9,8 @@ import socket
 from labctl.agents.clock import HostClock, OffsetSample
 from labctl.agents.clockping import ClockPinger, ClockResponder, local_address_towards, ping_topic
 from labctl.agents.wire import Rejections, Signer
-from labctl.clock import now_ns
-from labctl.config import Secret
+from labctl.core.clock import now_ns
+from labctl.inventory.config import Secret
 
 KEY = Signer(Secret("KEY", "k" * 32))
 

@@ -13,10 +13,10 @@ import pytest
 
 import labctl
 import labctl.labs
-from labctl.controller import run_experiment
-from labctl.events import Event, read_events
-from labctl.experiment import build_plan, load_experiment
-from labctl.profiles import resolve_profile
+from labctl.core.events import Event, read_events
+from labctl.inventory.profiles import resolve_profile
+from labctl.run.engine import run_experiment
+from labctl.run.experiment import build_plan, load_experiment
 
 SHORT = """\
 name: short
@@ -170,8 +170,8 @@ async def test_cancel_restores_baseline_and_marks_aborted(
     interrupted = [e for e in events if e.reconfig == phases[-2].reconfig]
     assert interrupted and all(e.t_ns <= restore_t0 for e in interrupted)
     final = [e for e in events if e.kind == "ocs.read"][-1]
-    from labctl.experiment import build_plan, load_experiment
-    from labctl.inventory import load_inventory
+    from labctl.inventory.schema import load_inventory
+    from labctl.run.experiment import build_plan, load_experiment
 
     spec, src = load_experiment(short_experiment)
     plan = build_plan(spec, load_inventory(inventory_path), src)
@@ -217,7 +217,7 @@ def _final_patches(run_dir: Path) -> list[list[int]]:
 async def test_an_unexpected_error_mid_run_restores_the_baseline_and_records_its_cause(
     short_experiment: Path, inventory_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from labctl.controller import Controller
+    from labctl.run.engine import Controller
 
     apply_rail = Controller._apply_rail
     calls = 0
@@ -249,8 +249,8 @@ async def test_an_unexpected_error_mid_run_restores_the_baseline_and_records_its
 async def test_a_switch_that_cannot_connect_fails_the_run_with_its_cause(
     short_experiment: Path, inventory_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from labctl.drivers.sim.switch import SimSwitch
-    from labctl.errors import HardwareError
+    from labctl.core.errors import HardwareError
+    from labctl.ocs.drivers.sim.switch import SimSwitch
 
     async def refuse(self: SimSwitch) -> None:
         raise HardwareError("ocs1: cannot connect to 192.0.2.1:3082: timed out after 10 s")
@@ -267,12 +267,12 @@ async def test_a_switch_that_cannot_connect_fails_the_run_with_its_cause(
 async def test_a_failed_analysis_fails_the_run_and_keeps_its_events(
     short_experiment: Path, inventory_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import labctl.controller
+    import labctl.run.engine
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(labctl.controller, "compute_breakdown", broken)
+    monkeypatch.setattr(labctl.run.engine, "compute_breakdown", broken)
     outcome = await run_experiment(
         short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=5, plots=False
     )
@@ -300,7 +300,7 @@ async def test_a_kernel_lab_without_root_is_refused_before_any_run_directory(
     short_experiment: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import labctl.labs.kernel
-    from labctl.errors import HardwareError
+    from labctl.core.errors import HardwareError
 
     monkeypatch.setattr(labctl.labs.kernel.os, "geteuid", lambda: 1000)
     inventory = Path(__file__).parents[2] / "experiments" / "inventories" / "emulated.yaml"
@@ -354,7 +354,7 @@ async def test_a_fault_reported_while_the_lab_stops_still_fails_the_run(
     short_experiment: Path, inventory_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """E.g. an agent lost after the last step, while its probes were being stopped: the data may be short."""
-    from labctl.controller import Controller
+    from labctl.run.engine import Controller
 
     read_final_state = Controller._read_final_state
 

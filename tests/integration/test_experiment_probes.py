@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from labctl.controller import run_experiment
-from labctl.errors import InputError
-from labctl.probes import ProbeContext, ProbeKind, probe_kinds
-from labctl.registry import PROBES
-from labctl.sampling import Probe, QueueProbe, run_ticks
+from labctl.core.errors import InputError
+from labctl.core.registry import PROBES
+from labctl.probes.base import ProbeContext, ProbeKind, probe_kinds
+from labctl.probes.sampling import Probe, QueueProbe, run_ticks
+from labctl.run.engine import run_experiment
 from tests.conftest import REPO
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from labctl.controller import Stage, run_experiment
-from labctl.events import read_events
+from labctl.core.events import read_events
 from labctl.probes.gpu.errors import NoGpuError
 from labctl.probes.gpu.sim import SimulatedGpu
+from labctl.run.engine import Stage, run_experiment
 from tests.helpers.gpu_experiment import SHORT
 
 GPU = """\

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from labctl.core.errors import InputError
 from labctl.emulators.core import load_faults
-from labctl.errors import InputError
 from tests.helpers.hostile_input import (
     FULL_EXPERIMENT,
     FULL_FAULTS,

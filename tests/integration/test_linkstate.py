@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from labctl.events import Event
+from labctl.core.events import Event
 from labctl.linux.linkstate import (
     LinkState,
     LinkStateReader,

@@ -13,17 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from labctl.config import Secret
-from labctl.drivers.polatis_netconf.connection import Endpoint, HostKeyPolicy
-from labctl.drivers.polatis_netconf.switch import HostKeyRefused, NetconfLoginRefused, PolatisNetconfSwitch
+from labctl.core.errors import HardwareError, InputError
+from labctl.core.events import Event, Kind
 from labctl.emulators.core import FaultPlan
 from labctl.emulators.netconf import NetconfEmulator
-from labctl.errors import HardwareError, InputError
-from labctl.events import Event, Kind
-from labctl.mapping import PortSpace
+from labctl.inventory.config import Secret
+from labctl.inventory.mapping import PortSpace
+from labctl.inventory.profiles import Profile, resolve_profile
 from labctl.models.switch import SwitchModel
-from labctl.ocs import TimeoutPolicy
-from labctl.profiles import Profile, resolve_profile
+from labctl.ocs.drivers.polatis_netconf.connection import Endpoint, HostKeyPolicy
+from labctl.ocs.drivers.polatis_netconf.switch import (
+    HostKeyRefused,
+    NetconfLoginRefused,
+    PolatisNetconfSwitch,
+)
+from labctl.ocs.protocol import TimeoutPolicy
 
 SPACE = PortSpace(8, 8)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.switches import switch_drivers
+from labctl.ocs.switches import switch_drivers
 
 PW = "cli-Secret-41c7"
 LABCTL = [sys.executable, "-m", "labctl.cli"]

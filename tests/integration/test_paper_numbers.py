@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from labctl.breakdown import read_breakdown_csv
-from labctl.compare import aggregate, compare, split_sets
-from labctl.controller import run_experiment
-from labctl.errors import InputError
+from labctl.analysis.breakdown import read_breakdown_csv
+from labctl.analysis.compare import aggregate, compare, split_sets
+from labctl.core.errors import InputError
+from labctl.run.engine import run_experiment
 from tests.conftest import REPO
 from tests.unit.test_breakdown import MS
 
@@ -168,7 +168,7 @@ async def test_a_run_recorded_before_the_flags_is_recomputed_not_printed_as_it_w
     frame = read_breakdown_csv(csv)
     frame.drop(columns=["impossible", "unresolved"]).to_csv(csv, index=False)
     (outcome.run_dir / "summary.json").write_text(json.dumps({"unit": "ns", "phases": {}}))
-    from labctl.store import load_run
+    from labctl.analysis.store import load_run
 
     run = load_run(outcome.run_dir)
     assert "impossible" in run.breakdown and run.summary == {}

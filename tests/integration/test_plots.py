@@ -13,17 +13,17 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_hex
 
-from labctl.breakdown import EventIndex, compute_breakdown
-from labctl.controller import run_experiment
-from labctl.errors import InputError
-from labctl.events import Event, Kind
-from labctl.plots import (
+from labctl.analysis.breakdown import EventIndex, compute_breakdown
+from labctl.analysis.plots import (
     ALL_FORMATS,
     STYLE_ENV,
     distributions_figure,
     plot_run,
     timeline_figure,
 )
+from labctl.core.errors import InputError
+from labctl.core.events import Event, Kind
+from labctl.run.engine import run_experiment
 
 MS = 1_000_000
 MARK_NAMES = ["t1", "t2", "t3", "t4", "t5"]

@@ -15,18 +15,18 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from labctl.controller import run_experiment
-from labctl.drivers.sim.switch import SimSwitch
+from labctl.analysis.store import read_run_json
+from labctl.core.errors import HardwareError
+from labctl.core.events import Event, Kind, read_events
 from labctl.emulators.power_meter import N77xxEmulator, meter_emulator
-from labctl.errors import HardwareError
-from labctl.events import Event, Kind, read_events
-from labctl.inventory import Inventory, load_inventory
+from labctl.inventory.schema import Inventory, load_inventory
 from labctl.models.fabric import SimFabric
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
-from labctl.probes import MeterSite, ProbeContext, probe_kinds
+from labctl.ocs.drivers.sim.switch import SimSwitch
+from labctl.probes.base import MeterSite, ProbeContext, probe_kinds
 from labctl.probes.power_meter import NO_LIGHT_DBM, PowerMeterProbe
-from labctl.sampling import ProbeSettings
-from labctl.store import read_run_json
+from labctl.probes.sampling import ProbeSettings
+from labctl.run.engine import run_experiment
 from tests.helpers.power_meter import MS, SETTINGS, write_inventory
 
 WITHIN_S = 10.0  # generous: a loaded machine still gets there

@@ -14,9 +14,9 @@ import pytest
 from labctl.agents.agent import Agent
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.inspect import inspect_port
-from labctl.inventory import Inventory, NicPort
+from labctl.inventory.schema import Inventory, NicPort
 from labctl.labs import load
-from labctl.preflight import Check, _port_checks, preflight
+from labctl.run.preflight import Check, _port_checks, preflight
 from tests.mosquitto import Mosquitto
 
 # -- hosts: agents online, and interfaces only where the agents' probes read real ones ---------------------------

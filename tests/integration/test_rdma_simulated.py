@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from labctl.breakdown import read_breakdown_csv
-from labctl.controller import run_experiment
-from labctl.errors import InputError
+from labctl.analysis.breakdown import read_breakdown_csv
+from labctl.core.errors import InputError
+from labctl.run.engine import run_experiment
 from tests.conftest import REPO
 
 

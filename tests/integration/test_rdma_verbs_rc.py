@@ -13,14 +13,14 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from labctl.clock import now_ns
-from labctl.events import Event, Kind
+from labctl.core.clock import now_ns
+from labctl.core.events import Event, Kind
+from labctl.probes.sampling import RdmaSettings
 from labctl.probes.traffic import TrafficEndpoint
 from labctl.probes.verbs_rc import VerbsRcProbe
 from labctl.rdma.exchange import LocalExchange, PortExchange, QpExchange
 from labctl.rdma.model import ModelFabric
 from labctl.rdma.rc import QpAttrs
-from labctl.sampling import RdmaSettings
 from tests.helpers.rdma_verbs_rc import A
 
 B = TrafficEndpoint("nic:h2/eth0", "127.0.0.2", "lo", None, "h2")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from labctl.controller import run_experiment
-from labctl.plots import ALL_FORMATS, plot_run
-from labctl.store import load_run
+from labctl.analysis.plots import ALL_FORMATS, plot_run
+from labctl.analysis.store import load_run
+from labctl.run.engine import run_experiment
 
 LABCTL = [sys.executable, "-m", "labctl.cli"]
 

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from labctl import sampling
-from labctl.clock import now_ns
-from labctl.sampling import ModelSchedule, TickCount
+from labctl.core.clock import now_ns
+from labctl.probes import sampling
+from labctl.probes.sampling import ModelSchedule, TickCount
 from tests.helpers.sampling import _drain
 
 
@@ -39,7 +39,7 @@ async def test_a_sampler_that_dies_ends_its_stream_and_raises_at_exit() -> None:
 
 
 async def test_the_timerfd_alarm_wakes_at_its_instant_not_a_millisecond_late() -> None:
-    from labctl.clock import now_ns
+    from labctl.core.clock import now_ns
     from labctl.linux.timerfd import Alarm
 
     alarm = Alarm()
@@ -58,7 +58,7 @@ async def test_the_timerfd_alarm_wakes_at_its_instant_not_a_millisecond_late() -
 
 # -- run_ticks: a synchronous tick run from the timerfd's reader callback (real clock) -------------------
 async def test_run_ticks_runs_on_schedule_until_the_tick_says_stop() -> None:
-    from labctl.clock import now_ns
+    from labctl.core.clock import now_ns
 
     seen: list[int] = []
 
@@ -132,8 +132,8 @@ async def test_cancelling_run_ticks_stops_its_ticks_and_closes_its_timer() -> No
 async def test_a_late_tick_makes_burst_work_yield_sooner_until_the_schedule_catches_up() -> None:
     import time
 
-    from labctl import looplag
-    from labctl.clock import now_ns
+    from labctl.core import looplag
+    from labctl.core.clock import now_ns
 
     looplag._behind_until_ns = 0
     t = now_ns()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.events import read_events
+from labctl.core.events import read_events
 from labctl.scheduler.plan import declare
 from labctl.scheduler.service import Scheduler
 from labctl.scheduler.store import QueueStore, RunRow

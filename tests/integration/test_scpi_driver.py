@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from labctl.drivers.polatis_scpi.connection import ScpiConnectionLost
-from labctl.drivers.polatis_scpi.switch import PolatisScpiSwitch, ScpiCommandError, ScpiEndpoint
+from labctl.core.errors import HardwareError, InputError
+from labctl.core.events import Event, Kind
 from labctl.emulators.core import FaultPlan
 from labctl.emulators.scpi import ScpiEmulator
-from labctl.errors import HardwareError, InputError
-from labctl.events import Event, Kind
-from labctl.mapping import MappingDiff, PortSpace
+from labctl.inventory.mapping import MappingDiff, PortSpace
+from labctl.inventory.profiles import Profile
 from labctl.models.switch import INSERTION_LOSS_DB
-from labctl.ocs import OpticalSwitch, TimeoutPolicy
-from labctl.profiles import Profile
+from labctl.ocs.drivers.polatis_scpi.connection import ScpiConnectionLost
+from labctl.ocs.drivers.polatis_scpi.switch import PolatisScpiSwitch, ScpiCommandError, ScpiEndpoint
+from labctl.ocs.protocol import OpticalSwitch, TimeoutPolicy
 from tests.helpers import scpi_driver as helpers
 from tests.helpers.scpi_driver import FAST, SPACE, model_of
 

@@ -9,12 +9,12 @@ import os
 
 import pytest
 
-from labctl.drivers.dicon_serial.port import LineSettings
+from labctl.core.errors import HardwareError, InputError
+from labctl.core.events import Kind
 from labctl.emulators.core import FaultPlan
-from labctl.errors import HardwareError, InputError
-from labctl.events import Kind
-from labctl.mapping import PortSpace
-from labctl.ocs import TimeoutPolicy
+from labctl.inventory.mapping import PortSpace
+from labctl.ocs.drivers.dicon_serial.port import LineSettings
+from labctl.ocs.protocol import TimeoutPolicy
 from tests.helpers import serial_driver as helpers
 from tests.helpers.serial_driver import DEADLINE_S, bench, serial_threads
 

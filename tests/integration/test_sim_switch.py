@@ -8,14 +8,14 @@ import random
 
 import pytest
 
-from labctl.drivers.sim.switch import SimSwitch
-from labctl.errors import HardwareError
-from labctl.events import Event
-from labctl.inventory import load_inventory
-from labctl.mapping import MappingDiff
+from labctl.core.errors import HardwareError
+from labctl.core.events import Event
+from labctl.inventory.mapping import MappingDiff
+from labctl.inventory.schema import load_inventory
 from labctl.models.fabric import SimFabric
 from labctl.models.switch import SwitchModel
-from labctl.ocs import TimeoutPolicy
+from labctl.ocs.drivers.sim.switch import SimSwitch
+from labctl.ocs.protocol import TimeoutPolicy
 from tests.helpers.sim_switch import FAST, make_switch
 
 

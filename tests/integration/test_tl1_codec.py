@@ -10,11 +10,11 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from labctl.config import Secret
-from labctl.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Deny, Tl1Endpoint
-from labctl.errors import InputError
-from labctl.events import Event
-from labctl.mapping import PortSpace
+from labctl.core.errors import InputError
+from labctl.core.events import Event
+from labctl.inventory.config import Secret
+from labctl.inventory.mapping import PortSpace
+from labctl.ocs.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Deny, Tl1Endpoint
 from tests.helpers.tl1_codec import PW, autonomous, deny, reply
 
 

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from labctl.clock import Timebase
-from labctl.config import Secret
-from labctl.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Deny, Tl1Endpoint
+from labctl.core.clock import Timebase
+from labctl.core.errors import HardwareError, InputError, MappingError
+from labctl.core.events import Event, EventLog
 from labctl.emulators.core import FaultPlan
 from labctl.emulators.tl1 import Tl1Emulator
-from labctl.errors import HardwareError, InputError, MappingError
-from labctl.events import Event, EventLog
-from labctl.mapping import MappingDiff, PortSpace
+from labctl.inventory.config import Secret
+from labctl.inventory.mapping import MappingDiff, PortSpace
+from labctl.inventory.profiles import resolve_profile
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
-from labctl.ocs import OpticalSwitch, TimeoutPolicy
-from labctl.profiles import resolve_profile
+from labctl.ocs.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Deny, Tl1Endpoint
+from labctl.ocs.protocol import OpticalSwitch, TimeoutPolicy
 
 SPACE = PortSpace(32, 32)
 

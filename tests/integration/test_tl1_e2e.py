@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import labctl
-from labctl.controller import run_experiment
-from labctl.events import read_events
+from labctl.core.events import read_events
+from labctl.run.engine import run_experiment
 from tests.helpers.tl1_e2e import TL1_INVENTORY
 
 PW = "e2e-Secret-9f3a"

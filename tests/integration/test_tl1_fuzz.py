@@ -10,7 +10,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from labctl.drivers.polatis_tl1.codec import (
+from labctl.ocs.drivers.polatis_tl1.codec import (
     Tl1Ack,
     Tl1Autonomous,
     Tl1Decoder,

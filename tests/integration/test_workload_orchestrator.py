@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from labctl.drivers.sim.switch import SimSwitch
-from labctl.events import Kind
-from labctl.mapping import diff_mapping, validate_mapping
+from labctl.core.events import Kind
+from labctl.inventory.mapping import diff_mapping, validate_mapping
+from labctl.ocs.drivers.sim.switch import SimSwitch
 from labctl.workload.circuits import JobCircuits, StageOwner, after_op, initial_state, topo_id
 from labctl.workload.orchestrator import JobOrchestrator, violations
 from labctl.workload.trace import get_trace

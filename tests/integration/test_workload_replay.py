@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from labctl.controller import run_experiment
-from labctl.events import Kind, read_events
+from labctl.core.events import Kind, read_events
+from labctl.run.engine import run_experiment
 from labctl.workload.stall import switch_points
 from labctl.workload.trace import get_trace
 
@@ -156,7 +156,7 @@ async def test_a_switch_that_always_refuses_fails_the_run_saying_why(tmp_path: P
 async def test_bad_replay_experiments_are_one_line(
     tmp_path: Path, field: str, value: str, message: str
 ) -> None:
-    from labctl.errors import InputError
+    from labctl.core.errors import InputError
 
     with pytest.raises(InputError, match=message):
         await run_experiment(
@@ -174,7 +174,7 @@ def _final_patches(events: list) -> list[list[int]]:
 
 
 def _baseline_patches(run_dir: Path) -> list[list[int]]:
-    from labctl.inventory import load_inventory
+    from labctl.inventory.schema import load_inventory
     from labctl.workload.experiment import load_replay_plan
 
     plan = load_replay_plan(run_dir.parent.parent / "replay.yaml", load_inventory(REPO / "inventory.yaml"))

@@ -13,9 +13,9 @@ from labctl.agents.broker import BrokerSettings
 from labctl.agents.clock import OffsetSample, estimate_offset
 from labctl.agents.hub import AgentHub
 from labctl.agents.wire import Reply, WorldItem, shift_stamps, topic
-from labctl.clock import now_ns
-from labctl.events import Event, Kind
-from labctl.inventory import load_inventory
+from labctl.core.clock import now_ns
+from labctl.core.events import Event, Kind
+from labctl.inventory.schema import load_inventory
 from tests.conftest import REPO
 from tests.helpers import agents as helpers
 from tests.helpers.agents import (

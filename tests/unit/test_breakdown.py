@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from labctl.breakdown import (
+from labctl.analysis.breakdown import (
     COLUMNS,
     EventIndex,
     compute_breakdown,
@@ -16,8 +16,8 @@ from labctl.breakdown import (
     summarize,
     write_breakdown,
 )
-from labctl.clock import Timebase
-from labctl.events import Event, EventLog
+from labctl.core.clock import Timebase
+from labctl.core.events import Event, EventLog
 
 MS = 1_000_000
 A, B = "nic:h1/eth0", "nic:h2/eth0"
@@ -294,7 +294,7 @@ def test_traffic_to_the_old_peer_never_counts_as_recovery() -> None:
 
 
 def test_a_clock_offset_wider_than_a_phase_it_crosses_is_said() -> None:
-    from labctl.breakdown import clock_caveats
+    from labctl.analysis.breakdown import clock_caveats
 
     frame = pd.DataFrame(
         {

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from labctl.breakdown import (
+from labctl.analysis.breakdown import (
     BOOTSTRAP_RESAMPLES,
     COLUMNS,
     DURATIONS,

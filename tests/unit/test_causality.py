@@ -1,5 +1,5 @@
 """Causality (decision 0044): the NIC model passes no traffic on a link that is down, and the invariant
-checker (labctl.invariants) flags a run where traffic was seen on one, allowing only for what the
+checker (labctl.analysis.invariants) flags a run where traffic was seen on one, allowing only for what the
 measurement cannot tell. tests/conftest.py applies the checker to every run the test suite makes."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from labctl.clock import Timebase
-from labctl.events import Event, EventLog, Kind
-from labctl.invariants import check_events, check_file
-from labctl.inventory import Inventory, NicPort, load_inventory
+from labctl.analysis.invariants import check_events, check_file
+from labctl.core.clock import Timebase
+from labctl.core.events import Event, EventLog, Kind
+from labctl.inventory.profiles import resolve_profile
+from labctl.inventory.schema import Inventory, NicPort, load_inventory
 from labctl.models.fabric import SimFabric
 from labctl.models.switch import SwitchModel
-from labctl.profiles import resolve_profile
 
 FAST = resolve_profile("fast")
 

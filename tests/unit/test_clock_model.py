@@ -14,7 +14,7 @@ from labctl.agents.clock import (
     OffsetSample,
     fit_clock,
 )
-from labctl.errors import HardwareError
+from labctl.core.errors import HardwareError
 
 
 def exchanges(

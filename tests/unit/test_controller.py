@@ -3,8 +3,8 @@ is tests/integration/test_controller.py."""
 
 from __future__ import annotations
 
-from labctl.controller import RecoveryTracker
-from labctl.events import Event
+from labctl.core.events import Event
+from labctl.run.engine import RecoveryTracker
 
 
 def test_recovery_tracker_ignores_the_old_circuit() -> None:

@@ -10,11 +10,11 @@ import math
 
 import pytest
 
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 from labctl.linux.ethtool import ModuleEepromError
 from labctl.models.module_eeprom import EmulatedQsfp28, ModuleEepromReadError
 from labctl.probes.rxpower import LosPlan, ModulePort, RxPowerProbe
-from labctl.transceiver import (
+from labctl.probes.transceiver import (
     DomDecodeError,
     EepromRead,
     FlatImage,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from labctl.clock import Timebase
-from labctl.errors import InputError
-from labctl.events import Event, EventLog, EventQueue, read_events
+from labctl.core.clock import Timebase
+from labctl.core.errors import InputError
+from labctl.core.events import Event, EventLog, EventQueue, read_events
 
 
 def make_log(tmp_path: Path, **kwargs: int) -> EventLog:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from labctl.errors import InputError
-from labctl.experiment import build_plan, load_experiment
-from labctl.inventory import load_inventory
-from labctl.mapping import validate_mapping
-from labctl.topology import peers_of, ring_links
+from labctl.core.errors import InputError
+from labctl.inventory.mapping import validate_mapping
+from labctl.inventory.schema import load_inventory
+from labctl.inventory.topology import peers_of, ring_links
+from labctl.run.experiment import build_plan, load_experiment
 
 BASE = """\
 name: t

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from labctl.errors import InputError
-from labctl.experiment import (
+from labctl.core.errors import InputError
+from labctl.core.registry import EXPERIMENT_KINDS
+from labctl.inventory.schema import Inventory, load_inventory
+from labctl.run.experiment import (
     ExperimentKind,
     Plan,
     build_plan,
@@ -18,23 +20,21 @@ from labctl.experiment import (
     experiment_kinds,
     load_experiment,
 )
-from labctl.inventory import Inventory, load_inventory
-from labctl.registry import EXPERIMENT_KINDS
 from labctl.workload.steps import Hold, Reconfigure
 
 REPO = Path(__file__).resolve().parents[2]
 LABCTL = REPO / "labctl"
 # Each kind's own modules: where its name may be written (its spec's `kind` literal, its CLI).
 OWNERS = {
-    "timeline": ("labctl/experiment.py", "labctl/registry.py"),
-    "replay": ("labctl/workload/", "labctl/cli/replay.py", "labctl/registry.py"),
+    "timeline": ("labctl/run/experiment.py", "labctl/core/registry.py"),
+    "replay": ("labctl/workload/", "labctl/cli/replay.py", "labctl/core/registry.py"),
 }
 # The same words meaning something else: the `replay` section of run.json and summary.json (written where
 # replay results exist, whatever the kind that made them), the timeline figure's file name.
 OTHER_MEANINGS = {
-    ("labctl/controller.py", "replay"),
+    ("labctl/run/engine.py", "replay"),
     ("labctl/cli/run.py", "replay"),
-    ("labctl/plots.py", "timeline"),
+    ("labctl/analysis/plots.py", "timeline"),
 }
 
 

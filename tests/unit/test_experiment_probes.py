@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 from tests.conftest import REPO
 
 
 def test_a_lab_kind_whose_agents_run_an_allow_list_refuses_extra_probes_in_one_line(tmp_path: Path) -> None:
     import random
 
-    from labctl.inventory import load_inventory
+    from labctl.inventory.schema import load_inventory
     from labctl.labs import agents as agents_lab
     from labctl.labs.base import LabContext
-    from labctl.sampling import ProbeSettings
+    from labctl.probes.sampling import ProbeSettings
 
     inv = tmp_path / "agents.yaml"
     inv.write_text(

@@ -8,7 +8,7 @@ decision record.
 
 Examples (extending.md): the code blocks whose first line is `# <path>` of a file that is not in the tree
 are the files a reader would add. They are written, as they are, into a temporary package that stands in
-for `labctl` (`labctl/drivers/loopback/codec.py` becomes `<package>/drivers/loopback/codec.py`), registered
+for `labctl` (`labctl/ocs/drivers/loopback/codec.py` becomes `<package>/drivers/loopback/codec.py`), registered
 by the registry lines the page shows, and used in-process: the driver against a `sim` switch model, the
 probe against the simulated lab's behaviour model and named by an experiment's `probes.extra`, the lab
 kind through `labctl.labs.load` and `build_lab`, the experiment kind through `compile_experiment`; and
@@ -38,11 +38,21 @@ import pydantic
 import pytest
 import yaml
 
-from labctl import registry
-from labctl.controller import Controller, planned_reconfigurations
-from labctl.errors import HardwareError, InputError, MappingError
-from labctl.events import Event, Kind
-from labctl.experiment import (
+from labctl.core import registry
+from labctl.core.errors import HardwareError, InputError, MappingError
+from labctl.core.events import Event, Kind
+from labctl.inventory.profiles import resolve_profile
+from labctl.inventory.schema import Inventory, load_inventory
+from labctl.labs import build_lab, lab_kinds, load
+from labctl.labs.base import Lab, LabContext, LabKind
+from labctl.models.fabric import SimFabric
+from labctl.models.switch import SwitchModel
+from labctl.ocs.protocol import OpticalSwitch, VerifiedSwitch
+from labctl.ocs.switches import SwitchDriver, config_union, emulate_switch, switch_drivers
+from labctl.probes.base import PortSite, ProbeContext, ProbeKind, probe_kinds
+from labctl.probes.sampling import Probe, ProbeSettings, QueueProbe
+from labctl.run.engine import Controller, planned_reconfigurations
+from labctl.run.experiment import (
     ExperimentKind,
     Plan,
     RunSpec,
@@ -51,16 +61,6 @@ from labctl.experiment import (
     experiment_kind,
     experiment_kinds,
 )
-from labctl.inventory import Inventory, load_inventory
-from labctl.labs import build_lab, lab_kinds, load
-from labctl.labs.base import Lab, LabContext, LabKind
-from labctl.models.fabric import SimFabric
-from labctl.models.switch import SwitchModel
-from labctl.ocs import OpticalSwitch, VerifiedSwitch
-from labctl.probes import PortSite, ProbeContext, ProbeKind, probe_kinds
-from labctl.profiles import resolve_profile
-from labctl.sampling import Probe, ProbeSettings, QueueProbe
-from labctl.switches import SwitchDriver, config_union, emulate_switch, switch_drivers
 from labctl.workload.steps import Hold, Reconfigure, Step
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,10 +72,10 @@ PACKAGE = "labctl_extending_doc_example"
 """Where the page's example files are imported from: `labctl/<rest>` of the page is `PACKAGE/<rest>`."""
 
 EXAMPLES = {
-    "labctl/drivers/loopback/__init__.py",
-    "labctl/drivers/loopback/codec.py",
-    "labctl/drivers/loopback/connection.py",
-    "labctl/drivers/loopback/switch.py",
+    "labctl/ocs/drivers/loopback/__init__.py",
+    "labctl/ocs/drivers/loopback/codec.py",
+    "labctl/ocs/drivers/loopback/connection.py",
+    "labctl/ocs/drivers/loopback/switch.py",
     "labctl/probes/polled_carrier.py",
     "labctl/labs/polled.py",
     "labctl/hold_sweep.py",
@@ -91,7 +91,7 @@ TABLES = {
     "LAB_KINDS": registry.LAB_KINDS,
     "EXPERIMENT_KINDS": registry.EXPERIMENT_KINDS,
 }
-"""The registry's tables, by the name extending.md's excerpts of labctl/registry.py give them."""
+"""The registry's tables, by the name extending.md's excerpts of labctl/core/registry.py give them."""
 
 NEW_NAMES = {
     "SWITCH_DRIVERS": "loopback",
@@ -153,7 +153,7 @@ def example_file(module: str) -> str | None:
 
 # -- the example package -------------------------------------------------------------------------------------
 def example_module(doc_name: str) -> str:
-    """`labctl.drivers.loopback` (as the page writes it) → the module the test imported it as."""
+    """`labctl.ocs.drivers.loopback` (as the page writes it) → the module the test imported it as."""
     return PACKAGE + doc_name.removeprefix("labctl")
 
 
@@ -185,10 +185,10 @@ REGISTRY_LINE = re.compile(r'^\s*"([\w-]+)": "([\w.]+):(\w+)",', re.M)
 
 
 def registry_lines() -> dict[str, dict[str, tuple[str, str]]]:
-    """table → name → (module, attribute), from the page's excerpts of labctl/registry.py."""
+    """table → name → (module, attribute), from the page's excerpts of labctl/core/registry.py."""
     out: dict[str, dict[str, tuple[str, str]]] = {}
     for info, text in blocks(EXTENDING):
-        if info != "python" or not text.startswith("# labctl/registry.py\n"):
+        if info != "python" or not text.startswith("# labctl/core/registry.py\n"):
             continue
         table = re.search(r"^(\w+): Mapping\[str, str\] = \{", text, re.M)
         assert table is not None, f"a registry excerpt without its table:\n{text}"
@@ -426,7 +426,7 @@ def test_the_registry_lines_match_the_registry() -> None:
 
 # -- the switch driver ---------------------------------------------------------------------------------------
 def model(space: str = "4x4") -> SwitchModel:
-    from labctl.mapping import PortSpace
+    from labctl.inventory.mapping import PortSpace
 
     return SwitchModel("ocs1", PortSpace.parse(space), ZERO, random.Random(7))
 
@@ -704,7 +704,7 @@ def test_the_experiment_kind_compiles_to_a_plan_the_controller_carries_out(tmp_p
     # "changes nothing in the controller": Controller.sequence has a branch for every step type it uses
     used = {type(s) for s in plan.program}
     assert used <= set(typing.get_args(Step)) and Reconfigure in used
-    source = (REPO / "labctl" / "controller.py").read_text()
+    source = (REPO / "labctl" / "run" / "engine.py").read_text()
     sequence = next(
         n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.AsyncFunctionDef) and n.name == "sequence"
     )

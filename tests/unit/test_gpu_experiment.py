@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from labctl.errors import InputError
-from labctl.experiment import load_experiment
+from labctl.core.errors import InputError
+from labctl.run.experiment import load_experiment
 from tests.helpers.gpu_experiment import SHORT
 
 

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 import labctl
-from labctl.clock import Timebase
-from labctl.events import KINDS, EventLog, read_events
+from labctl.core.clock import Timebase
+from labctl.core.events import KINDS, EventLog, read_events
 from labctl.probes.gpu.bench import run_bench
 from labctl.probes.gpu.errors import GpuBenchError, NoGpuError
 from labctl.probes.gpu.pingpong import pick_peer

@@ -13,13 +13,13 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from labctl.core.errors import InputError
+from labctl.core.yamlio import MAX_DEPTH, MAX_NODES, load_yaml
 from labctl.emulators.core import FaultPlan, load_faults
-from labctl.errors import InputError
-from labctl.experiment import ExperimentSpec, load_experiment
-from labctl.inventory import InventoryModel, load_inventory
-from labctl.profiles import Profile
-from labctl.sampling import ProbeSettings
-from labctl.yamlio import MAX_DEPTH, MAX_NODES, load_yaml
+from labctl.inventory.profiles import Profile
+from labctl.inventory.schema import InventoryModel, load_inventory
+from labctl.probes.sampling import ProbeSettings
+from labctl.run.experiment import ExperimentSpec, load_experiment
 from tests.helpers.hostile_input import (
     FULL_EXPERIMENT,
     FULL_FAULTS,
@@ -78,7 +78,7 @@ def numeric_fields(model: type[BaseModel], seen: set[type[BaseModel]] | None = N
 
 
 def test_the_full_files_set_every_numeric_field() -> None:
-    from labctl.switches import switch_drivers
+    from labctl.ocs.switches import switch_drivers
 
     models: list[type[BaseModel]] = [InventoryModel, ExperimentSpec, ProbeSettings, Profile, FaultPlan]
     models += [d.config for d in switch_drivers.all().values()]

@@ -16,27 +16,19 @@ LABCTL = Path(__file__).resolve().parents[2] / "labctl"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cli", ("labctl.cli",)),
     ("scheduler", ("labctl.scheduler",)),
-    ("run", ("labctl.controller", "labctl.experiment", "labctl.workload", "labctl.preflight")),
+    ("run", ("labctl.run", "labctl.workload")),
     (
         "lab",
         (
             "labctl.labs", "labctl.agents", "labctl.probes", "labctl.models", "labctl.emulators",
-            "labctl.drivers", "labctl.switches", "labctl.rdma", "labctl.sampling", "labctl.plans",
-            "labctl.topology", "labctl.inventory", "labctl.profiles", "labctl.transceiver", "labctl.config",
-            "labctl.ocs", "labctl.mapping", "labctl.linux", "labctl.looplag",
+            "labctl.ocs", "labctl.rdma", "labctl.plans", "labctl.inventory", "labctl.linux",
         ),
     ),
-    ("analysis", ("labctl.breakdown", "labctl.plots", "labctl.store", "labctl.compare", "labctl.invariants")),
-    (
-        "core",
-        (
-            "labctl.errors", "labctl.clock", "labctl.events", "labctl.fileio", "labctl.yamlio",
-            "labctl.registry", "labctl.extras", "labctl.version",
-        ),
-    ),
+    ("analysis", ("labctl.analysis",)),
+    ("core", ("labctl.core",)),
 )  # fmt: skip
 # Independence: the switch side (drivers) knows nothing of what measures the light.
-INDEPENDENT = {"labctl.drivers": ("labctl.probes", "labctl.labs", "labctl.agents", "labctl.sampling")}
+INDEPENDENT = {"labctl.ocs.drivers": ("labctl.probes", "labctl.labs", "labctl.agents")}
 
 
 def layer_of(module: str, layers: Iterable[tuple[str, tuple[str, ...]]] = LAYERS) -> int | None:
@@ -102,13 +94,16 @@ def test_no_module_imports_a_layer_above_it() -> None:
 def test_the_contract_fails_on_a_deliberate_violation() -> None:
     """A driver that reaches for the controller, and one that reads a probe: both named, with the line."""
     graph = {
-        "labctl.drivers.polatis_tl1.switch": [("labctl.controller", 12), ("labctl.ocs", 13)],
-        "labctl.drivers.sim": [("labctl.probes.rxpower", 7)],
-        "labctl.breakdown": [("labctl.events", 3)],
+        "labctl.ocs.drivers.polatis_tl1.switch": [("labctl.run.engine", 12), ("labctl.ocs.protocol", 13)],
+        "labctl.ocs.drivers.sim": [("labctl.probes.rxpower", 7)],
+        "labctl.analysis.breakdown": [("labctl.core.events", 3)],
     }
     found = violations(graph)
     assert len(found) == 2, found
-    assert found[0].startswith("labctl.drivers.polatis_tl1.switch:12 imports labctl.controller: layer lab")
+    assert found[0].startswith(
+        "labctl.ocs.drivers.polatis_tl1.switch:12 imports labctl.run.engine: layer lab"
+    )
     assert (
-        found[1] == "labctl.drivers.sim:7 imports labctl.probes.rxpower: labctl.drivers is independent of it"
+        found[1]
+        == "labctl.ocs.drivers.sim:7 imports labctl.probes.rxpower: labctl.ocs.drivers is independent of it"
     )

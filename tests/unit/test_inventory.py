@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from labctl.cli import main
-from labctl.config import NetworkSwitchConfig
-from labctl.errors import InputError
-from labctl.inventory import load_inventory
-from labctl.switches import switch_drivers
+from labctl.core.errors import InputError
+from labctl.inventory.config import NetworkSwitchConfig
+from labctl.inventory.schema import load_inventory
+from labctl.ocs.switches import switch_drivers
 from tests.helpers.inventory import GOOD, write
 
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labctl.errors import InputError, MappingError
-from labctl.mapping import PortSpace, apply_diff, diff_mapping, validate_mapping
+from labctl.core.errors import InputError, MappingError
+from labctl.inventory.mapping import PortSpace, apply_diff, diff_mapping, validate_mapping
 
 SPACE = PortSpace(4, 4)  # ingress 1..4, egress 5..8
 

@@ -10,13 +10,13 @@ from typing import Any, cast
 
 import pytest
 
-from labctl.drivers.polatis_netconf import codec
-from labctl.drivers.polatis_netconf.codec import NetconfReplyError, RpcError
 from labctl.emulators import netconf as emu
 from labctl.emulators.core import FaultPlan
-from labctl.mapping import MappingDiff, PortSpace
+from labctl.inventory.mapping import MappingDiff, PortSpace
+from labctl.inventory.profiles import resolve_profile
 from labctl.models.switch import SwitchModel
-from labctl.profiles import resolve_profile
+from labctl.ocs.drivers.polatis_netconf import codec
+from labctl.ocs.drivers.polatis_netconf.codec import NetconfReplyError, RpcError
 
 OPSW = "http://www.polatis.com/yang/optical-switch"
 BASE = "urn:ietf:params:xml:ns:netconf:base:1.0"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from labctl.extras import MissingExtra
-from labctl.switches import switch_drivers
+from labctl.core.extras import MissingExtra
+from labctl.ocs.switches import switch_drivers
 
 
 # -- the extra -----------------------------------------------------------------------------------------------------
@@ -20,7 +20,7 @@ def test_without_ncclient_the_driver_names_the_extra(monkeypatch: pytest.MonkeyP
             raise ModuleNotFoundError(f"No module named {name!r}", name="ncclient")
         return real(name, package)
 
-    monkeypatch.setattr("labctl.extras.importlib.import_module", no_ncclient)
+    monkeypatch.setattr("labctl.core.extras.importlib.import_module", no_ncclient)
     entry = switch_drivers.get("polatis-netconf")
     config = entry.config.model_validate(
         {"driver": "polatis-netconf", "address": "192.0.2.1", "user": "admin", "size": "8x8"}

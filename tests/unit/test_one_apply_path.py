@@ -1,5 +1,5 @@
 """One switch-apply path (issue 24): every mapping labctl sends to a switch goes through
-`labctl.ocs.send_mapping` — a run's rails, a replayed job's writes and its giant-ring fallback, the
+`labctl.ocs.protocol.send_mapping` — a run's rails, a replayed job's writes and its giant-ring fallback, the
 scheduler's restore, `labctl ocs`. A switch implementation may delegate to the switch it wraps (a class
 that defines `apply` itself: `VerifiedSwitch`, the agents lab's `AnnouncedSwitch`); nothing else calls a
 switch's `apply` or `disconnect`."""
@@ -38,7 +38,7 @@ def sends(tree: ast.AST, module: str) -> list[str]:
                 for cls in classes[-1:]
                 for item in cls.body
             )
-            the_path = module == "labctl/ocs.py" and function == "send_mapping"
+            the_path = module == "labctl/ocs/protocol.py" and function == "send_mapping"
             if switch_like and not delegating and not the_path:
                 found.append(f"{module}:{node.lineno}: {ast.unparse(node)[:80]}")
         for child in ast.iter_child_nodes(node):
@@ -53,7 +53,7 @@ def test_only_send_mapping_sends_mappings_to_a_switch() -> None:
     for path in sorted(LABCTL.rglob("*.py")):
         module = path.relative_to(LABCTL.parent).as_posix()
         found += sends(ast.parse(path.read_text(), str(path)), module)
-    assert found == [], "send mappings through labctl.ocs.send_mapping:\n" + "\n".join(found)
+    assert found == [], "send mappings through labctl.ocs.protocol.send_mapping:\n" + "\n".join(found)
 
 
 def test_the_check_finds_a_second_path() -> None:

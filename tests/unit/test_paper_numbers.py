@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from labctl.breakdown import EventIndex, compute_breakdown, median_ci, summarize
-from labctl.events import encode_event
+from labctl.analysis.breakdown import EventIndex, compute_breakdown, median_ci, summarize
+from labctl.core.events import encode_event
 from tests.unit.test_breakdown import MS, A, B, Stream, recovery
 
 

@@ -16,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from labctl.errors import InputError
-from labctl.inventory import Inventory, load_inventory
-from labctl.mapping import Mapping, PortSpace, validate_mapping
+from labctl.core.errors import InputError
+from labctl.inventory.mapping import Mapping, PortSpace, validate_mapping
+from labctl.inventory.schema import Inventory, load_inventory
+from labctl.inventory.topology import peers_of
 from labctl.plans.ep import full_coverage_bound, plan_ep_rings, walecki_rings
 from labctl.plans.graphs import (
     Graph,
@@ -43,7 +44,6 @@ from labctl.plans.layout import (
 )
 from labctl.plans.matchings import StaticPlan, check_budget, decompose, misra_gries
 from labctl.plans.metrics import measure
-from labctl.topology import peers_of
 from tests.conftest import REPO
 
 # --- independent references -------------------------------------------------------------------------------

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from labctl.core.errors import InputError
+from labctl.core.extras import MissingExtra
 from labctl.emulators.power_meter import N77xxEmulator, Slot, SwitchLight
-from labctl.errors import InputError
-from labctl.extras import MissingExtra
-from labctl.inventory import load_inventory
+from labctl.inventory.schema import load_inventory
 from labctl.labs import load
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
-from labctl.probes import MeterSite, ProbeContext, probe_kinds
+from labctl.probes.base import MeterSite, ProbeContext, probe_kinds
 from labctl.probes.power_meter import PowerMeterProbe
 from tests.helpers.power_meter import MS, SETTINGS, write_inventory
 
@@ -89,8 +89,8 @@ def test_emulator_reading_is_the_mean_over_the_last_completed_window() -> None:
 
 
 def test_switch_light_integrates_the_model_history() -> None:
-    from labctl.mapping import PortSpace
-    from labctl.profiles import resolve_profile
+    from labctl.inventory.mapping import PortSpace
+    from labctl.inventory.profiles import resolve_profile
 
     model = SwitchModel("ocs1", PortSpace.parse("4x4"), resolve_profile("fast"), random.Random(0))
     model.transmitting[1] = 0.0 + INSERTION_LOSS_DB  # 1 mW out of the switch

@@ -1,4 +1,4 @@
-"""`labctl lab check` (labctl.preflight) agrees with what a run does: the owned-ports test is converge's, the
+"""`labctl lab check` (labctl.run.preflight) agrees with what a run does: the owned-ports test is converge's, the
 hosts' interfaces are inspected only where the agents' probes read them, and a module the Rx-power probe
 refuses fails the check with the probe's words."""
 
@@ -13,16 +13,16 @@ import pytest
 
 from labctl.agents import inspect
 from labctl.agents.inspect import inspect_port
-from labctl.drivers.sim import DRIVER as SIM
-from labctl.inventory import NicPort
-from labctl.mapping import MappingDiff
+from labctl.inventory.mapping import MappingDiff
+from labctl.inventory.profiles import resolve_profile
+from labctl.inventory.schema import NicPort
 from labctl.models.switch import SwitchModel
-from labctl.ocs import crossing_patches
-from labctl.preflight import Check, _port_checks, _read_switch
+from labctl.ocs.drivers.sim import DRIVER as SIM
+from labctl.ocs.protocol import crossing_patches
+from labctl.ocs.switches import emulate_switch
 from labctl.probes.rxpower import ModulePort, RxPowerProbe
-from labctl.profiles import resolve_profile
-from labctl.switches import emulate_switch
-from labctl.transceiver import FlatImage, ModuleEeprom, PagedImage, read_dom
+from labctl.probes.transceiver import FlatImage, ModuleEeprom, PagedImage, read_dom
+from labctl.run.preflight import Check, _port_checks, _read_switch
 from tests.helpers.dom import put, qsfp28
 from tests.unit.test_dom import cmis_pages
 
@@ -132,8 +132,8 @@ async def test_the_module_row_names_vendor_part_and_serial(monkeypatch: pytest.M
 
 
 def test_the_module_declaration_is_checked_like_any_field(tmp_path: Path) -> None:
-    from labctl.errors import InputError
-    from labctl.inventory import load_inventory
+    from labctl.core.errors import InputError
+    from labctl.inventory.schema import load_inventory
 
     path = tmp_path / "inventory.yaml"
     path.write_text(
@@ -149,9 +149,9 @@ def test_the_module_declaration_is_checked_like_any_field(tmp_path: Path) -> Non
 def test_the_rx_power_probe_leaves_ports_without_a_module_alone() -> None:
     """A port declared `module: false` is not among the rx-power probe's ports: no EEPROM is opened, no
     sampler.error is written for it."""
-    from labctl.probes import PortSite, ProbeContext
+    from labctl.probes.base import PortSite, ProbeContext
     from labctl.probes.rxpower import PROBE
-    from labctl.sampling import ProbeSettings
+    from labctl.probes.sampling import ProbeSettings
 
     with_module = NicPort("h1", "lo", 0, None, "ocs1", 1, 9, 100, None)
     without = NicPort("h1", "nosuch0", 0, None, "ocs1", 2, 10, 100, None, None, False)

@@ -84,7 +84,7 @@ def test_a_missing_pyverbs_is_one_line_naming_the_package(
 
 
 def test_the_rts_attributes_carry_the_path_psns_and_recovery_settings(verbs: compat.Verbs) -> None:
-    from labctl.inventory import RdmaPortSpec
+    from labctl.inventory.schema import RdmaPortSpec
     from labctl.rdma.oob import QpInfo
     from labctl.rdma.verbs import ipv4_gid, rts_attr
 
@@ -100,7 +100,7 @@ def test_the_rts_attributes_carry_the_path_psns_and_recovery_settings(verbs: com
 
 
 def test_opening_a_qp_without_a_device_is_one_line(verbs: compat.Verbs) -> None:
-    from labctl.inventory import RdmaPortSpec
+    from labctl.inventory.schema import RdmaPortSpec
     from labctl.rdma.verbs import VerbsQp
 
     if compat.SYSFS_INFINIBAND.is_dir() and any(compat.SYSFS_INFINIBAND.iterdir()):

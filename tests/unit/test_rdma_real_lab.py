@@ -14,12 +14,12 @@ import pytest
 from labctl.agents.agent import Agent
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.wire import Command
-from labctl.errors import InputError
-from labctl.inventory import Inventory, load_inventory
+from labctl.core.errors import InputError
+from labctl.inventory.schema import Inventory, load_inventory
 from labctl.labs import real
 from labctl.labs.base import LabContext
+from labctl.probes.sampling import ProbeSettings
 from labctl.rdma import compat
-from labctl.sampling import ProbeSettings
 from tests.conftest import REPO
 
 REHEARSAL = REPO / "experiments" / "inventories" / "rehearsal.yaml"

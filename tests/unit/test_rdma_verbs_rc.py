@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from labctl.inventory import RdmaPortSpec
+from labctl.inventory.schema import RdmaPortSpec
 from labctl.probes.verbs_rc import VerbsRcProbe
 from labctl.rdma import compat
 from labctl.rdma.exchange import LocalExchange

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.fileio import atomic_path
+from labctl.core.fileio import atomic_path
 
 
 def test_atomic_path_keeps_the_old_file_when_the_writer_fails(tmp_path: Path) -> None:

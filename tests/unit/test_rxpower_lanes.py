@@ -12,17 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from labctl.events import Event
-from labctl.inventory import load_inventory
+from labctl.core.events import Event
+from labctl.inventory.profiles import resolve_profile
+from labctl.inventory.schema import load_inventory
 from labctl.models import fabric as fabric_mod
-from labctl.models import probes as model_probes
+from labctl.probes import model as model_probes
 from labctl.models.fabric import SimFabric
 from labctl.models.module_eeprom import EmulatedQsfp28
-from labctl.models.probes import SimTrafficProbe
 from labctl.models.switch import SwitchModel
 from labctl.probes import rxpower
+from labctl.probes.model import SimTrafficProbe
 from labctl.probes.rxpower import ModulePort, RxPowerProbe, _Lanes
-from labctl.profiles import resolve_profile
 
 MS = 1_000_000
 REPO = Path(__file__).resolve().parents[2]

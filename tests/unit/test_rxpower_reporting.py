@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from labctl.events import Event, Kind
+from labctl.core.events import Event, Kind
 from labctl.models.module_eeprom import EmulatedQsfp28
 from labctl.probes import rxpower
 from labctl.probes.rxpower import UPDATE_MIN_CHANGES, ModulePort, RxPowerProbe, _Lanes

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from labctl import sampling
+from labctl.probes import sampling
 from tests.helpers.sampling import _drain
 
 
@@ -106,7 +106,7 @@ class _Bursting(sampling.QueueProbe):
         self.n = n
 
     async def _run(self) -> None:
-        from labctl.events import Event
+        from labctl.core.events import Event
 
         events = (Event(t_ns=i + 1, kind="x", source=f"p{i}", host="h") for i in range(self.n))
         self.report(events, self.n)
@@ -130,7 +130,7 @@ async def test_a_burst_of_reports_is_put_in_order_in_slices_and_none_is_lost_at_
 def test_the_middle_generation_waits_out_a_burst_and_is_collected_after_it() -> None:
     import gc
 
-    from labctl.looplag import BURST_GEN1_THRESHOLD, middle_generation_deferred
+    from labctl.linux.looplag import BURST_GEN1_THRESHOLD, middle_generation_deferred
 
     before = gc.get_threshold()
     collections = []

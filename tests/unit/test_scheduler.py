@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 from labctl.scheduler.plan import declare, pick
 from labctl.scheduler.service import Scheduler
 from labctl.scheduler.store import TRANSITIONS, QueueStore, RunRow
@@ -154,7 +154,7 @@ def test_a_queue_database_of_another_user_is_named_as_such(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import labctl.scheduler.store as store
-    from labctl.errors import InputError
+    from labctl.core.errors import InputError
 
     db = tmp_path / "q.sqlite"
     store.QueueStore(db).close()

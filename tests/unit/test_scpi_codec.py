@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from labctl.drivers.polatis_scpi.codec import (
+from labctl.inventory.mapping import PortSpace
+from labctl.ocs.drivers.polatis_scpi.codec import (
     MAX_PAIRS_PER_COMMAND,
     MAX_PORTS_PER_QUERY,
     DeviceError,
@@ -28,7 +29,6 @@ from labctl.drivers.polatis_scpi.codec import (
     parse_power,
     power_queries,
 )
-from labctl.mapping import PortSpace
 
 
 def expected_protocol(

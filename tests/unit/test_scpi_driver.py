@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from labctl.drivers.polatis_scpi import PolatisScpiConfig
-from labctl.extras import MissingExtra
-from labctl.switches import emulate_switch, switch_drivers
+from labctl.core.extras import MissingExtra
+from labctl.ocs.drivers.polatis_scpi import PolatisScpiConfig
+from labctl.ocs.switches import emulate_switch, switch_drivers
 from tests.helpers import scpi_driver as helpers
 from tests.helpers.scpi_driver import model_of
 

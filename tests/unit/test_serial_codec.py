@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from labctl.drivers.dicon_serial.codec import (
+from labctl.inventory.mapping import MappingDiff, PortSpace, diff_mapping
+from labctl.ocs.drivers.dicon_serial.codec import (
     CONF_QUERY,
     DIM_QUERY,
     ERROR_QUERY,
@@ -19,7 +20,6 @@ from labctl.drivers.dicon_serial.codec import (
     mapping_from_channels,
     printable,
 )
-from labctl.mapping import MappingDiff, PortSpace, diff_mapping
 
 SPACE = PortSpace(8, 8)  # inputs 1..8 = ingress 1..8, outputs 1..8 = egress 9..16
 

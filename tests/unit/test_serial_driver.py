@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from labctl.drivers.dicon_serial.port import LineSettings
-from labctl.drivers.dicon_serial.switch import DiconSerialSwitch
-from labctl.errors import HardwareError
-from labctl.extras import MissingExtra
+from labctl.core.errors import HardwareError
+from labctl.core.extras import MissingExtra
+from labctl.ocs.drivers.dicon_serial.port import LineSettings
+from labctl.ocs.drivers.dicon_serial.switch import DiconSerialSwitch
 from tests.helpers import serial_driver as helpers
 from tests.helpers.serial_driver import SPACE, bench, serial_threads
 

@@ -7,13 +7,13 @@ import random
 
 import pytest
 
-from labctl.errors import HardwareError, MappingError, SwitchStateMismatch
-from labctl.events import Event
-from labctl.inventory import load_inventory
-from labctl.mapping import Mapping, MappingDiff, apply_diff
+from labctl.core.errors import HardwareError, MappingError, SwitchStateMismatch
+from labctl.core.events import Event
+from labctl.inventory.mapping import Mapping, MappingDiff, apply_diff
+from labctl.inventory.schema import load_inventory
 from labctl.models.fabric import SimFabric
 from labctl.models.switch import SwitchModel
-from labctl.ocs import OpticalSwitch, SwitchOps, converge
+from labctl.ocs.protocol import OpticalSwitch, SwitchOps, converge
 from tests.helpers.sim_switch import FAST, SPACE, make_switch
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from labctl.errors import InputError
-from labctl.store import load_run
+from labctl.analysis.store import load_run
+from labctl.core.errors import InputError
 from tests.helpers.store import make_run
 
 

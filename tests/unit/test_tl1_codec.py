@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from labctl.config import Secret
-from labctl.drivers.polatis_tl1.codec import (
+from labctl.core.errors import InputError
+from labctl.inventory.config import Secret
+from labctl.inventory.mapping import PortSpace
+from labctl.ocs.drivers.polatis_tl1.codec import (
     Tl1Ack,
     Tl1Autonomous,
     Tl1Command,
@@ -19,8 +21,6 @@ from labctl.drivers.polatis_tl1.codec import (
     parse_power,
     parse_size,
 )
-from labctl.errors import InputError
-from labctl.mapping import PortSpace
 from tests.helpers.tl1_codec import PW, autonomous, deny, reply
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from labctl.core.errors import InputError
 from labctl.emulators.core import FaultPlan, load_faults
-from labctl.errors import InputError
 
 
 def test_fault_file_loads_and_bad_fields_are_one_line(tmp_path: Path) -> None:

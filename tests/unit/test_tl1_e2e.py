@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from labctl.errors import InputError
-from labctl.inventory import load_inventory
+from labctl.core.errors import InputError
+from labctl.inventory.schema import load_inventory
 from labctl.labs import build_lab, load
 from labctl.labs.base import LabContext
-from labctl.sampling import ProbeSettings
+from labctl.probes.sampling import ProbeSettings
 from tests.helpers.tl1_e2e import TL1_INVENTORY
 
 

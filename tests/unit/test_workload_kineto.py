@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 from labctl.workload.kineto import kineto_to_trace, load_kineto
 from labctl.workload.stall import switch_points
 from labctl.workload.trace import trace_from_data

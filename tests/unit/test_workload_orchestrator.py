@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from labctl.inventory import load_inventory
+from labctl.inventory.schema import load_inventory
 from labctl.workload.circuits import JobCircuits, StageOwner, initial_state, topo_id
 from labctl.workload.orchestrator import StageLock
 from labctl.workload.stall import switch_points

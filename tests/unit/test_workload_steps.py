@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from labctl.cli import app
-from labctl.errors import InputError
-from labctl.experiment import build_plan, load_experiment
-from labctl.inventory import load_inventory
+from labctl.core.errors import InputError
+from labctl.inventory.schema import load_inventory
+from labctl.run.experiment import build_plan, load_experiment
 from labctl.workload.steps import GpuBench, Hold, Reconfigure, ReplaySegment, check_program, timeline_program
 
 REPO = Path(__file__).resolve().parents[2]

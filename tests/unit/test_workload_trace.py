@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.errors import InputError
+from labctl.core.errors import InputError
 from labctl.workload.builtin import CONFIG_2_NATIVE_NS, TRACES
 from labctl.workload.circuits import topo_id
 from labctl.workload.stall import (

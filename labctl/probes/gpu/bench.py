@@ -8,10 +8,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from labctl.clock import Timebase, now_ns
-from labctl.errors import LabctlError
-from labctl.events import EventLog, Kind
-from labctl.store import RunDir, new_run_id, versions
+from labctl.analysis.store import RunDir, new_run_id, versions
+from labctl.core.clock import Timebase, now_ns
+from labctl.core.errors import LabctlError
+from labctl.core.events import EventLog, Kind
 
 from .backend import GpuBackend
 from .plot import plot_reports

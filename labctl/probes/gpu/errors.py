@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from labctl.errors import HardwareError, LabctlError
+from labctl.core.errors import HardwareError, LabctlError
 
 
 class NoGpuError(LabctlError):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from labctl.extras import MissingExtra, require
+from labctl.core.extras import MissingExtra, require
 
 from .errors import CompileError, NoGpuError
 from .kernels import SOURCE

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from labctl.events import Kind
+from labctl.core.events import Kind
 
 from .pingpong import VARIANTS, PingPongResult
 from .pointer_chase import ChaseResult, compare

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from labctl.extras import MissingExtra, require
+from labctl.core.extras import MissingExtra, require
 
 from .backend import (
     ChaseConfig,

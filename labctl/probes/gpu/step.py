@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from labctl.clock import now_ns
-from labctl.errors import LabctlError
-from labctl.events import EventLog, Kind
+from labctl.core.clock import now_ns
+from labctl.core.errors import LabctlError
+from labctl.core.events import EventLog, Kind
 
 from .backend import GpuBackend
 from .errors import NoGpuError
@@ -49,7 +49,7 @@ class GpuStep:
 
     @classmethod
     def from_settings(cls, settings: Any, events: EventLog, message: Callable[[str], None]) -> GpuStep:
-        """From labctl.experiment.GpuSettings (the experiment's validated `gpu:` section)."""
+        """From labctl.run.experiment.GpuSettings (the experiment's validated `gpu:` section)."""
         config = SuiteConfig(
             device=settings.device,
             peer_device=settings.peer_device,

@@ -1,0 +1,5 @@
+"""The analysis layer: everything computed from a run's `events.jsonl` alone, never from the lab.
+
+The link-up breakdown and its statistics (`breakdown`), runs pooled and compared (`compare`), the figures
+(`plots`), run directories on disk (`store`), the causality invariants over a run's events (`invariants`).
+"""

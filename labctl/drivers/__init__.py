@@ -1,1 +1,0 @@
-"""OCS drivers, one module per protocol. Each satisfies `labctl.ocs.OpticalSwitch`."""

@@ -1,0 +1,142 @@
+"""Delay profiles: the timing model of a simulated or emulated lab.
+
+A profile says how long each step of a link's recovery takes, as uniform ranges (jitter) drawn from a
+seeded generator. `opus-testbed` is the Figure 9 measurement of the Opus testbed (DESIGN.md table);
+`fast` has the same shape, far shorter, for tests. Ranges are written in the unit their key names.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from labctl.core.errors import InputError
+
+MAX_RANGE = 3_600_000.0  # an hour in ms (the largest unit a range is written in): nothing physical is longer
+Range = Annotated[tuple[float, float], Field(description="[low, high], drawn uniformly")]
+
+
+class Profile(BaseModel):
+    """The timing model of every simulated/emulated switch port and NIC port in a lab."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    description: str = ""
+    switching_ms: Range
+    """OCS command received → mirrors settled (light on the new circuit)."""
+    light_loss_ms: Range = (0.5, 2.0)
+    """OCS command received → light gone from the old circuit (mirrors start to move)."""
+    optical_settle_ms: Range = (0.5, 3.0)
+    """Mirrors settled → Rx power at its steady level (power meter/DOM ADC settling)."""
+    firmware_up_ms: Range
+    """Light back on both ends of a link → NIC firmware reports link-up (training, FEC lock, auto-neg)."""
+    carrier_after_firmware_us: Range = (70.0, 80.0)
+    """Firmware link-up → Linux netdev carrier on."""
+    transport_after_carrier_ms: Range
+    """Carrier on at both ends → first traffic through (RDMA retry timer, QP recovery)."""
+    carrier_down_after_loss_ms: Range = (0.2, 1.0)
+    """Light lost → carrier off (loss-of-signal detection)."""
+    rx_power_dbm: float = Field(default=-2.5, ge=-60, le=30)
+    """Received optical power on a lit port."""
+    rx_noise_db: float = Field(default=0.05, ge=0, le=30)
+    """Peak-to-peak noise on lit Rx power readings."""
+    rtt_us: Range = (8.0, 14.0)
+    """Ping-pong round trip on a working circuit."""
+    dom_update_ms: Range = (0.0, 0.0)
+    """How often each transceiver refreshes its DOM registers (one draw per module; 0: on every read).
+    Real modules refresh every few to ~100 ms; a poller faster than that reads the same value repeatedly."""
+
+    @model_validator(mode="after")
+    def _ranges_ordered(self) -> Profile:
+        for name, value in self:
+            if isinstance(value, tuple) and (value[0] > value[1] or value[0] < 0 or value[1] > MAX_RANGE):
+                raise ValueError(
+                    f"{name}: range {list(value)} must be [low, high] with 0 <= low <= high <= {MAX_RANGE:g}"
+                )
+        return self
+
+    def draw_ns(self, rng: random.Random, name: str) -> int:
+        """One draw from the range `name`, in integer nanoseconds."""
+        low, high = getattr(self, name)
+        unit = 1_000 if name.endswith("_us") else 1_000_000
+        return round(float(rng.uniform(low, high)) * unit)
+
+    def draw_many_ns(self, rng: random.Random, name: str, n: int) -> list[int]:
+        """n draws from the range `name` (the same stream of draws as n calls of `draw_ns`)."""
+        low, high = getattr(self, name)
+        unit = 1_000 if name.endswith("_us") else 1_000_000
+        uniform = rng.uniform
+        return [round(float(uniform(low, high)) * unit) for _ in range(n)]
+
+    def range_ns(self, name: str) -> tuple[int, int]:
+        """The range `name` in integer nanoseconds."""
+        low, high = getattr(self, name)
+        unit = 1_000 if name.endswith("_us") else 1_000_000
+        return round(low * unit), round(high * unit)
+
+    def mid_ns(self, name: str) -> int:
+        low, high = getattr(self, name)
+        unit = 1_000 if name.endswith("_us") else 1_000_000
+        return round(float(low + high) / 2 * unit)
+
+
+_OPUS: dict[str, Any] = {
+    "description": "Opus testbed, Figure 9: Polatis ~25 ms, firmware link-up ~6 s, carrier +70-80 us, "
+    "RDMA +100-200 ms",
+    "switching_ms": (22.0, 28.0),
+    "firmware_up_ms": (5700.0, 6300.0),
+    "transport_after_carrier_ms": (100.0, 200.0),
+}
+
+BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
+    "opus-testbed": _OPUS,
+    "opus-testbed-autoneg-off": {
+        **_OPUS,
+        "description": "Opus testbed with auto-negotiation off: firmware link-up ~3 s",
+        "firmware_up_ms": (2700.0, 3300.0),
+    },
+    "fast": {
+        "description": "same shape as opus-testbed, ~100x shorter, for tests",
+        "switching_ms": (2.0, 3.0),
+        "light_loss_ms": (0.1, 0.3),
+        "optical_settle_ms": (0.1, 0.5),
+        "firmware_up_ms": (40.0, 60.0),
+        "transport_after_carrier_ms": (10.0, 20.0),
+        "carrier_down_after_loss_ms": (0.1, 0.3),
+    },
+}
+
+DEFAULT_PROFILE = "opus-testbed"
+
+
+def resolve_profile(name: str, custom: dict[str, dict[str, Any]] | None = None) -> Profile:
+    """A profile by name: the inventory's `profiles:` first (each may `extends:` another), then built-ins."""
+    custom = custom or {}
+    chain: list[str] = []
+    fields: dict[str, Any] = {}
+    current: str | None = name
+    while current is not None:
+        if current in chain:
+            raise InputError(f"profile {name!r}: 'extends' loops through {' -> '.join([*chain, current])}")
+        chain.append(current)
+        if current in custom:
+            layer = dict(custom[current])
+            parent = layer.pop("extends", None)
+        elif current in BUILTIN_PROFILES:
+            layer, parent = dict(BUILTIN_PROFILES[current]), None
+        else:
+            known = sorted(set(BUILTIN_PROFILES) | set(custom))
+            raise InputError(f"unknown profile {current!r} (known: {', '.join(known)})")
+        fields = {**layer, **fields}
+        current = parent
+    try:
+        return Profile(**fields)
+    except Exception as e:  # pydantic.ValidationError
+        errors = getattr(e, "errors", None)
+        if errors is not None:
+            err = errors(include_url=False)[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            raise InputError(f"profile {name!r}: {loc}: {err['msg']}") from None
+        raise

@@ -1,0 +1,169 @@
+"""How late the event loop runs: the bound on how late any mark observed on it can be.
+
+Every sampled mark (a switch acknowledgement, an Rx-power sample, a pong) is stamped when our code gets to
+run, so a stalled loop (a busy 2-core machine, a slow synchronous call) delays it by the stall. The monitor
+sleeps one period at a time and records how late each wake-up was; the controller reports the worst lag of
+every reconfiguration window (`loop.lag` events) and the run's distribution (run.json `loop_lag_ns`), so a
+reader can tell a slow phase from a slow loop. The monitor wakes on a timerfd (as the samplers do), not an
+asyncio timer, whose epoll timeout rounds up to whole milliseconds: what it reads is the loop's own lag.
+
+Work that comes in bursts (a reconfiguration of hundreds of ports: thousands of transitions and events)
+runs in time slices of `SLICE_NS` and lets whatever is ready in between (`slice_deadline`): a 1 kHz
+sampler's tick waits for at most the slices that are ready before it, not for the whole burst.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+from array import array
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Self
+
+from labctl.core.clock import now_ns
+from labctl.linux.timerfd import Alarm
+
+MAX_KEPT = 1 << 20  # ~17 min of lags at 1 kHz; later ones only feed max and count
+
+SLICE_NS = 100_000
+"""How long one piece of a burst holds the loop. A sampler's tick catches up when at most 2 ms late, and a
+loop turn may hold a slice from each of the controller's pump, the model timeline, the fabric's link
+reactions and the traffic model, and a slice overshoots by the item that crossed its deadline. At 250 µs
+a 512-port reconfiguration's loop turns still added up past 2 ms (~1% of ticks skipped); at 100 µs they
+do not, for a few more loop turns per burst."""
+
+
+BEHIND_SLICE_NS = 20_000
+"""The slice while a sampler is behind its schedule: a piece or two of each burst, then the loop back."""
+
+_behind_until_ns = 0
+
+
+def sampler_behind(until_ns: int) -> None:
+    """A sampler's tick ran late: until `until_ns`, burst work yields after `BEHIND_SLICE_NS`, so loop turns
+    stay shorter than a tick period and the sampler catches up instead of falling further behind (a burst
+    of events drains a little later; every event keeps the stamp of its observation)."""
+    global _behind_until_ns
+    _behind_until_ns = max(_behind_until_ns, until_ns)
+
+
+def slice_deadline() -> int:
+    """When a slice of burst work begun now must give the loop back (compare `now_ns()` against it)."""
+    now = now_ns()
+    return now + (BEHIND_SLICE_NS if now < _behind_until_ns else SLICE_NS)
+
+
+class LoopLagMonitor:
+    def __init__(self, period_ns: int = 1_000_000) -> None:
+        self.period_ns = period_ns
+        self.lags_ns = array("q")
+        self.count = 0
+        self.max_ns = 0
+        self.window_max_ns = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self._run(), name="loop-lag")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        alarm = Alarm()
+        try:
+            while True:
+                due = now_ns() + self.period_ns
+                await alarm.at(due)
+                self.record(max(now_ns() - due, 0))
+        finally:
+            alarm.close()
+
+    def record(self, lag_ns: int) -> None:
+        self.count += 1
+        if len(self.lags_ns) < MAX_KEPT:
+            self.lags_ns.append(lag_ns)
+        self.max_ns = max(self.max_ns, lag_ns)
+        self.window_max_ns = max(self.window_max_ns, lag_ns)
+
+    def open_window(self) -> None:
+        self.window_max_ns = 0
+
+    def stats(self) -> dict[str, int]:
+        """Median, p99 (nearest rank) and max lag in ns over the run, and how many wake-ups they cover."""
+        kept = sorted(self.lags_ns)
+        if not kept:
+            return {"n": 0}
+        return {
+            "n": self.count,
+            "period_ns": self.period_ns,
+            "median": kept[len(kept) // 2],
+            "p99": kept[min(len(kept) - 1, -(-99 * len(kept) // 100) - 1)],
+            "max": self.max_ns,
+        }
+
+
+_frozen = 0
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Keep full garbage collections from stalling the loop for tens of milliseconds.
+
+    A generation-2 collection walks every tracked object of the process; once set-up has built a lab of
+    hundreds of ports, that is a 40-60 ms stop in the middle of a reconfiguration, long after the first
+    samples were due. What exists when a run starts lives as long as the run, so it is frozen (`gc.freeze`:
+    never scanned again) and the collector only walks what the run itself allocates. Nestable."""
+    global _frozen
+    if _frozen == 0:
+        gc.collect()
+        gc.freeze()
+    _frozen += 1
+    try:
+        yield
+    finally:
+        _frozen -= 1
+        if _frozen == 0:
+            gc.unfreeze()
+
+
+BURST_GEN1_THRESHOLD = 200
+"""Generation-0 collections between generation-1 collections while a burst is under way (CPython's
+default is 10)."""
+
+
+@contextlib.contextmanager
+def middle_generation_deferred() -> Iterator[None]:
+    """Keep generation-1 collections out of a reconfiguration's burst; collect it when the burst is over.
+
+    While light and links change, the model timelines hold thousands of scheduled transitions (entries,
+    heap tuples, bound methods) that outlive a generation-0 pass; each generation-1 collection walks them
+    all: ~1 ms of loop time, every 10 generation-0 passes, landing in the burst where the samplers have the
+    least slack. Inside this block it runs at most every `BURST_GEN1_THRESHOLD` passes (a bound on what
+    waits uncollected); on leaving, one generation-1 collection runs at once, when the loop is quiet and a
+    millisecond is absorbed by the samplers' catch-up. Nestable: the outermost block decides."""
+    global _deferred, _saved_threshold
+    if _deferred == 0:
+        _saved_threshold = gc.get_threshold()
+        t0, t1, t2 = _saved_threshold
+        gc.set_threshold(t0, max(t1, BURST_GEN1_THRESHOLD), t2)
+    _deferred += 1
+    try:
+        yield
+    finally:
+        _deferred -= 1
+        if _deferred == 0:
+            gc.set_threshold(*_saved_threshold)
+            if gc.isenabled():
+                gc.collect(1)
+
+
+_deferred = 0
+_saved_threshold: tuple[int, int, int] = gc.get_threshold()

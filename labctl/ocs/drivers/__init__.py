@@ -1,0 +1,1 @@
+"""OCS drivers, one module per protocol. Each satisfies `labctl.ocs.protocol.OpticalSwitch`."""

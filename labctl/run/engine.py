@@ -1,0 +1,837 @@
+"""The controller: sequences OCS mappings on the rails and waits for every affected port to recover.
+
+One reconfiguration = one phase applied on all rails concurrently, tagged with a number. The controller
+waits until every port that got a new peer carries traffic again, or until the recovery timeout (which is
+recorded as a `run.timeout` event naming the ports still down, never hidden). On cancellation (Ctrl-C,
+SIGTERM) it restores the baseline, marks the run aborted and keeps every event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from labctl.analysis.breakdown import (
+    EventIndex,
+    clock_caveats,
+    clock_uncertainties,
+    compute_breakdown,
+    summarize,
+    write_breakdown,
+)
+from labctl.analysis.store import RunDir, new_run_id, read_run_json, versions
+from labctl.core.clock import Timebase, now_ns
+from labctl.core.errors import LabctlError, LabFault
+from labctl.core.events import Event, EventLog, EventQueue, Kind
+from labctl.core.fileio import write_json_atomic
+from labctl.inventory.mapping import Mapping, MappingDiff, diff_mapping, validate_mapping
+from labctl.inventory.schema import Inventory, NicPort
+from labctl.inventory.topology import peers_of, rail_scope
+from labctl.labs import build_lab, load
+from labctl.labs.base import Lab, LabContext
+from labctl.linux.looplag import LoopLagMonitor, frozen_heap, middle_generation_deferred, slice_deadline
+from labctl.linux.timesync import clock_sync_state
+from labctl.ocs.protocol import send_mapping
+from labctl.probes.base import ProbeContext, probe_kinds
+from labctl.probes.sampling import Probe
+from labctl.run.experiment import Plan, RailPhase, compile_experiment
+from labctl.workload.steps import GpuBench, Hold, Reconfigure, ReplaySegment
+
+log = logging.getLogger("labctl.run.engine")
+
+FLUSH_INTERVAL_S = 0.5
+
+
+"""Events recorded per loop turn by a probe's pump (~3 us each) before samplers get to run."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What a reconfiguration is, for a person watching: the baseline set-up, step i of n, or the restore
+    after a stop (which is not one of the n)."""
+
+    kind: Literal["baseline", "step", "restore"]
+    phase: str
+    index: int = 0  # 1-based, steps only
+    of: int = 0
+
+    def __str__(self) -> str:
+        if self.kind == "step":
+            return f"reconfig {self.index}/{self.of} → {self.phase}"
+        return f"{'baseline' if self.kind == 'baseline' else 'restoring baseline'} → {self.phase}"
+
+
+class ProgressSink(Protocol):
+    """What the controller tells a UI. Every method must return quickly."""
+
+    def started(self, run_dir: Path, steps: int) -> None:
+        """The run directory exists; `steps` reconfigurations follow the baseline."""
+
+    def reconfig_started(self, stage: Stage, expected: int) -> None: ...
+
+    def port_recovered(self, stage: Stage, recovered: int, expected: int) -> None: ...
+
+    def reconfig_done(self, stage: Stage, timed_out: list[str]) -> None: ...
+
+    def message(self, text: str) -> None: ...
+
+
+class NullProgress:
+    def started(self, run_dir: Path, steps: int) -> None: ...
+    def reconfig_started(self, stage: Stage, expected: int) -> None: ...
+    def port_recovered(self, stage: Stage, recovered: int, expected: int) -> None: ...
+    def reconfig_done(self, stage: Stage, timed_out: list[str]) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+class RecoveryTracker:
+    """Watches the event stream for the ports of one reconfiguration until each carries traffic again.
+
+    `expected` maps each port to the peer it must reach. A port counts as recovered at the first
+    `traffic.ok` after t0 that names that peer (traffic probes put their target in `meta.peer`, and are
+    re-targeted only once the switch acknowledged), so traffic still flowing on the old circuit, even after
+    a spurious loss, never counts. For a probe that names no peer, the ok must follow a carrier-up or a
+    traffic loss seen after t0.
+
+    The recovery timeout is judged in event time: an ok stamped after `deadline_ns` is too late even if a
+    busy loop delivers it before the timeout's timer fires, so whether a port timed out never depends on
+    how late the controller itself got to run.
+    """
+
+    def __init__(
+        self,
+        expected: dict[str, str],
+        t0_ns: int,
+        on_progress: Callable[[int], None],
+        deadline_ns: int | None = None,
+    ) -> None:
+        self.expected = dict(expected)
+        self.pending = set(expected)
+        self.total = len(expected)
+        self.t0_ns = t0_ns
+        self.deadline_ns = deadline_ns
+        self._armed: set[str] = set()
+        self._on_progress = on_progress
+        self.done = asyncio.Event()
+        if not self.pending:
+            self.done.set()
+
+    def __call__(self, e: Event) -> None:
+        if e.source not in self.pending or e.t_ns < self.t0_ns:
+            return
+        if (e.kind == Kind.CARRIER and e.value == 1) or e.kind == Kind.TRAFFIC_LOST:
+            self._armed.add(e.source)
+        elif e.kind == Kind.TRAFFIC_OK:
+            if self.deadline_ns is not None and e.t_ns > self.deadline_ns:
+                return
+            if "peer" in e.meta:
+                recovered = e.meta["peer"] == self.expected[e.source]
+            else:
+                recovered = e.source in self._armed
+            if recovered:
+                self.pending.discard(e.source)
+                self._on_progress(self.total - len(self.pending))
+                if not self.pending:
+                    self.done.set()
+
+
+class _LinkWatch:
+    """A replay's `ready: link` for one write: a RecoveryTracker subscribed from before the write."""
+
+    def __init__(
+        self,
+        tracker: RecoveryTracker,
+        unsubscribe: Callable[[], None],
+        deadline_ns: int,
+        events: EventLog,
+        timeout_s: float,
+    ) -> None:
+        self.tracker = tracker
+        self._unsubscribe: Callable[[], None] | None = unsubscribe
+        self.deadline_ns = deadline_ns
+        self.events = events
+        self.timeout_s = timeout_s
+
+    async def wait(self) -> None:
+        try:
+            await asyncio.wait_for(self.tracker.done.wait(), max(self.deadline_ns - now_ns(), 0) / 1e9)
+        except TimeoutError:
+            pending = sorted(self.tracker.pending)
+            self.events.emit(
+                now_ns(),
+                Kind.RUN_TIMEOUT,
+                "controller",
+                len(pending),
+                meta={"pending": pending, "timeout_s": self.timeout_s},
+            )
+
+    def close(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+
+@dataclass(frozen=True)
+class PlannedReconfig:
+    """One reconfiguration of a plan, as the controller will carry it out (what `run --dry-run` prints)."""
+
+    n: int
+    phase: str
+    step: int | None
+    changes: dict[str, MappingDiff]  # switch → patches removed and added (against the previous phase)
+    moved: list[tuple[str, str | None, str | None]]  # port source, peer before, peer after
+
+
+def moved_ports(
+    inventory: Inventory, rail: int, before: Mapping, after: Mapping
+) -> list[tuple[NicPort, NicPort | None]]:
+    """The ports of `rail` whose peer differs between two mappings, with the new peer (None: dark)."""
+    peers_before, peers_after = peers_of(inventory, rail, before), peers_of(inventory, rail, after)
+    return [
+        (port, peers_after[port])
+        for port in sorted(peers_after, key=lambda p: p.source)
+        if peers_before.get(port) != peers_after[port]
+    ]
+
+
+def planned_reconfigurations(plan: Plan, inventory: Inventory) -> list[PlannedReconfig]:
+    """The baseline set-up (against dark switches: at run time, against what they hold) and every step,
+    with each switch's patch diff and the ports whose peer changes. Touches nothing."""
+    current: dict[int, Mapping] = {rail: frozenset() for rail in plan.rails}
+    out = []
+    for n, (step, phase) in enumerate([(None, plan.baseline), *plan.steps]):
+        changes: dict[str, MappingDiff] = {}
+        moved: list[tuple[str, str | None, str | None]] = []
+        for rail, rp in plan.phases[phase].items():
+            diff = diff_mapping(current[rail], rp.mapping, rail_scope(inventory, rail))
+            old = changes.get(rp.switch, MappingDiff(frozenset(), frozenset()))
+            changes[rp.switch] = MappingDiff(old.remove | diff.remove, old.add | diff.add)
+            before = peers_of(inventory, rail, current[rail])
+            for port, now in moved_ports(inventory, rail, current[rail], rp.mapping):
+                was = before.get(port)
+                moved.append((port.source, was.source if was else None, now.source if now else None))
+            current[rail] = rp.mapping
+        out.append(PlannedReconfig(n, phase, step, changes, moved))
+    return out
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    status: str
+    error: str | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    events: int = 0
+
+
+class Controller:
+    """Runs one plan on one lab, writing every event to `events`."""
+
+    def __init__(
+        self, plan: Plan, inventory: Inventory, lab: Lab, events: EventLog, progress: ProgressSink
+    ) -> None:
+        self.plan = plan
+        self.inventory = inventory
+        self.lab = lab
+        self.events = events
+        self.progress = progress
+        self.current: dict[int, Mapping] = {rail: frozenset() for rail in plan.rails}
+        self.reconfig = 0
+        self._drops_seen: dict[str, int] = {}
+        self.loop_lag = LoopLagMonitor()
+        self._moved_cache: dict[tuple[int, Mapping, Mapping], list[tuple[NicPort, NicPort | None]]] = {}
+        self._affected_cache: dict[tuple[tuple[int, Mapping, Mapping], ...], list[dict[str, Any]]] = {}
+        self._circuits_cache: dict[tuple[int, Mapping], dict[str, str | None]] = {}
+        self._restoring = False
+        self._abandon_restore = False
+        self._connected: list[Any] = []
+        self._touched = False  # a switch was told to change: a failure from here on must restore the baseline
+        self._force_restore = False  # a replay ended unclean: what the switches hold is not known here
+        self.replay_results: list[Any] = []  # labctl.workload.replay.ReplayResult, one per replay segment
+
+    # -- one reconfiguration ---------------------------------------------------------------------------------
+    def _affected(
+        self, target: dict[int, RailPhase], current: dict[int, Mapping] | None = None
+    ) -> list[dict[str, Any]]:
+        """The ports a change of every rail from `current` (default: as now) to `target` moves, each with
+        its new peer (remembered: the same list each time, read only)."""
+        current = self.current if current is None else current
+        key = tuple((rail, current[rail], rp.mapping) for rail, rp in target.items())
+        affected = self._affected_cache.get(key)
+        if affected is None:
+            affected = self._affected_cache[key] = [
+                {
+                    "source": port.source,
+                    "host": port.host,
+                    "port": port.ifname,
+                    "rail": rail,
+                    "peer": peer.source if peer else None,
+                }
+                for rail, rp in target.items()
+                for port, peer in self._moved(rail, current[rail], rp.mapping)
+            ]
+        return affected
+
+    def _work_out_plan(self) -> None:
+        """Work out every change the plan makes (moved ports, circuits) before anything samples: at
+        hundreds of ports each is milliseconds of loop time that would otherwise land on a sampler's tick
+        at the start of its reconfiguration."""
+        current = dict(self.current)
+        phases = [self.plan.baseline] + [phase for _, phase in self.plan.steps]
+        for phase in phases:
+            target = self.plan.phases[phase]
+            self._affected(target, current)
+            for rail, rp in target.items():
+                self._circuits(rail, rp.mapping)
+                validate_mapping(rp.mapping, self.inventory.switches[rp.switch].space, switch=rp.switch)
+                current[rail] = rp.mapping
+
+    def _moved(self, rail: int, before: Mapping, after: Mapping) -> list[tuple[NicPort, NicPort | None]]:
+        """moved_ports, remembered: a cycle repeats the same few changes, and at hundreds of ports working
+        one out is a millisecond of loop time at the start of every reconfiguration."""
+        key = (rail, before, after)
+        moved = self._moved_cache.get(key)
+        if moved is None:
+            moved = self._moved_cache[key] = moved_ports(self.inventory, rail, before, after)
+        return moved
+
+    def _circuits(self, rail: int, mapping: Mapping) -> dict[str, str | None]:
+        """Port source → the source of its peer under `mapping` (None: dark), remembered likewise."""
+        key = (rail, mapping)
+        circuits = self._circuits_cache.get(key)
+        if circuits is None:
+            peers = peers_of(self.inventory, rail, mapping)
+            circuits = self._circuits_cache[key] = {
+                p.source: (q.source if q else None) for p, q in peers.items()
+            }
+        return circuits
+
+    async def _apply_rail(self, rp: RailPhase) -> None:
+        switch = self.lab.switches[rp.switch]
+        before = self.current[rp.rail]
+        self._touched = True
+        await send_mapping(
+            switch, rp.mapping, scope=rail_scope(self.inventory, rp.rail), context={"rail": rp.rail}
+        )
+        self.current[rp.rail] = rp.mapping
+        # Re-target traffic only once the switch acknowledged: until then the old circuit is still
+        # probed, so the moment its traffic stops is measured too.
+        circuits = self._circuits(rp.rail, rp.mapping)
+        moved = [port.source for port, _ in self._moved(rp.rail, before, rp.mapping)]
+        for aware in self.lab.switch_aware_probes:
+            aware.switched(moved)
+        await asyncio.sleep(0)  # hundreds of ports: the other rail's acknowledgement and samplers between
+        for probe in self.lab.circuit_probes:
+            probe.set_circuits(dict(circuits))  # a copy: the remembered one stays as it is
+
+    async def reconfigure(
+        self,
+        phase: str,
+        step: int | None,
+        *,
+        measured: bool = True,
+        wait: bool = True,
+        stage: Stage | None = None,
+    ) -> list[str]:
+        """Apply `phase` on every rail; returns the ports that did not recover in time."""
+        n = self.reconfig
+        stage = stage or Stage("baseline", phase)
+        target = self.plan.phases[phase]
+        ports = self._affected(target)
+        expected = {p["source"]: p["peer"] for p in ports if p["peer"] is not None}
+        self.events.reconfig = n
+        t0 = now_ns()
+        self.events.emit(
+            t0,
+            Kind.PHASE,
+            "controller",
+            phase,
+            meta={
+                "step": step,
+                "measured": measured,
+                "rails": list(target),
+                "ports": ports,
+            },
+        )
+        self.progress.reconfig_started(stage, len(expected) if wait else 0)
+        timeout_ns = round(self.plan.spec.recovery_timeout_s * 1e9)
+        tracker = RecoveryTracker(
+            expected,
+            t0,
+            lambda k: self.progress.port_recovered(stage, k, len(expected)),
+            deadline_ns=t0 + timeout_ns if wait else None,
+        )
+        unsubscribe = self.events.subscribe(tracker)
+        pending: list[str] = []
+        for probe in self.lab.window_probes:
+            probe.open_window([p["source"] for p in ports])
+        self.loop_lag.open_window()
+        await asyncio.sleep(0)  # let samplers due now run before the rails' commands are worked out
+        try:
+            with middle_generation_deferred():
+                await asyncio.gather(*(self._apply_rail(rp) for rp in target.values()))
+                if wait:
+                    try:
+                        await asyncio.wait_for(tracker.done.wait(), max(t0 + timeout_ns - now_ns(), 0) / 1e9)
+                    except TimeoutError:
+                        pending = sorted(tracker.pending)
+                        self.events.emit(
+                            now_ns(),
+                            Kind.RUN_TIMEOUT,
+                            "controller",
+                            len(pending),
+                            meta={
+                                "pending": pending,
+                                "timeout_s": self.plan.spec.recovery_timeout_s,
+                            },
+                        )
+
+        finally:
+            for probe in self.lab.window_probes:
+                probe.close_window()
+            unsubscribe()
+            # How late the loop ran in this window: context for every mark observed in it.
+            self.events.emit(now_ns(), Kind.LOOP_LAG, "controller", self.loop_lag.window_max_ns)
+            # An interrupted reconfiguration keeps its number too: the baseline restore that follows an
+            # abort must not be filed under it (its acknowledgement would become this one's t1).
+            self.reconfig += 1
+            await self.events.flush_durably()
+        self.progress.reconfig_done(stage, pending)
+        return pending
+
+    # -- the whole run ---------------------------------------------------------------------------------
+    async def _pump(self, probe: Any) -> None:
+        queue, deadline = getattr(probe, "queue", None), 0
+        async for event in probe.events():
+            if not deadline:  # the first event after the queue ran dry starts a slice
+                deadline = slice_deadline()
+            self.events.record(event)
+            # A burst (hundreds of ports reporting at once) is recorded a time slice per loop turn.
+            if queue is not None and not len(queue):
+                deadline = 0
+            elif now_ns() >= deadline:
+                await asyncio.sleep(0)
+                deadline = 0
+
+    def _record_drops(self) -> None:
+        for probe in self.lab.probes:
+            dropped = probe.dropped
+            if dropped > self._drops_seen.get(probe.name, 0):
+                self._drops_seen[probe.name] = dropped
+                self.events.emit(now_ns(), Kind.SAMPLER_DROP, f"probe:{probe.name}", dropped)
+
+    async def _flusher(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            self._record_drops()
+            self.events.flush()
+
+    async def sequence(self) -> None:
+        """Execute the plan's program, step by step (labctl.workload.steps; decision 0037)."""
+        gpu = self._gpu_step()
+        for step in self.plan.program:
+            if isinstance(step, GpuBench):
+                if gpu is not None:
+                    await gpu.run(step.stage)
+            elif isinstance(step, Reconfigure):
+                if step.baseline:
+                    await self._baseline(step.phase)
+                else:
+                    await self.reconfigure(
+                        step.phase, step.step, stage=Stage("step", step.phase, step.index, step.of)
+                    )
+            elif isinstance(step, Hold):
+                # The baseline holds like every step: the next reconfiguration must not cut its last port's
+                # recovery short.
+                await asyncio.sleep(step.seconds)
+            elif isinstance(step, ReplaySegment):
+                await self._replay(step)
+            else:  # a new step type reached a controller that does not know it
+                raise LabctlError(f"the controller cannot execute plan step {step!r}")
+
+    async def _baseline(self, phase: str) -> None:
+        spec = self.plan.spec
+        expected = sum(
+            peer is not None
+            for rail, rp in self.plan.phases[phase].items()
+            for _, peer in self._moved(rail, self.current[rail], rp.mapping)
+        )
+        pending = await self.reconfigure(phase, None, measured=True)
+        if pending:
+            # Every later measurement would start from a broken lab: say so and stop, not "completed".
+            shown = ", ".join(pending[:8]) + (" ..." if len(pending) > 8 else "")
+            raise LabctlError(
+                f"baseline '{phase}' did not come up: {len(pending)} of {expected} ports not "
+                f"recovered within {spec.recovery_timeout_s:g} s ({shown})"
+            )
+
+    # -- replay segments (labctl.workload) --------------------------------------------------------------
+    async def _replay(self, segment: ReplaySegment) -> None:
+        """Replay a trace from the baseline's circuits: its topo writes re-target the probes like any
+        reconfiguration; its events carry no reconfiguration number (they are not link-up breakdown rows)."""
+        self._touched = True
+        self.events.reconfig = None
+        self.progress.message(f"replaying {segment.replay.trace.name} ({segment.replay.spec.mode})")
+        finished = False
+        try:
+            await segment.replay.run(self)  # its result lands in replay_results, even a partial one
+            finished = True
+        finally:
+            if not finished:
+                # A write cut short (cancelled, timed out, failed) may have moved part of a rail that
+                # `current` still calls the baseline: the restore must not be skipped as "nothing moved".
+                self._force_restore = True
+            await self.events.flush_durably()
+
+    def rail_changed(self, rail: int, before: Mapping, after: Mapping) -> None:
+        """A replay changed part of a rail: remember it and re-target the probes (as `_apply_rail` does)."""
+        self.current[rail] = after
+        moved = [port.source for port, _ in self._moved(rail, before, after)]
+        for aware in self.lab.switch_aware_probes:
+            aware.switched(moved)
+        circuits = self._circuits(rail, after)
+        for probe in self.lab.circuit_probes:
+            probe.set_circuits(dict(circuits))
+
+    def links_up(self, changes: list[tuple[int, Mapping, Mapping]], t0_ns: int) -> _LinkWatch:
+        """Start watching, now, for every port the planned changes move to carry traffic to its new peer (a
+        replay's `ready: link`); its `wait` ends then, or at the recovery timeout (recorded as `run.timeout`,
+        like a reconfiguration's). Subscribed before the write is sent: nothing recorded during it (another
+        rail's retry) is missed."""
+        expected = {
+            port.source: peer.source
+            for rail, before, after in changes
+            for port, peer in self._moved(rail, before, after)
+            if peer is not None
+        }
+        timeout_s = self.plan.spec.recovery_timeout_s
+        deadline = t0_ns + round(timeout_s * 1e9)
+        tracker = RecoveryTracker(expected, t0_ns, lambda k: None, deadline_ns=deadline)
+        return _LinkWatch(tracker, self.events.subscribe(tracker), deadline, self.events, timeout_s)
+
+    def _gpu_step(self) -> Any:
+        """The optional `gpu:` step of the experiment (skipped, with an event, without a GPU)."""
+        if self.plan.spec.gpu is None:
+            return None
+        from labctl.probes.gpu.step import GpuStep
+
+        return GpuStep.from_settings(self.plan.spec.gpu, self.events, self.progress.message)
+
+    async def _sequence_unless_faulted(self) -> None:
+        """The sequence, stopped early by a fault the lab reports (`lab.fault`, a FaultLatch), or by our own
+        cancellation."""
+        work = asyncio.create_task(self.sequence(), name="sequence")
+        fault = asyncio.create_task(self.lab.fault.wait(), name="lab-fault")
+        try:
+            await asyncio.wait({work, fault}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            fault.cancel()
+            if not work.done():  # a fault, or we are being cancelled: stop the sequence where it is
+                work.cancel()
+            await asyncio.gather(work, fault, return_exceptions=True)
+        # The lab's fault decides the outcome whatever the sequence ended with (cancelled, or an error raised
+        # while it was being stopped): the agent's reason is the run's cause.
+        reason = self.lab.fault.reason
+        if reason is not None:
+            self.events.emit(now_ns(), Kind.RUN_FAULT, "controller", reason)
+            raise LabFault(reason)
+        work.result()
+
+    async def restore_baseline(self) -> None:
+        baseline = self.plan.phases[self.plan.baseline]
+        if self._force_restore or any(self.current[rail] != rp.mapping for rail, rp in baseline.items()):
+            phase = self.plan.baseline
+            await self.reconfigure(phase, None, measured=False, wait=False, stage=Stage("restore", phase))
+
+    def _switch_power_probes(self) -> list[Probe]:
+        """The switches' own power monitors on the rails' ports, when the experiment asks for them."""
+        if not self.plan.spec.probes.switch_power_hz:
+            return []
+        ports: dict[str, set[int]] = {}
+        for rail in self.plan.rails:
+            ports.setdefault(self.inventory.rail_switch(rail), set()).update(rail_scope(self.inventory, rail))
+        watched = [(self.lab.switches[sw], sorted(p)) for sw, p in ports.items()]
+        ctx = ProbeContext(self.plan.spec.probes, switches=watched)
+        return [probe_kinds.get("switch-power").build(ctx)]
+
+    async def _read_final_state(self) -> None:
+        """Record what every switch holds at the end (an `ocs.read` event per switch)."""
+        for sw in self._connected:
+            try:
+                await sw.get_mapping()
+            except (Exception, asyncio.CancelledError) as e:
+                self.events.emit(now_ns(), Kind.OCS_ERROR, f"ocs:{sw.name}", f"final read-back failed: {e!r}")
+
+    async def run(self) -> tuple[str, str | None]:
+        """Returns (status, error), whatever happens to the caller.
+
+        The caller's first cancellation (Ctrl-C) stops the sequence and restores the baseline; a second one
+        abandons the restore; later ones are ignored, so the switches are closed, the probes stopped and the
+        run directory finished in every case. The work runs in its own task: a burst of signals lands here,
+        never at an arbitrary await inside clean-up code.
+        """
+        work = asyncio.create_task(self._run(), name="controller")
+        current = asyncio.current_task()
+        cancels = 0
+        while True:
+            try:
+                return await asyncio.shield(work)
+            except Exception as e:  # raised while closing switches or the lab: the run still gets its cause
+                log.exception("run clean-up failed")
+                return "failed", f"clean-up failed: {type(e).__name__}: {e}"
+            except asyncio.CancelledError:
+                if current is None:
+                    raise
+                current.uncancel()
+                if work.done():  # finished as the signal came: its outcome stands
+                    return work.result()
+                cancels += 1
+                if cancels == 1:
+                    work.cancel()
+                elif cancels == 2:
+                    self._abandon_restore = True
+                    if self._restoring:
+                        work.cancel()
+
+    async def _start(self, stack: contextlib.AsyncExitStack, tasks: list[asyncio.Task[None]]) -> None:
+        """Start the lab, connect every switch, start every probe; `stack` undoes what got done."""
+        self._work_out_plan()
+        # Before anything samples: freezing collects the heap once (~30 ms at 512 ports).
+        stack.enter_context(frozen_heap())
+        # LIFO: after every switch has closed; pushed first so a start that fails midway is undone too.
+        stack.push_async_callback(self.lab.aclose)
+        await self.lab.start()
+        for sw in self.lab.switches.values():
+            await sw.connect()
+            stack.push_async_callback(sw.close)
+            self._connected.append(sw)
+        self.lab.probes.extend(self._switch_power_probes())
+        for aware in self.lab.switch_aware_probes:
+            aware.expect_switch_acks()
+        for probe in self.lab.probes:
+            await stack.enter_async_context(probe)
+            tasks.append(asyncio.create_task(self._pump(probe), name=f"pump:{probe.name}"))
+        tasks.append(asyncio.create_task(self._flusher(), name="flusher"))
+        await stack.enter_async_context(self.loop_lag)
+
+    async def _run(self) -> tuple[str, str | None]:
+        status, error = "completed", None
+        tasks: list[asyncio.Task[None]] = []
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                await self._start(stack, tasks)
+                await self._sequence_unless_faulted()
+            except asyncio.CancelledError:
+                _absorb_cancel()
+                status, error = "aborted", "interrupted by signal"
+                self.events.emit(now_ns(), Kind.RUN_ABORT, "controller", error)
+            except LabctlError as e:
+                status, error = "failed", str(e)
+                log.error("run failed: %s", e)
+            except Exception as e:  # a bug or an unforeseen fault: the baseline is still restored below
+                status, error = "failed", f"internal error: {type(e).__name__}: {e}"
+                self.events.emit(now_ns(), Kind.RUN_FAULT, "controller", error)
+                log.exception("run failed")
+            abandoned = self._abandon_restore
+            # Nothing was changed (e.g. a switch never connected): nothing to put back.
+            if self._touched and not abandoned:
+                self._restoring = True
+                try:
+                    await self.restore_baseline()
+                except asyncio.CancelledError:
+                    _absorb_cancel()
+                    abandoned = True
+                except Exception as e:
+                    error = (error + "; " if error else "") + f"baseline NOT restored: {e}"
+                    status = "failed" if status == "completed" else status
+                finally:
+                    self._restoring = False
+            if abandoned and self._touched:
+                error, status = (error or "") + "; baseline NOT restored (abandoned)", "aborted"
+            await self._read_final_state()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        # A fault the lab reported while it was stopping (an agent lost after the last step) still means the
+        # run's data cannot be trusted to be complete.
+        if status == "completed" and self.lab.fault.reason is not None:
+            status, error = "failed", self.lab.fault.reason
+        # Probes have stopped: drain what their queues still hold (what they said while stopping: final
+        # estimates, a last sample), then close the lab's models.
+        for probe in self.lab.probes:
+            queue = getattr(probe, "queue", None)
+            if isinstance(queue, EventQueue):
+                for event in queue.drain():
+                    self.events.record(event)
+        self._record_drops()
+        self.lab.close()
+        return status, error
+
+
+def _absorb_cancel() -> None:
+    """This task handled a cancellation itself: clear it, so later awaits in clean-up are not cancelled."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
+def _git_describe() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=2,
+            cwd=Path(__file__).parent,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+async def run_experiment(
+    experiment: Path,
+    inventory_path: Path,
+    *,
+    profile: str | None = None,
+    out_dir: Path = Path("runs"),
+    seed: int | None = None,
+    progress: ProgressSink | None = None,
+    plots: bool = True,
+    plot_formats: Sequence[str] | None = None,
+) -> RunOutcome:
+    """Everything `labctl run` does: validate, run, analyse, plot. InputErrors surface before any I/O.
+    `plot_formats`: what to draw the figures in (default: the experiment's `analysis.plot_formats`, png).
+    An aborted run draws none: it stops now, and `labctl plot RUN` draws them on request."""
+    progress = progress or NullProgress()
+    inventory = load(inventory_path)
+    plan = compile_experiment(experiment, inventory)
+    spec = plan.spec
+    profile_obj = inventory.profile(profile)
+    # A replay may fix the switching time (Figure 10's x-axis): the run records the profile it ran on.
+    profile_update: dict[str, Any] = getattr(spec, "profile_update", dict)()
+    if profile_update:
+        profile_obj = profile_obj.model_copy(update=profile_update)
+    profile_name = profile or inventory.model.profile
+    seed = seed if seed is not None else secrets.randbits(32)
+    # The lab is built before anything is written, so any input error leaves no run directory behind.
+    # Whatever it emits before the event log exists (nothing today) is kept and recorded first.
+    early: list[Event] = []
+    sink: Callable[[Event], object] = early.append
+    lab = build_lab(LabContext(inventory, profile_obj, random.Random(seed), lambda e: sink(e), spec.probes))
+    timebase = Timebase.capture()
+    run = RunDir.create(
+        out_dir,
+        new_run_id(spec.name),
+        {
+            "experiment": spec.model_dump(mode="json"),
+            "experiment_path": str(experiment),
+            "inventory": inventory.snapshot(),
+            "inventory_path": str(inventory_path),
+            "profile": {"name": profile_name, **profile_obj.model_dump(mode="json")},
+            "seed": seed,
+            "timebase": {
+                "clock": "CLOCK_MONOTONIC",
+                "mono0_ns": timebase.mono0_ns,
+                "wall0_ns": timebase.wall0_ns,
+            },
+            "clock_offsets": {},
+            "time_sync": {"controller": clock_sync_state()},
+            "versions": {**versions(), "git": _git_describe()},
+            "started_wall_ns": timebase.wall0_ns,
+        },
+    )
+    events = EventLog(run.events_path, timebase)
+    events.emit(
+        now_ns(),
+        Kind.RUN_START,
+        "controller",
+        spec.name,
+        meta={
+            "run_id": run.meta["run_id"],
+            "profile": profile_name,
+            "seed": seed,
+            "rx_power_threshold_dbm": spec.analysis.rx_power_threshold_dbm,
+            # What carries the ping-pong that marks t5, and the QP attributes that shape its recovery.
+            "transport": spec.probes.transport,
+            **({"rdma": spec.probes.rdma.model_dump()} if spec.probes.transport == "rdma" else {}),
+            # Where the breakdown takes t2 from (absent: the DOM), so every recomputation agrees.
+            **({"t2_source": spec.analysis.t2_source} if spec.analysis.t2_source != "dom" else {}),
+        },
+    )
+    for event in early:
+        events.record(event)
+    sink = events.record
+    controller = Controller(plan, inventory, lab, events, progress)
+    progress.started(run.path, len(plan.steps))
+    status: str = "failed"
+    error: str | None = "controller did not finish"
+    try:
+        status, error = await controller.run()
+    finally:
+        events.emit(now_ns(), Kind.RUN_END, "controller", status, meta={"error": error})
+        events.close()
+        run.update(
+            status=status,
+            error=error,
+            events=events.count,
+            finished_wall_ns=Timebase.capture().wall0_ns,
+            drops=dict(controller._drops_seen),
+            probes={p.name: p.stats() for p in lab.probes if hasattr(p, "stats")},
+            loop_lag_ns=controller.loop_lag.stats(),
+            **{**lab.meta, "time_sync": {**run.meta["time_sync"], **lab.meta.get("time_sync", {})}},
+        )
+    outcome = RunOutcome(run.path, status, error, events=events.count)
+    replay = _record_replays(run, controller.replay_results)
+    try:
+        formats = tuple(plot_formats or spec.analysis.plot_formats) if plots and status != "aborted" else ()
+        outcome.summary = analyse(run.path, spec.analysis.rx_power_threshold_dbm, plot_formats=formats)
+        if replay:
+            outcome.summary["replay"] = replay
+            write_json_atomic(run.path / "summary.json", outcome.summary)
+    except Exception as e:  # the events are on disk: `labctl report` can recompute once this is fixed
+        log.exception("analysis failed")
+        cause = f"analysis failed: {type(e).__name__}: {e}"
+        outcome.status, outcome.error = "failed", "; ".join(filter(None, [error, cause]))
+        run.update(status=outcome.status, error=outcome.error)
+    return outcome
+
+
+def _record_replays(run: RunDir, results: list[Any]) -> dict[str, Any] | None:
+    """A replay's per-step and per-operation CSVs in the run directory, its summary in run.json."""
+    if not results:
+        return None
+    result = results[-1]
+    result.write_csv(run.path)
+    summary: dict[str, Any] = result.summary()
+    run.update(replay=summary)
+    return summary
+
+
+def analyse(
+    run_dir: Path, threshold_dbm: float | None = None, *, plot_formats: Sequence[str] = ("png",)
+) -> dict[str, Any]:
+    """(Re)compute breakdown.csv/.parquet, summary.json and the plots (in `plot_formats`; none if empty) of
+    a run from its events.jsonl."""
+    index = EventIndex.from_file(run_dir / "events.jsonl")
+    offsets = read_run_json(run_dir).get("clock_offsets") or {}
+    frame = compute_breakdown(index, threshold_dbm, clock_uncertainties(offsets))
+    write_breakdown(frame, run_dir)
+    summary = summarize(frame)
+    summary["clock_caveats"] = clock_caveats(frame, offsets)
+    write_json_atomic(run_dir / "summary.json", summary)
+    if plot_formats:
+        from labctl.analysis.plots import plot_run
+
+        plot_run(run_dir, frame=frame, index=index, formats=plot_formats)
+    return summary

@@ -1,0 +1,301 @@
+"""Experiment files (YAML) and the plan they compile to against an inventory.
+
+An experiment names phases (circuits per rail), a baseline, a cycle of phases, and how many times to run
+the cycle. Unknown fields are errors. `build_plan` resolves every phase on every rail into a validated
+mapping per switch before anything is sent, so a bad experiment fails in full before the lab moves.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from labctl.core.errors import InputError
+from labctl.core.registry import DEFAULT_EXPERIMENT_KIND, EXPERIMENT_KINDS, Registry
+from labctl.core.yamlio import SourcedYaml, format_loc, load_yaml, pydantic_error_line
+from labctl.inventory.mapping import Mapping
+from labctl.inventory.schema import Inventory
+from labctl.inventory.topology import Link, links_to_mapping, pairs_links, ring_links
+from labctl.probes.sampling import ProbeSettings
+from labctl.workload.steps import Reconfigure, Step, check_program, timeline_program
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class PhaseSpec(_Model):
+    """Circuits of one phase on every rail of the experiment: exactly one of `pairs` or `ring`."""
+
+    pairs: list[list[str]] | None = None
+    ring: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> PhaseSpec:
+        if (self.pairs is None) == (self.ring is None):
+            raise ValueError("a phase needs exactly one of 'pairs' or 'ring'")
+        return self
+
+
+PlotFormat = Literal["png", "svg", "pdf"]  # labctl.analysis.plots.ALL_FORMATS
+
+
+class AnalysisSettings(_Model):
+    rx_power_threshold_dbm: float = Field(default=-10.0, ge=-60, le=30)
+    plot_formats: list[PlotFormat] = Field(
+        default=["png"],
+        min_length=1,
+        max_length=3,
+        description="the formats a run draws its timeline and distributions in on its way out (png; svg "
+        "and pdf for LaTeX cost ~4x as long: also `labctl plot RUN --format svg,pdf` afterwards)",
+    )
+    t2_source: Literal["dom", "power-meter", "auto"] = Field(
+        default="dom",
+        description="where t2 (light back) comes from: each port's transceiver DOM, a power meter channel "
+        "tapping its receive fiber (inventory power_meters:), or auto (the meter where one taps it)",
+    )
+
+
+class GpuSettings(_Model):
+    """GPU microbenchmarks run as a step of the experiment, before the baseline set-up and after the last
+    reconfiguration (labctl.probes.gpu.step; decision 0014). Needs the `[gpu]` extra and a CUDA GPU on the
+    controller's machine; without one the step is skipped and recorded as a `gpu.skip` event."""
+
+    device: int = Field(default=0, ge=0, le=1023)
+    peer_device: int | None = Field(
+        default=None,
+        ge=0,
+        le=1023,
+        description="second GPU for inter-GPU ping-pong; default: first with peer access",
+    )
+    inter_gpu: bool = True
+    stages: list[Literal["before", "after"]] = Field(default=["before", "after"], min_length=1)
+    iterations: int = Field(default=10_000, ge=10, le=10_000_000)
+    warmup: int = Field(default=2_000, ge=0, le=10_000_000)
+    variants: list[Literal["flip-volatile", "flip-atomic", "rwlr-volatile", "rwlr-atomic"]] = Field(
+        default=["flip-volatile", "flip-atomic", "rwlr-volatile", "rwlr-atomic"], min_length=1
+    )
+    pointer_chase: bool = True
+
+
+_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MAX_RECONFIGURATIONS = 1_000_000  # repeat x cycle: a week of back-to-back 0.5 s reconfigurations
+
+
+class SpecBase(_Model):
+    """The fields every experiment kind shares (a timeline's phases, a replay's trace come on top):
+    `kind` names its entry in the experiment-kind registry (labctl.core.registry.EXPERIMENT_KINDS)."""
+
+    name: str = Field(min_length=1, max_length=80)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_directory_name(cls, name: str) -> str:
+        # It becomes part of the run directory's name: no path separators, no leading dot.
+        if not _NAME_OK.match(name):
+            raise ValueError("use letters, digits, '.', '_' and '-', starting with a letter or digit")
+        return name
+
+    description: str = ""
+    rails: list[Annotated[int, Field(ge=0, le=1023)]] | None = Field(
+        default=None, description="default: every rail of the inventory"
+    )
+    recovery_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    hold_s: float = Field(default=0.5, ge=0, le=3600)
+    probes: ProbeSettings = ProbeSettings()
+    analysis: AnalysisSettings = AnalysisSettings()
+    gpu: GpuSettings | None = None
+
+
+class ExperimentSpec(SpecBase):
+    """A timeline experiment: a baseline, then a cycle of phases repeated (the main job)."""
+
+    kind: Literal["timeline"] = Field(default="timeline", exclude=True)
+    phases: dict[str, PhaseSpec] = Field(min_length=1)
+    baseline: str
+    cycle: list[str] = Field(min_length=1)
+    repeat: int = Field(default=1, ge=1, le=MAX_RECONFIGURATIONS)
+
+    @model_validator(mode="after")
+    def _probes_know_the_threshold(self) -> ExperimentSpec:
+        """The Rx-power probe reports every crossing of the analysis threshold (so the optical mark is the
+        first sample at or above it); the threshold is written once, under `analysis:`."""
+        threshold = self.analysis.rx_power_threshold_dbm
+        if self.probes.rx_power_threshold_dbm not in (None, threshold):
+            raise ValueError(
+                "probes.rx_power_threshold_dbm: set analysis.rx_power_threshold_dbm instead (probes use it)"
+            )
+        probes = self.probes.model_copy(update={"rx_power_threshold_dbm": threshold})
+        object.__setattr__(self, "probes", probes)
+        return self
+
+    @model_validator(mode="after")
+    def _bounded_plan(self) -> ExperimentSpec:
+        n = self.repeat * len(self.cycle)
+        if n > MAX_RECONFIGURATIONS:
+            raise ValueError(
+                f"repeat x cycle is {n} reconfigurations; at most {MAX_RECONFIGURATIONS} fit one run "
+                "(split it into scheduled runs)"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class RailPhase:
+    """One phase on one rail: its links and the mapping for the rail's switch."""
+
+    rail: int
+    switch: str
+    links: tuple[Link, ...]
+    mapping: Mapping
+
+
+class RunSpec(Protocol):
+    """What the controller reads of any experiment kind (a timeline ExperimentSpec, a replay's spec)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def recovery_timeout_s(self) -> float: ...
+    @property
+    def hold_s(self) -> float: ...
+    @property
+    def probes(self) -> ProbeSettings: ...
+    @property
+    def analysis(self) -> AnalysisSettings: ...
+    @property
+    def gpu(self) -> GpuSettings | None: ...
+
+    def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An experiment compiled against an inventory: everything the controller needs, validated.
+
+    `program` is the checked sequence of typed steps the controller executes (labctl.workload.steps); a
+    timeline experiment's is the fixed order it always had (GPU before, baseline, hold, per step
+    reconfigure + hold, GPU after)."""
+
+    spec: RunSpec
+    path: Path | None
+    rails: tuple[int, ...]
+    phases: dict[str, dict[int, RailPhase]]
+    program: tuple[Step, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_program(self.program, self.phases)
+
+    @property
+    def baseline(self) -> str:
+        """The phase the plan sets up first and restores at the end."""
+        return next(s.phase for s in self.program if isinstance(s, Reconfigure) and s.baseline)
+
+    @property
+    def steps(self) -> list[tuple[int, str]]:
+        """(step index, phase name) for every reconfiguration after the baseline."""
+        return [(s.step, s.phase) for s in self.program if isinstance(s, Reconfigure) and s.step is not None]
+
+    @property
+    def hosts(self) -> set[str]:
+        return {
+            port.host
+            for by_rail in self.phases.values()
+            for rp in by_rail.values()
+            for link in rp.links
+            for port in (link.a, link.b)
+        }
+
+
+def load_experiment(path: Path | str) -> tuple[ExperimentSpec, SourcedYaml]:
+    path = Path(path)
+    src = load_yaml(path, "experiment")
+    try:
+        spec = ExperimentSpec.model_validate(src.data)
+    except ValidationError as e:
+        raise InputError(pydantic_error_line(src, e)) from None
+    for field, names in (("baseline", [spec.baseline]), ("cycle", spec.cycle)):
+        for i, name in enumerate(names):
+            if name not in spec.phases:
+                loc = (field,) if field == "baseline" else (field, i)
+                raise InputError(
+                    f"{src.where(loc)}: {format_loc(loc)}: unknown phase {name!r} "
+                    f"(defined: {', '.join(spec.phases)})"
+                )
+    return spec, src
+
+
+def build_plan(spec: ExperimentSpec, inventory: Inventory, src: SourcedYaml | None = None) -> Plan:
+    """Resolve every phase on every rail to links and a validated mapping."""
+
+    def where(*loc: Any) -> str:
+        return f"{src.where(loc)}: {format_loc(loc)}" if src is not None else format_loc(loc)
+
+    rails = tuple(spec.rails) if spec.rails is not None else tuple(inventory.rails)
+    for i, rail in enumerate(rails):
+        if rail not in inventory.rails:
+            raise InputError(f"{where('rails', i)}: rail {rail} is not in the inventory {inventory.rails}")
+    phases: dict[str, dict[int, RailPhase]] = {}
+    for name, phase in spec.phases.items():
+        by_rail = {}
+        for rail in rails:
+            switch = inventory.rail_switch(rail)
+            if phase.pairs is not None:
+                links = pairs_links(inventory, rail, phase.pairs, where("phases", name, "pairs"))
+            else:
+                assert phase.ring is not None
+                links = ring_links(inventory, rail, phase.ring, where("phases", name, "ring"))
+            mapping = links_to_mapping(inventory, switch, links, where("phases", name))
+            by_rail[rail] = RailPhase(rail, switch, tuple(links), mapping)
+        phases[name] = by_rail
+    steps = [(rep, name) for rep in range(spec.repeat) for name in spec.cycle]
+    program = timeline_program(spec.baseline, steps, spec.hold_s, gpu=spec.gpu is not None)
+    return Plan(spec=spec, path=src.path if src else None, rails=rails, phases=phases, program=program)
+
+
+@dataclass(frozen=True)
+class ExperimentKind:
+    """An experiment kind's registry entry (labctl.core.registry.EXPERIMENT_KINDS): how a file of that kind
+    compiles against an inventory to the plan of typed steps the controller executes. A new kind is its
+    spec (on `SpecBase`), this entry and a line in the registry; the controller does not change."""
+
+    name: str
+    description: str
+    compile: Callable[[Path, Inventory], Plan]
+
+
+def _compile_timeline(path: Path, inventory: Inventory) -> Plan:
+    spec, src = load_experiment(path)
+    return build_plan(spec, inventory, src)
+
+
+KIND = ExperimentKind(
+    "timeline",
+    "a baseline, then a cycle of circuit phases, each reconfiguration's link-up measured (the main job)",
+    _compile_timeline,
+)
+experiment_kinds: Registry[ExperimentKind] = Registry("experiment kind", EXPERIMENT_KINDS, ExperimentKind)
+
+
+def experiment_kind(path: Path | str) -> ExperimentKind:
+    """The kind an experiment file names (`kind:`; default: timeline), from the registry."""
+    src = load_yaml(Path(path), "experiment")
+    name = src.data.get("kind", DEFAULT_EXPERIMENT_KIND) if isinstance(src.data, dict) else None
+    if name is None:
+        name = DEFAULT_EXPERIMENT_KIND  # not a mapping: the kind's own loader says what is wrong
+    if not isinstance(name, str) or name not in experiment_kinds:
+        raise InputError(
+            f"{src.where(('kind',))}: kind: {name!r} is not an experiment kind "
+            f"(known: {', '.join(experiment_kinds.names())})"
+        )
+    return experiment_kinds.get(name)
+
+
+def compile_experiment(path: Path | str, inventory: Inventory) -> Plan:
+    """Any experiment kind, compiled to a plan of typed steps against the inventory."""
+    return experiment_kind(path).compile(Path(path), inventory)
