@@ -33,7 +33,7 @@ from typing import Any
 
 import pandas as pd
 
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -131,7 +131,7 @@ def bench_replay_overhead(steps: int, trace: str) -> None:
     import tempfile
     from pathlib import Path
 
-    from labctl.run.engine import run_experiment
+    from labctl.run.lifecycle import run_experiment
 
     repo = Path(__file__).resolve().parents[1]
     print(f"Replay overhead at 0 ms switching: trace {trace}, {steps} steps, simulated lab (profile fast):")

@@ -67,7 +67,7 @@ def write_lab(directory: Path, ports: int, kind: str = "simulated") -> tuple[Pat
 
 
 def one_run(ports: int, kind: str) -> dict[str, Any]:
-    from labctl.run.engine import run_experiment
+    from labctl.run.lifecycle import run_experiment
 
     with tempfile.TemporaryDirectory() as tmp:
         inventory, experiment = write_lab(Path(tmp), ports, kind)

@@ -2,7 +2,7 @@
 distribution of each phase over all reconfigurations (box plot and one empirical CDF per phase).
 
 Each figure is written as PNG, SVG (text kept as text) and PDF (TrueType fonts), in labctl's packaged
-matplotlib style (labctl/styles/labctl.mplstyle) with an optional user style on top of it: the `style`
+matplotlib style (labctl/analysis/styles/labctl.mplstyle) with an optional user style on top of it: the `style`
 argument (a style name or a .mplstyle path), else $LABCTL_MPLSTYLE.
 
 Artists that tests (and users post-processing a figure) look for carry a gid: `rx-threshold` (the Rx-power

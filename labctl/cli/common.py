@@ -11,6 +11,9 @@ import typer
 from rich.console import Console
 
 from labctl.core.errors import InputError
+from labctl.core.units import fmt_ns
+
+__all__ = ["fmt_ns"]  # re-exported: every command formats durations the same way
 
 out = Console(soft_wrap=True, emoji=False)
 if not out.is_terminal:  # a pipe or a CI log has no width to fit: rich's default 80 would truncate tables
@@ -70,20 +73,6 @@ ProfileOpt = Annotated[
         "opus-testbed-autoneg-off, fast (seconds), or one from the inventory's `profiles:`."
     ),
 ]
-
-
-def fmt_ns(value: float | int | None) -> str:
-    """Human duration for tables: 25.1 ms, 74 µs, 6.021 s."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    v = float(value)
-    if abs(v) >= 1e9:
-        return f"{v / 1e9:.3f} s"
-    if abs(v) >= 1e6:
-        return f"{v / 1e6:.1f} ms"
-    if abs(v) >= 1e3:
-        return f"{v / 1e3:.0f} µs"
-    return f"{v:.0f} ns"
 
 
 def fmt_range_ns(low: float | int, high: float | int, like: float | int | None = None) -> str:

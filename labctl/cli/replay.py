@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from labctl.cli.common import (
@@ -27,7 +26,6 @@ from labctl.cli.common import (
 )
 from labctl.core.errors import InputError
 
-LATE_WARN_NS = 1_000_000
 """Above this, the replay's own lateness (wake-ups, control lag) is large enough to say so."""
 
 replay_app = typer.Typer(
@@ -187,68 +185,5 @@ def import_kineto(
     )
 
 
-def dry_run_replay(experiment: Path, inventory: Any, profile: str | None) -> bool:
-    """`labctl run --dry-run` of a replay: the baseline's topo_id and every switch the trace asks for, with
-    its window and stages; False (nothing printed) for other experiment kinds."""
-    from labctl.workload.experiment import build_replay_plan, is_replay, load_replay
-    from labctl.workload.stall import switch_points
-
-    if not is_replay(experiment):
-        return False
-    spec, src, trace = load_replay(experiment)
-    plan = build_replay_plan(spec, trace, inventory, src, experiment)
-    inventory.profile(profile)
-    points = switch_points(trace)
-    out.print(
-        f"{spec.name} on {inventory.lab}: replay {trace.name} ({len(trace.steps)} steps, {spec.mode}, ready: "
-        f"{spec.ready}) on rails {list(plan.rails)}; baseline {plan.baseline}; {len(points)} topo writes; "
-        "nothing is sent"
-    )
-    for p in points:
-        out.print(
-            f"  step {p.step} {p.op.label:>12}: topo_id {p.topo_id} (stages {list(p.stages)}), window "
-            f"{fmt_ns(p.window_ns)}",
-            markup=False,
-        )
-    return True
-
-
 def register(app: typer.Typer) -> None:
     app.add_typer(replay_app, name="replay")
-
-
-def replay_lines(summary: dict[str, Any]) -> list[str]:
-    """What `labctl run` prints after a replay: step time against native, stall, waits, a fallback."""
-    rep = summary.get("replay")
-    if not rep:
-        return []
-    native, step = rep.get("native_ns") or 0, rep.get("step_ns") or 0
-    n = rep["steps"]
-    lines = [
-        f"replay ({rep['mode']}), means over {n} step{'s' if n != 1 else ''} of "
-        f"{rep['switches_per_step']:g} switches: step {fmt_ns(step)} vs native {fmt_ns(native)}"
-        + (f" ({step / native:.3f}x)" if native else "")
-        + f", stall {fmt_ns(rep['stall_ns'])} (model {fmt_ns(rep['model_stall_ns'])}); "
-        f"lock waits in all: G1 {fmt_ns(rep['g1_wait_ns'])}, G2 {fmt_ns(rep['g2_wait_ns'])}"
-    ]
-    late, lag = rep.get("late_ns_max") or 0, rep.get("control_lag_ns_max") or 0
-    if max(late, lag) > LATE_WARN_NS:
-        # The replay's own lateness lands in the step times as if the switch had exposed it.
-        lines.append(
-            f"[yellow]replay ran late: woke up to {fmt_ns(late)} late, asked for circuits up to "
-            f"{fmt_ns(lag)} after their boundary; stall and step times include it[/]"
-        )
-    fallback = rep.get("fallback")
-    if fallback:
-        failed = fallback.get("giant_ring_failed")
-        status = fallback.get("status")
-        head = f"[red]giant-ring fallback at topo_id {escape(str(fallback['at_topo_id']))}: "
-        head += escape(str(fallback["error"]))
-        if status in ("interrupted", "in progress"):
-            tail = "; fallback interrupted: the rails may be part on the giant ring"
-        elif failed:
-            tail = f"; the giant ring failed too: {escape('; '.join(failed))}"
-        else:
-            tail = "; the job ran on the giant ring"
-        lines.append(head + tail + "[/]")
-    return lines

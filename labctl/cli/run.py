@@ -38,7 +38,7 @@ from labctl.cli.common import (
 from labctl.core.errors import InputError
 
 if TYPE_CHECKING:
-    from labctl.run.engine import Stage
+    from labctl.run.steps import Stage
 
 
 class RichProgress:
@@ -291,7 +291,7 @@ def run(
     --help`). Ctrl-C stops now: the baseline mapping is restored, the run is marked aborted and its
     analysis written; `labctl plot RUN` draws an aborted run's figures.
     """
-    from labctl.run.engine import run_experiment
+    from labctl.run.lifecycle import run_experiment
 
     formats = parse_plot_formats(plot_format)
 
@@ -329,7 +329,10 @@ def run(
                 f"reconfigurations, {outcome.summary.get('rows', 0)} port rows)",
             )
         )
-    elif not outcome.summary.get("replay"):  # failed before its first reconfiguration: say only that
+    from labctl.run.experiment import experiment_kinds
+
+    kind_lines = experiment_kinds.get(outcome.kind).summary_lines(outcome.summary)
+    if not outcome.summary.get("rows") and not kind_lines:  # failed before it measured anything
         out.print("no reconfiguration was measured")
     if outcome.summary.get("timed_out"):
         out.print(f"[red]{outcome.summary['timed_out']} port recoveries timed out[/]")
@@ -340,9 +343,7 @@ def run(
         out.print(clocks)
     for caveat in outcome.summary.get("clock_caveats", []):
         out.print(f"[yellow]clock: {caveat}[/]", highlight=False)
-    from labctl.cli.replay import replay_lines  # a `kind: replay` experiment's own lines (issue 16)
-
-    for line in replay_lines(outcome.summary):
+    for line in kind_lines:  # what the experiment kind adds (a replay's step times and stall)
         out.print(line, highlight=False)
     out.print(f"status: [bold]{outcome.status}[/]" + (f" ({outcome.error})" if outcome.error else ""))
     if outcome.status == "aborted":
@@ -354,39 +355,15 @@ def run(
 
 
 def _dry_run(experiment: Path, inventory_path: Path, profile: str | None) -> None:
+    """What the run would do, as its experiment kind describes its plan; nothing is sent."""
     from labctl.labs import load
-    from labctl.run.engine import planned_reconfigurations
-    from labctl.run.experiment import build_plan, load_experiment
+    from labctl.run.experiment import compile_experiment, experiment_kinds
 
     inventory = load(inventory_path)
-    from labctl.cli.replay import dry_run_replay  # a `kind: replay` experiment (issue 16)
-
-    if dry_run_replay(experiment, inventory, profile):
-        return
-    spec, src = load_experiment(experiment)
-    plan = build_plan(spec, inventory, src)
+    plan = compile_experiment(experiment, inventory)
     inventory.profile(profile)
-    planned = planned_reconfigurations(plan, inventory)
-    out.print(
-        f"{spec.name} on {inventory.lab} ({inventory.kind}): {len(planned)} reconfigurations "
-        f"(baseline {spec.baseline}, then {spec.repeat} x {' → '.join(spec.cycle)}), "
-        f"rails {list(plan.rails)}, recovery timeout {spec.recovery_timeout_s:g} s, hold {spec.hold_s:g} s; "
-        "nothing is sent"
-    )
-    for r in planned:
-        label = (
-            "baseline (diff against dark switches; at run time, against what they hold)"
-            if r.n == 0
-            else (f"step {r.step}")
-        )
-        out.print(f"\n[bold]reconfig {r.n} → {r.phase}[/]  {label}: {len(r.moved)} ports get a new peer")
-        for switch, diff in r.changes.items():
-            removed = " ".join(f"{i}→{e}" for i, e in sorted(diff.remove)) or "—"
-            added = " ".join(f"{i}→{e}" for i, e in sorted(diff.add)) or "—"
-            out.print(f"  {switch}: remove {removed}", markup=False)
-            out.print(f"  {' ' * len(switch)}  add    {added}", markup=False)
-        for source, was, now in r.moved:
-            out.print(f"    {source}: {was or '(dark)'} → {now or '(dark)'}", markup=False)
+    for line in experiment_kinds.get(plan.kind).describe(plan, inventory):
+        out.print(line, markup=False, highlight=False)
 
 
 def report(

@@ -9,6 +9,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "Timebase",
+    "now_ns",
+    "wall_now_ns",
+]
+
 now_ns = time.monotonic_ns
 wall_now_ns = time.time_ns
 

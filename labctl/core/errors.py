@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "HardwareError",
+    "InputError",
+    "LabFault",
+    "LabctlError",
+    "MappingError",
+    "SwitchStateMismatch",
+]
+
 
 class LabctlError(Exception):
     """Base class for labctl errors that carry a one-line, user-facing message."""

@@ -19,6 +19,16 @@ import msgspec
 from labctl.core.clock import Timebase
 from labctl.core.errors import InputError
 
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "KINDS",
+    "Event",
+    "EventLog",
+    "EventQueue",
+    "Kind",
+    "Subscriber",
+    "read_events",
+]
+
 Value = int | float | str | None
 
 

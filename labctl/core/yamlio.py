@@ -9,6 +9,14 @@ import yaml
 
 from labctl.core.errors import InputError
 
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "Loc",
+    "SourcedYaml",
+    "format_loc",
+    "load_yaml",
+    "pydantic_error_line",
+]
+
 Loc = tuple[str | int, ...]
 
 

@@ -19,6 +19,14 @@ from labctl.core.errors import InputError
 from labctl.inventory.mapping import PortSpace
 from labctl.ocs.protocol import TimeoutPolicy
 
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "ConfigModel",
+    "NetworkSwitchConfig",
+    "Secret",
+    "SecretRef",
+    "SwitchConfig",
+]
+
 _ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
 

@@ -13,6 +13,17 @@ from dataclasses import dataclass
 
 from labctl.core.errors import InputError, MappingError
 
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "Mapping",
+    "MappingDiff",
+    "Patch",
+    "PortSpace",
+    "apply_diff",
+    "diff_mapping",
+    "ports_of",
+    "validate_mapping",
+]
+
 Patch = tuple[int, int]
 Mapping = frozenset[Patch]
 

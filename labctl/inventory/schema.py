@@ -25,6 +25,16 @@ from labctl.inventory.config import ConfigModel, SecretRef, SwitchConfig
 from labctl.inventory.profiles import DEFAULT_PROFILE, Profile, resolve_profile
 from labctl.ocs.switches import config_union as switch_drivers_config_union
 
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "Inventory",
+    "InventoryModel",
+    "MeterChannel",
+    "NicPort",
+    "PowerMeterSpec",
+    "RdmaPortSpec",
+    "load_inventory",
+]
+
 
 class GpuSpec(ConfigModel):
     index: int = Field(ge=0, le=1023)

@@ -24,6 +24,16 @@ if TYPE_CHECKING:  # the probe contract and the behaviour model, named in the ag
     from labctl.models.fabric import SimFabric
     from labctl.probes.base import ProbeContext
 
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "FaultLatch",
+    "Lab",
+    "LabContext",
+    "LabKind",
+    "ReconfigWindow",
+    "SwitchAware",
+    "require_transport",
+]
+
 
 @runtime_checkable
 class ReconfigWindow(Protocol):

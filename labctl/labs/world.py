@@ -15,6 +15,17 @@ from labctl.ocs.switches import emulate_switch, switch_drivers
 from labctl.probes.base import MeterSite, ProbeContext, probe_kinds
 from labctl.probes.sampling import Probe, ProbeSettings
 
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "add_power_meters",
+    "build_probes",
+    "check_power_meters",
+    "check_switches_over_models",
+    "drive_models",
+    "no_broker",
+    "no_extra_probes",
+    "switch_models",
+]
+
 
 def check_switches_over_models(inventory: Inventory, kind: str) -> None:
     """Every switch must be one this lab can run as a model: a driver with an emulator, set to use it."""

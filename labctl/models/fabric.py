@@ -31,6 +31,12 @@ from labctl.models.timeline import Scheduled, Timeline
 if TYPE_CHECKING:
     from labctl.probes.sampling import ModelSchedule
 
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "SCALAR_SLOTS",
+    "TRANSPORT",
+    "SimFabric",
+]
+
 TRANSPORT = "transport"
 """A transition of the model only (no event kind): the link carries traffic end to end."""
 

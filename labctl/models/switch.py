@@ -19,6 +19,12 @@ from labctl.inventory.mapping import Mapping, MappingDiff, PortSpace, apply_diff
 from labctl.inventory.profiles import Profile
 from labctl.models.timeline import Timeline
 
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "INSERTION_LOSS_DB",
+    "ChangeRefused",
+    "SwitchModel",
+]
+
 # egress port, ingress port whose light now reaches it (None: dark), model time
 LightListener = Callable[[int, int | None, int], None]
 # egress port, ingress port (None: dark), model time, "announce" (a change drawn ahead of its command) or

@@ -20,6 +20,21 @@ from labctl.core.errors import HardwareError, InputError, MappingError, SwitchSt
 from labctl.core.events import Event, Kind
 from labctl.inventory.mapping import Mapping, MappingDiff, PortSpace, diff_mapping, ports_of, validate_mapping
 
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "ApplyResult",
+    "EventSink",
+    "OpticalSwitch",
+    "SwitchOps",
+    "Timed",
+    "TimeoutPolicy",
+    "VerifiedSwitch",
+    "check_owned",
+    "check_ports",
+    "converge",
+    "refuse_crossing",
+    "send_mapping",
+]
+
 T = TypeVar("T")
 EventSink = Callable[[Event], object]
 

@@ -15,17 +15,32 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Generic, Protocol, TypeVar, Union
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol, TypeVar, Union
 
 from pydantic import Field
 
 from labctl.core.errors import InputError
 from labctl.core.registry import SWITCH_DRIVERS, Registry
-from labctl.emulators.core import FaultPlan
 from labctl.inventory.config import SwitchConfig
 from labctl.inventory.mapping import Mapping as Patches
-from labctl.models.switch import SwitchModel
 from labctl.ocs.protocol import ApplyResult, EventSink, OpticalSwitch, Timed
+
+if TYPE_CHECKING:  # names in signatures only: loading an inventory loads no emulator or model
+    from labctl.emulators.core import FaultPlan
+    from labctl.models.switch import SwitchModel
+
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "EmulatedSwitch",
+    "Emulator",
+    "EmulatorFrontEnd",
+    "EmulatorOptions",
+    "ServedSwitch",
+    "SwitchDriver",
+    "config_union",
+    "emulate_switch",
+    "open_switch",
+    "switch_drivers",
+]
 
 C = TypeVar("C", bound=SwitchConfig)
 

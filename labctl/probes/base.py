@@ -21,6 +21,15 @@ from labctl.ocs.protocol import OpticalSwitch
 from labctl.probes.sampling import ModelSchedule, Probe, ProbeSettings
 from labctl.probes.transceiver import ModuleEeprom
 
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "MeterSite",
+    "PortSite",
+    "ProbeContext",
+    "ProbeKind",
+    "RxPowerBatch",
+    "probe_kinds",
+]
+
 
 @dataclass(frozen=True)
 class PortSite:

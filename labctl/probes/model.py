@@ -38,6 +38,10 @@ from labctl.probes.sampling import (
 from labctl.probes.traffic import TrafficEndpoint
 from labctl.rdma.rc import Packet
 
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "model_sites",
+]
+
 
 class SimLinkProbe(QueueProbe):
     name = "model-link"

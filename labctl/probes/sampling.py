@@ -22,6 +22,20 @@ from labctl.core.events import Event, EventQueue
 from labctl.linux.looplag import sampler_behind, slice_deadline
 from labctl.linux.timerfd import Alarm
 
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "CircuitProbe",
+    "ModelSchedule",
+    "Probe",
+    "ProbeSettings",
+    "QueueProbe",
+    "RdmaSettings",
+    "ReportGate",
+    "TickCount",
+    "run_ticks",
+    "staggered_heartbeats",
+    "ticks",
+]
+
 
 @runtime_checkable
 class Probe(Protocol):

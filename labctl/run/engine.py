@@ -1,9 +1,13 @@
-"""The controller: sequences OCS mappings on the rails and waits for every affected port to recover.
+"""The run engine: executes a plan's steps on a lab, for every experiment kind and every lab kind.
 
-One reconfiguration = one phase applied on all rails concurrently, tagged with a number. The controller
-waits until every port that got a new peer carries traffic again, or until the recovery timeout (which is
-recorded as a `run.timeout` event naming the ports still down, never hidden). On cancellation (Ctrl-C,
-SIGTERM) it restores the baseline, marks the run aborted and keeps every event.
+It owns what every run shares: the one switch-apply path (`labctl.run.rails.RailWriter`), recovery waits
+and their timeouts, abort and baseline restore, the event log, and the probes' lifecycle. The steps
+(labctl.run.steps) execute themselves against it (`RunContext`), so it has no branch per step or per kind.
+One reconfiguration = one phase applied on all rails concurrently, tagged with a number; the engine waits
+until every port that got a new peer carries traffic again, or until the recovery timeout (recorded as a
+`run.timeout` event naming the ports still down, never hidden). On cancellation (Ctrl-C, SIGTERM) it
+restores the baseline, marks the run aborted and keeps every event. `labctl.run.lifecycle.run_experiment`
+is a whole `labctl run` around it.
 """
 
 from __future__ import annotations
@@ -11,79 +15,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
-import secrets
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-from labctl.analysis.breakdown import (
-    EventIndex,
-    clock_caveats,
-    clock_uncertainties,
-    compute_breakdown,
-    summarize,
-    write_breakdown,
-)
-from labctl.analysis.store import RunDir, new_run_id, read_run_json, versions
-from labctl.core.clock import Timebase, now_ns
+from labctl.core.clock import now_ns
 from labctl.core.errors import LabctlError, LabFault
 from labctl.core.events import Event, EventLog, EventQueue, Kind
-from labctl.core.fileio import write_json_atomic
-from labctl.inventory.mapping import Mapping, MappingDiff, diff_mapping, validate_mapping
+from labctl.inventory.mapping import Mapping, validate_mapping
 from labctl.inventory.schema import Inventory, NicPort
 from labctl.inventory.topology import peers_of, rail_scope
-from labctl.labs import build_lab, load
-from labctl.labs.base import Lab, LabContext
+from labctl.labs.base import Lab
 from labctl.linux.looplag import LoopLagMonitor, frozen_heap, middle_generation_deferred, slice_deadline
-from labctl.linux.timesync import clock_sync_state
-from labctl.ocs.protocol import send_mapping
 from labctl.probes.base import ProbeContext, probe_kinds
 from labctl.probes.sampling import Probe
-from labctl.run.experiment import Plan, RailPhase, compile_experiment
-from labctl.workload.steps import GpuBench, Hold, Reconfigure, ReplaySegment
+from labctl.run.experiment import Plan, RailPhase
+from labctl.run.rails import RailWriter, moved_ports
+from labctl.run.steps import ProgressSink, Stage
 
 log = logging.getLogger("labctl.run.engine")
 
 FLUSH_INTERVAL_S = 0.5
 
 
-"""Events recorded per loop turn by a probe's pump (~3 us each) before samplers get to run."""
-
-
-@dataclass(frozen=True)
-class Stage:
-    """What a reconfiguration is, for a person watching: the baseline set-up, step i of n, or the restore
-    after a stop (which is not one of the n)."""
-
-    kind: Literal["baseline", "step", "restore"]
-    phase: str
-    index: int = 0  # 1-based, steps only
-    of: int = 0
-
-    def __str__(self) -> str:
-        if self.kind == "step":
-            return f"reconfig {self.index}/{self.of} → {self.phase}"
-        return f"{'baseline' if self.kind == 'baseline' else 'restoring baseline'} → {self.phase}"
-
-
-class ProgressSink(Protocol):
-    """What the controller tells a UI. Every method must return quickly."""
-
-    def started(self, run_dir: Path, steps: int) -> None:
-        """The run directory exists; `steps` reconfigurations follow the baseline."""
-
-    def reconfig_started(self, stage: Stage, expected: int) -> None: ...
-
-    def port_recovered(self, stage: Stage, recovered: int, expected: int) -> None: ...
-
-    def reconfig_done(self, stage: Stage, timed_out: list[str]) -> None: ...
-
-    def message(self, text: str) -> None: ...
-
-
 class NullProgress:
+    """A `ProgressSink` that shows nothing (the scheduler's workers, tests)."""
+
     def started(self, run_dir: Path, steps: int) -> None: ...
     def reconfig_started(self, stage: Stage, expected: int) -> None: ...
     def port_recovered(self, stage: Stage, recovered: int, expected: int) -> None: ...
@@ -178,61 +135,8 @@ class _LinkWatch:
             self._unsubscribe = None
 
 
-@dataclass(frozen=True)
-class PlannedReconfig:
-    """One reconfiguration of a plan, as the controller will carry it out (what `run --dry-run` prints)."""
-
-    n: int
-    phase: str
-    step: int | None
-    changes: dict[str, MappingDiff]  # switch → patches removed and added (against the previous phase)
-    moved: list[tuple[str, str | None, str | None]]  # port source, peer before, peer after
-
-
-def moved_ports(
-    inventory: Inventory, rail: int, before: Mapping, after: Mapping
-) -> list[tuple[NicPort, NicPort | None]]:
-    """The ports of `rail` whose peer differs between two mappings, with the new peer (None: dark)."""
-    peers_before, peers_after = peers_of(inventory, rail, before), peers_of(inventory, rail, after)
-    return [
-        (port, peers_after[port])
-        for port in sorted(peers_after, key=lambda p: p.source)
-        if peers_before.get(port) != peers_after[port]
-    ]
-
-
-def planned_reconfigurations(plan: Plan, inventory: Inventory) -> list[PlannedReconfig]:
-    """The baseline set-up (against dark switches: at run time, against what they hold) and every step,
-    with each switch's patch diff and the ports whose peer changes. Touches nothing."""
-    current: dict[int, Mapping] = {rail: frozenset() for rail in plan.rails}
-    out = []
-    for n, (step, phase) in enumerate([(None, plan.baseline), *plan.steps]):
-        changes: dict[str, MappingDiff] = {}
-        moved: list[tuple[str, str | None, str | None]] = []
-        for rail, rp in plan.phases[phase].items():
-            diff = diff_mapping(current[rail], rp.mapping, rail_scope(inventory, rail))
-            old = changes.get(rp.switch, MappingDiff(frozenset(), frozenset()))
-            changes[rp.switch] = MappingDiff(old.remove | diff.remove, old.add | diff.add)
-            before = peers_of(inventory, rail, current[rail])
-            for port, now in moved_ports(inventory, rail, current[rail], rp.mapping):
-                was = before.get(port)
-                moved.append((port.source, was.source if was else None, now.source if now else None))
-            current[rail] = rp.mapping
-        out.append(PlannedReconfig(n, phase, step, changes, moved))
-    return out
-
-
-@dataclass
-class RunOutcome:
-    run_dir: Path
-    status: str
-    error: str | None = None
-    summary: dict[str, Any] = field(default_factory=dict)
-    events: int = 0
-
-
-class Controller:
-    """Runs one plan on one lab, writing every event to `events`."""
+class RunEngine:
+    """Runs one plan on one lab, writing every event to `events` (a `labctl.run.steps.RunContext`)."""
 
     def __init__(
         self, plan: Plan, inventory: Inventory, lab: Lab, events: EventLog, progress: ProgressSink
@@ -242,9 +146,14 @@ class Controller:
         self.lab = lab
         self.events = events
         self.progress = progress
-        self.current: dict[int, Mapping] = {rail: frozenset() for rail in plan.rails}
+        self.rails = RailWriter(
+            {rail: lab.switches[inventory.rail_switch(rail)] for rail in plan.rails}, on_change=self._retarget
+        )
+        self.results: list[Any] = []
+        """What the steps produced for the experiment kind to record (a replay's ReplayResult)."""
         self.reconfig = 0
-        self._drops_seen: dict[str, int] = {}
+        self.drops: dict[str, int] = {}
+        """Each probe's dropped events, as last recorded (run.json `drops`)."""
         self.loop_lag = LoopLagMonitor()
         self._moved_cache: dict[tuple[int, Mapping, Mapping], list[tuple[NicPort, NicPort | None]]] = {}
         self._affected_cache: dict[tuple[tuple[int, Mapping, Mapping], ...], list[dict[str, Any]]] = {}
@@ -252,9 +161,13 @@ class Controller:
         self._restoring = False
         self._abandon_restore = False
         self._connected: list[Any] = []
-        self._touched = False  # a switch was told to change: a failure from here on must restore the baseline
-        self._force_restore = False  # a replay ended unclean: what the switches hold is not known here
-        self.replay_results: list[Any] = []  # labctl.workload.replay.ReplayResult, one per replay segment
+        self._force_restore = False  # a write was cut short: what the switches hold is not known here
+        self._gpu: Any = None
+
+    @property
+    def current(self) -> dict[int, Mapping]:
+        """What each rail of the plan holds now (as far as this run wrote it)."""
+        return self.rails.current
 
     # -- one reconfiguration ---------------------------------------------------------------------------------
     def _affected(
@@ -314,20 +227,19 @@ class Controller:
         return circuits
 
     async def _apply_rail(self, rp: RailPhase) -> None:
-        switch = self.lab.switches[rp.switch]
-        before = self.current[rp.rail]
-        self._touched = True
-        await send_mapping(
-            switch, rp.mapping, scope=rail_scope(self.inventory, rp.rail), context={"rail": rp.rail}
+        await self.rails.write(
+            rp.rail, rp.mapping, scope=rail_scope(self.inventory, rp.rail), context={"rail": rp.rail}
         )
-        self.current[rp.rail] = rp.mapping
-        # Re-target traffic only once the switch acknowledged: until then the old circuit is still
-        # probed, so the moment its traffic stops is measured too.
-        circuits = self._circuits(rp.rail, rp.mapping)
-        moved = [port.source for port, _ in self._moved(rp.rail, before, rp.mapping)]
+
+    async def _retarget(self, rail: int, before: Mapping, after: Mapping) -> None:
+        """A rail changed (the switch acknowledged): tell the probes what moved, and re-target traffic
+        only now, so the old circuit is probed until it is gone and the moment its traffic stops is
+        measured too."""
+        moved = [port.source for port, _ in self._moved(rail, before, after)]
         for aware in self.lab.switch_aware_probes:
             aware.switched(moved)
         await asyncio.sleep(0)  # hundreds of ports: the other rail's acknowledgement and samplers between
+        circuits = self._circuits(rail, after)
         for probe in self.lab.circuit_probes:
             probe.set_circuits(dict(circuits))  # a copy: the remembered one stays as it is
 
@@ -423,8 +335,8 @@ class Controller:
     def _record_drops(self) -> None:
         for probe in self.lab.probes:
             dropped = probe.dropped
-            if dropped > self._drops_seen.get(probe.name, 0):
-                self._drops_seen[probe.name] = dropped
+            if dropped > self.drops.get(probe.name, 0):
+                self.drops[probe.name] = dropped
                 self.events.emit(now_ns(), Kind.SAMPLER_DROP, f"probe:{probe.name}", dropped)
 
     async def _flusher(self) -> None:
@@ -434,29 +346,12 @@ class Controller:
             self.events.flush()
 
     async def sequence(self) -> None:
-        """Execute the plan's program, step by step (labctl.workload.steps; decision 0037)."""
-        gpu = self._gpu_step()
+        """Execute the plan's program, step by step: each step executes itself against this engine
+        (labctl.run.steps; decision 0037)."""
         for step in self.plan.program:
-            if isinstance(step, GpuBench):
-                if gpu is not None:
-                    await gpu.run(step.stage)
-            elif isinstance(step, Reconfigure):
-                if step.baseline:
-                    await self._baseline(step.phase)
-                else:
-                    await self.reconfigure(
-                        step.phase, step.step, stage=Stage("step", step.phase, step.index, step.of)
-                    )
-            elif isinstance(step, Hold):
-                # The baseline holds like every step: the next reconfiguration must not cut its last port's
-                # recovery short.
-                await asyncio.sleep(step.seconds)
-            elif isinstance(step, ReplaySegment):
-                await self._replay(step)
-            else:  # a new step type reached a controller that does not know it
-                raise LabctlError(f"the controller cannot execute plan step {step!r}")
+            await step.execute(self)
 
-    async def _baseline(self, phase: str) -> None:
+    async def baseline(self, phase: str) -> None:
         spec = self.plan.spec
         expected = sum(
             peer is not None
@@ -471,34 +366,6 @@ class Controller:
                 f"baseline '{phase}' did not come up: {len(pending)} of {expected} ports not "
                 f"recovered within {spec.recovery_timeout_s:g} s ({shown})"
             )
-
-    # -- replay segments (labctl.workload) --------------------------------------------------------------
-    async def _replay(self, segment: ReplaySegment) -> None:
-        """Replay a trace from the baseline's circuits: its topo writes re-target the probes like any
-        reconfiguration; its events carry no reconfiguration number (they are not link-up breakdown rows)."""
-        self._touched = True
-        self.events.reconfig = None
-        self.progress.message(f"replaying {segment.replay.trace.name} ({segment.replay.spec.mode})")
-        finished = False
-        try:
-            await segment.replay.run(self)  # its result lands in replay_results, even a partial one
-            finished = True
-        finally:
-            if not finished:
-                # A write cut short (cancelled, timed out, failed) may have moved part of a rail that
-                # `current` still calls the baseline: the restore must not be skipped as "nothing moved".
-                self._force_restore = True
-            await self.events.flush_durably()
-
-    def rail_changed(self, rail: int, before: Mapping, after: Mapping) -> None:
-        """A replay changed part of a rail: remember it and re-target the probes (as `_apply_rail` does)."""
-        self.current[rail] = after
-        moved = [port.source for port, _ in self._moved(rail, before, after)]
-        for aware in self.lab.switch_aware_probes:
-            aware.switched(moved)
-        circuits = self._circuits(rail, after)
-        for probe in self.lab.circuit_probes:
-            probe.set_circuits(dict(circuits))
 
     def links_up(self, changes: list[tuple[int, Mapping, Mapping]], t0_ns: int) -> _LinkWatch:
         """Start watching, now, for every port the planned changes move to carry traffic to its new peer (a
@@ -516,13 +383,20 @@ class Controller:
         tracker = RecoveryTracker(expected, t0_ns, lambda k: None, deadline_ns=deadline)
         return _LinkWatch(tracker, self.events.subscribe(tracker), deadline, self.events, timeout_s)
 
-    def _gpu_step(self) -> Any:
-        """The optional `gpu:` step of the experiment (skipped, with an event, without a GPU)."""
-        if self.plan.spec.gpu is None:
-            return None
-        from labctl.probes.gpu.step import GpuStep
+    def unclean(self) -> None:
+        """A write was cut short (cancelled, timed out, failed): it may have moved part of a rail that
+        `current` still calls the baseline, so the restore must not be skipped as "nothing moved"."""
+        self._force_restore = True
 
-        return GpuStep.from_settings(self.plan.spec.gpu, self.events, self.progress.message)
+    async def gpu_bench(self, stage: Literal["before", "after"]) -> None:
+        """The experiment's `gpu:` microbenchmarks at one stage (skipped, with an event, without a GPU)."""
+        if self.plan.spec.gpu is None:
+            return
+        if self._gpu is None:
+            from labctl.probes.gpu.step import GpuStep
+
+            self._gpu = GpuStep.from_settings(self.plan.spec.gpu, self.events, self.progress.message)
+        await self._gpu.run(stage)
 
     async def _sequence_unless_faulted(self) -> None:
         """The sequence, stopped early by a fault the lab reports (`lab.fault`, a FaultLatch), or by our own
@@ -641,7 +515,7 @@ class Controller:
                 log.exception("run failed")
             abandoned = self._abandon_restore
             # Nothing was changed (e.g. a switch never connected): nothing to put back.
-            if self._touched and not abandoned:
+            if self.rails.touched and not abandoned:
                 self._restoring = True
                 try:
                     await self.restore_baseline()
@@ -653,7 +527,7 @@ class Controller:
                     status = "failed" if status == "completed" else status
                 finally:
                     self._restoring = False
-            if abandoned and self._touched:
+            if abandoned and self.rails.touched:
                 error, status = (error or "") + "; baseline NOT restored (abandoned)", "aborted"
             await self._read_final_state()
             for t in tasks:
@@ -680,158 +554,3 @@ def _absorb_cancel() -> None:
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()
-
-
-def _git_describe() -> str | None:
-    import subprocess
-
-    try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            timeout=2,
-            cwd=Path(__file__).parent,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-async def run_experiment(
-    experiment: Path,
-    inventory_path: Path,
-    *,
-    profile: str | None = None,
-    out_dir: Path = Path("runs"),
-    seed: int | None = None,
-    progress: ProgressSink | None = None,
-    plots: bool = True,
-    plot_formats: Sequence[str] | None = None,
-) -> RunOutcome:
-    """Everything `labctl run` does: validate, run, analyse, plot. InputErrors surface before any I/O.
-    `plot_formats`: what to draw the figures in (default: the experiment's `analysis.plot_formats`, png).
-    An aborted run draws none: it stops now, and `labctl plot RUN` draws them on request."""
-    progress = progress or NullProgress()
-    inventory = load(inventory_path)
-    plan = compile_experiment(experiment, inventory)
-    spec = plan.spec
-    profile_obj = inventory.profile(profile)
-    # A replay may fix the switching time (Figure 10's x-axis): the run records the profile it ran on.
-    profile_update: dict[str, Any] = getattr(spec, "profile_update", dict)()
-    if profile_update:
-        profile_obj = profile_obj.model_copy(update=profile_update)
-    profile_name = profile or inventory.model.profile
-    seed = seed if seed is not None else secrets.randbits(32)
-    # The lab is built before anything is written, so any input error leaves no run directory behind.
-    # Whatever it emits before the event log exists (nothing today) is kept and recorded first.
-    early: list[Event] = []
-    sink: Callable[[Event], object] = early.append
-    lab = build_lab(LabContext(inventory, profile_obj, random.Random(seed), lambda e: sink(e), spec.probes))
-    timebase = Timebase.capture()
-    run = RunDir.create(
-        out_dir,
-        new_run_id(spec.name),
-        {
-            "experiment": spec.model_dump(mode="json"),
-            "experiment_path": str(experiment),
-            "inventory": inventory.snapshot(),
-            "inventory_path": str(inventory_path),
-            "profile": {"name": profile_name, **profile_obj.model_dump(mode="json")},
-            "seed": seed,
-            "timebase": {
-                "clock": "CLOCK_MONOTONIC",
-                "mono0_ns": timebase.mono0_ns,
-                "wall0_ns": timebase.wall0_ns,
-            },
-            "clock_offsets": {},
-            "time_sync": {"controller": clock_sync_state()},
-            "versions": {**versions(), "git": _git_describe()},
-            "started_wall_ns": timebase.wall0_ns,
-        },
-    )
-    events = EventLog(run.events_path, timebase)
-    events.emit(
-        now_ns(),
-        Kind.RUN_START,
-        "controller",
-        spec.name,
-        meta={
-            "run_id": run.meta["run_id"],
-            "profile": profile_name,
-            "seed": seed,
-            "rx_power_threshold_dbm": spec.analysis.rx_power_threshold_dbm,
-            # What carries the ping-pong that marks t5, and the QP attributes that shape its recovery.
-            "transport": spec.probes.transport,
-            **({"rdma": spec.probes.rdma.model_dump()} if spec.probes.transport == "rdma" else {}),
-            # Where the breakdown takes t2 from (absent: the DOM), so every recomputation agrees.
-            **({"t2_source": spec.analysis.t2_source} if spec.analysis.t2_source != "dom" else {}),
-        },
-    )
-    for event in early:
-        events.record(event)
-    sink = events.record
-    controller = Controller(plan, inventory, lab, events, progress)
-    progress.started(run.path, len(plan.steps))
-    status: str = "failed"
-    error: str | None = "controller did not finish"
-    try:
-        status, error = await controller.run()
-    finally:
-        events.emit(now_ns(), Kind.RUN_END, "controller", status, meta={"error": error})
-        events.close()
-        run.update(
-            status=status,
-            error=error,
-            events=events.count,
-            finished_wall_ns=Timebase.capture().wall0_ns,
-            drops=dict(controller._drops_seen),
-            probes={p.name: p.stats() for p in lab.probes if hasattr(p, "stats")},
-            loop_lag_ns=controller.loop_lag.stats(),
-            **{**lab.meta, "time_sync": {**run.meta["time_sync"], **lab.meta.get("time_sync", {})}},
-        )
-    outcome = RunOutcome(run.path, status, error, events=events.count)
-    replay = _record_replays(run, controller.replay_results)
-    try:
-        formats = tuple(plot_formats or spec.analysis.plot_formats) if plots and status != "aborted" else ()
-        outcome.summary = analyse(run.path, spec.analysis.rx_power_threshold_dbm, plot_formats=formats)
-        if replay:
-            outcome.summary["replay"] = replay
-            write_json_atomic(run.path / "summary.json", outcome.summary)
-    except Exception as e:  # the events are on disk: `labctl report` can recompute once this is fixed
-        log.exception("analysis failed")
-        cause = f"analysis failed: {type(e).__name__}: {e}"
-        outcome.status, outcome.error = "failed", "; ".join(filter(None, [error, cause]))
-        run.update(status=outcome.status, error=outcome.error)
-    return outcome
-
-
-def _record_replays(run: RunDir, results: list[Any]) -> dict[str, Any] | None:
-    """A replay's per-step and per-operation CSVs in the run directory, its summary in run.json."""
-    if not results:
-        return None
-    result = results[-1]
-    result.write_csv(run.path)
-    summary: dict[str, Any] = result.summary()
-    run.update(replay=summary)
-    return summary
-
-
-def analyse(
-    run_dir: Path, threshold_dbm: float | None = None, *, plot_formats: Sequence[str] = ("png",)
-) -> dict[str, Any]:
-    """(Re)compute breakdown.csv/.parquet, summary.json and the plots (in `plot_formats`; none if empty) of
-    a run from its events.jsonl."""
-    index = EventIndex.from_file(run_dir / "events.jsonl")
-    offsets = read_run_json(run_dir).get("clock_offsets") or {}
-    frame = compute_breakdown(index, threshold_dbm, clock_uncertainties(offsets))
-    write_breakdown(frame, run_dir)
-    summary = summarize(frame)
-    summary["clock_caveats"] = clock_caveats(frame, offsets)
-    write_json_atomic(run_dir / "summary.json", summary)
-    if plot_formats:
-        from labctl.analysis.plots import plot_run
-
-        plot_run(run_dir, frame=frame, index=index, formats=plot_formats)
-    return summary

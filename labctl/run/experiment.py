@@ -8,8 +8,8 @@ mapping per switch before anything is sent, so a bad experiment fails in full be
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
@@ -22,7 +22,29 @@ from labctl.inventory.mapping import Mapping
 from labctl.inventory.schema import Inventory
 from labctl.inventory.topology import Link, links_to_mapping, pairs_links, ring_links
 from labctl.probes.sampling import ProbeSettings
-from labctl.workload.steps import Reconfigure, Step, check_program, timeline_program
+from labctl.run.rails import PlannedReconfig, planned_reconfigurations
+from labctl.run.steps import Reconfigure, Step, check_program, timeline_program
+
+__all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "AnalysisSettings",
+    "ExperimentKind",
+    "ExperimentSpec",
+    "GpuSettings",
+    "PhaseSpec",
+    "Plan",
+    "RailPhase",
+    "RunSpec",
+    "SpecBase",
+    "build_plan",
+    "compile_experiment",
+    "describe_reconfigurations",
+    "experiment_kind",
+    "experiment_kinds",
+    "load_experiment",
+    "no_lines",
+    "no_profile_update",
+    "record_nothing",
+]
 
 
 class _Model(BaseModel):
@@ -178,7 +200,7 @@ class RunSpec(Protocol):
 class Plan:
     """An experiment compiled against an inventory: everything the controller needs, validated.
 
-    `program` is the checked sequence of typed steps the controller executes (labctl.workload.steps); a
+    `program` is the checked sequence of typed steps the controller executes (labctl.run.steps); a
     timeline experiment's is the fixed order it always had (GPU before, baseline, hold, per step
     reconfigure + hold, GPU after)."""
 
@@ -187,9 +209,17 @@ class Plan:
     rails: tuple[int, ...]
     phases: dict[str, dict[int, RailPhase]]
     program: tuple[Step, ...] = ()
+    kind: str = DEFAULT_EXPERIMENT_KIND
+    """The experiment kind it was compiled from (its registry entry records and reports the run)."""
 
     def __post_init__(self) -> None:
         check_program(self.program, self.phases)
+
+    def planned(self, inventory: Inventory) -> list[PlannedReconfig]:
+        """The baseline set-up (against dark switches: at run time, against what they hold) and every
+        reconfiguration after it, with each switch's patch diff and the ports whose peer changes."""
+        order: list[tuple[int | None, str]] = [(None, self.baseline), *self.steps]
+        return planned_reconfigurations(self.rails, self.phases, order, inventory)
 
     @property
     def baseline(self) -> str:
@@ -258,15 +288,83 @@ def build_plan(spec: ExperimentSpec, inventory: Inventory, src: SourcedYaml | No
     return Plan(spec=spec, path=src.path if src else None, rails=rails, phases=phases, program=program)
 
 
+def describe_reconfigurations(plan: Plan, inventory: Inventory) -> list[str]:
+    """Any kind's `labctl run --dry-run`: every reconfiguration of its plan, each switch's patch diff and
+    the ports whose peer changes (the baseline against dark switches; at run time, against what they
+    hold)."""
+    planned = plan.planned(inventory)
+    spec = plan.spec
+    header = (
+        f"{spec.name} on {inventory.lab} ({inventory.kind}): {len(planned)} reconfigurations "
+        f"(baseline {plan.baseline}, then {len(plan.steps)} more), rails {list(plan.rails)}, "
+        f"recovery timeout {spec.recovery_timeout_s:g} s, hold {spec.hold_s:g} s; nothing is sent"
+    )
+    return [header, *_reconfiguration_lines(planned)]
+
+
+def _reconfiguration_lines(planned: list[PlannedReconfig]) -> list[str]:
+    lines: list[str] = []
+    for r in planned:
+        label = (
+            "baseline (diff against dark switches; at run time, against what they hold)"
+            if r.n == 0
+            else f"step {r.step}"
+        )
+        lines += ["", f"reconfig {r.n} → {r.phase}  {label}: {len(r.moved)} ports get a new peer"]
+        for switch, diff in r.changes.items():
+            removed = " ".join(f"{i}→{e}" for i, e in sorted(diff.remove)) or "—"
+            added = " ".join(f"{i}→{e}" for i, e in sorted(diff.add)) or "—"
+            lines += [f"  {switch}: remove {removed}", f"  {' ' * len(switch)}  add    {added}"]
+        lines += [f"    {source}: {was or '(dark)'} → {now or '(dark)'}" for source, was, now in r.moved]
+    return lines
+
+
+def no_profile_update(spec: Any) -> dict[str, Any]:
+    """A kind that leaves the lab's delay profile as the inventory and `--profile` say."""
+    return {}
+
+
+def record_nothing(run_dir: Path, results: Sequence[Any]) -> dict[str, Any]:
+    """A kind whose steps produce nothing beyond the event log."""
+    return {}
+
+
+def no_lines(summary: dict[str, Any]) -> list[str]:
+    return []
+
+
 @dataclass(frozen=True)
 class ExperimentKind:
     """An experiment kind's registry entry (labctl.core.registry.EXPERIMENT_KINDS): how a file of that kind
-    compiles against an inventory to the plan of typed steps the controller executes. A new kind is its
-    spec (on `SpecBase`), this entry and a line in the registry; the controller does not change."""
+    compiles against an inventory to the plan of typed steps the run engine executes, and what the kind
+    adds around a run. A new kind is its spec (on `SpecBase`), this entry and a line in the registry; the
+    engine, `labctl run` and its `--dry-run` do not change."""
 
     name: str
     description: str
     compile: Callable[[Path, Inventory], Plan]
+    describe: Callable[[Plan, Inventory], list[str]] = describe_reconfigurations
+    """What `labctl run --dry-run` prints of a compiled plan (plain text lines; nothing is sent)."""
+    profile_update: Callable[[Any], dict[str, Any]] = no_profile_update
+    """What the kind's spec changes in the lab's delay profile for this run (recorded in run.json)."""
+    record: Callable[[Path, Sequence[Any]], dict[str, Any]] = record_nothing
+    """Writes what the steps produced (the engine's `results`) into the run directory; returns sections
+    added to run.json and summary.json."""
+    summary_lines: Callable[[dict[str, Any]], list[str]] = no_lines
+    """What `labctl run` prints after the breakdown table for a run of this kind (rich markup)."""
+
+
+def _describe_timeline(plan: Plan, inventory: Inventory) -> list[str]:
+    spec = plan.spec
+    assert isinstance(spec, ExperimentSpec)
+    planned = plan.planned(inventory)
+    header = (
+        f"{spec.name} on {inventory.lab} ({inventory.kind}): {len(planned)} reconfigurations "
+        f"(baseline {spec.baseline}, then {spec.repeat} x {' → '.join(spec.cycle)}), "
+        f"rails {list(plan.rails)}, recovery timeout {spec.recovery_timeout_s:g} s, hold {spec.hold_s:g} s; "
+        "nothing is sent"
+    )
+    return [header, *_reconfiguration_lines(planned)]
 
 
 def _compile_timeline(path: Path, inventory: Inventory) -> Plan:
@@ -278,6 +376,7 @@ KIND = ExperimentKind(
     "timeline",
     "a baseline, then a cycle of circuit phases, each reconfiguration's link-up measured (the main job)",
     _compile_timeline,
+    _describe_timeline,
 )
 experiment_kinds: Registry[ExperimentKind] = Registry("experiment kind", EXPERIMENT_KINDS, ExperimentKind)
 
@@ -298,4 +397,5 @@ def experiment_kind(path: Path | str) -> ExperimentKind:
 
 def compile_experiment(path: Path | str, inventory: Inventory) -> Plan:
     """Any experiment kind, compiled to a plan of typed steps against the inventory."""
-    return experiment_kind(path).compile(Path(path), inventory)
+    kind = experiment_kind(path)
+    return replace(kind.compile(Path(path), inventory), kind=kind.name)

@@ -8,7 +8,7 @@
 - Order: priority (high first), then due time, then submission order. A run that waits for resources
   reserves them against every lower-priority run (conservative backfill, decision 0015), so a lower
   priority run never delays it; priority never preempts a running run.
-- Every run executes in its own worker process through `labctl.run.engine.run_experiment`, the same path
+- Every run executes in its own worker process through `labctl.run.lifecycle.run_experiment`, the same path
   as `labctl run`. A crashed worker, or a `serve` killed while runs were going, leaves rows in `running`;
   the next `serve` (or the monitor of a crashed worker) re-applies the run's baseline through the
   inventory's switch drivers, records that in `recovery.jsonl`, marks the row `interrupted` and queues one

@@ -144,7 +144,8 @@ class SubprocessExecutor:
 
 async def _worker_main(args: dict[str, Any]) -> int:
     """The worker process: one `run_experiment`, reported as JSON lines on stdout."""
-    from labctl.run.engine import NullProgress, run_experiment
+    from labctl.run.engine import NullProgress
+    from labctl.run.lifecycle import run_experiment
 
     def say(**msg: Any) -> None:
         try:

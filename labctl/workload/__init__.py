@@ -8,7 +8,7 @@
 - `replay`: runs a trace against a lab in real time; `steps`: typed plan steps the controller executes;
 - `kineto`: a PyTorch profiler (Kineto) trace's NCCL kernels to the trace format; `sweep`: Figure 10.
 
-This package file imports nothing, so `labctl.run.experiment` can import `labctl.workload.steps` without
+This package file imports nothing, so `labctl.run.experiment` can import `labctl.run.steps` without
 pulling
 the replay machinery (or closing an import cycle through the controller).
 """

@@ -10,32 +10,36 @@
     steps: 2                     # steps to replay (default: the trace's)
 
 The plan: the baseline (the circuits the trace's first rail operation needs, set on every rail and waited
-for like any baseline), a hold, and one replay segment. Per step the run records step time, stall, each
-switch's exposed part and the G1/G2 waits (events `workload.*`, replay_steps.csv and replay_ops.csv).
+for like any baseline), a hold, and one replay segment (`ReplaySegment`, this kind's own step type), with
+the `gpu:` microbenchmarks before and after when the file asks for them. Per step the run records step
+time, stall, each switch's exposed part and the G1/G2 waits (events `workload.*`, replay_steps.csv and
+replay_ops.csv).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from rich.markup import escape
 
 from labctl.core.clock import now_ns
 from labctl.core.errors import InputError, LabctlError
-from labctl.core.events import EventLog, Kind
+from labctl.core.events import Kind
+from labctl.core.units import fmt_ns
 from labctl.core.yamlio import SourcedYaml, load_yaml, pydantic_error_line
 from labctl.inventory.schema import Inventory
 from labctl.inventory.topology import Link, pairs_links, ring_links
-from labctl.labs.base import Lab
 from labctl.models.switch import SwitchModel
 from labctl.run.experiment import ExperimentKind, GpuSettings, Plan, RailPhase, SpecBase
+from labctl.run.steps import GpuBench, Hold, Reconfigure, RunContext, Step, StepBase, check_program
 from labctl.workload.circuits import JobCircuits, TopoState, initial_state, topo_id
 from labctl.workload.orchestrator import JobOrchestrator
-from labctl.workload.replay import LinksUp, LinkWatch, ReplayEngine, ReplayResult
+from labctl.workload.replay import LinksUp, ReplayEngine, ReplayResult
 from labctl.workload.stall import switch_points
-from labctl.workload.steps import Hold, Reconfigure, ReplaySegment, check_program
 from labctl.workload.trace import Trace, get_trace
 
 
@@ -79,25 +83,15 @@ class ReplaySpec(SpecBase):
     switch_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     faults: ReplayFaults | None = None
     sweep: SweepSettings | None = Field(default=None, description="run with `labctl replay sweep`")
-    gpu: GpuSettings | None = Field(default=None, description="not run by a replay")
+    gpu: GpuSettings | None = Field(
+        default=None, description="GPU microbenchmarks before the baseline and after the replay"
+    )
 
     def profile_update(self) -> dict[str, Any]:
         """What this replay changes in the lab's delay profile."""
         if self.switching_ms is None:
             return {}
         return {"switching_ms": (self.switching_ms, self.switching_ms)}
-
-
-class ReplayHost(Protocol):
-    """What a replay segment needs from the controller that runs it."""
-
-    lab: Lab
-    events: EventLog
-    replay_results: list[Any]
-
-    def rail_changed(self, rail: int, before: Any, after: Any) -> None: ...
-
-    def links_up(self, changes: list[tuple[int, Any, Any]], t0_ns: int) -> LinkWatch: ...
 
 
 @dataclass
@@ -107,7 +101,7 @@ class CompiledReplay:
     circuits: JobCircuits
     initial: TopoState
 
-    async def run(self, host: ReplayHost) -> ReplayResult:
+    async def run(self, host: RunContext) -> ReplayResult:
         models: list[SwitchModel] = []
         if self.spec.faults is not None:
             found = [getattr(sw, "model", None) for sw in host.lab.switches.values()]
@@ -127,10 +121,9 @@ class CompiledReplay:
 
         orch = JobOrchestrator(
             self.circuits,
-            host.lab.switches,
+            host.rails,
             self.initial,
             host.events.record,
-            rail_changed=host.rail_changed,
             retries=self.spec.retries,
             switch_timeout_s=self.spec.switch_timeout_s,
             on_write=on_write,
@@ -158,7 +151,7 @@ class CompiledReplay:
             },
         )
         result = ReplayResult(self.spec.mode)
-        host.replay_results.append(result)  # kept, as far as it got, if the replay fails
+        host.results.append(result)  # kept, as far as it got, if the replay fails
         try:
             return await engine.run(result)
         finally:
@@ -168,10 +161,26 @@ class CompiledReplay:
                     model.refusals = min(model.refusals, injected[id(model)])
 
 
-def is_replay(path: Path) -> bool:
-    """Whether an experiment file says `kind: replay` (read again by the loader; errors there)."""
-    src = load_yaml(Path(path), "experiment")
-    return bool(src.data.get("kind") == "replay")
+@dataclass(frozen=True, slots=True)
+class ReplaySegment(StepBase):
+    """Replay a trace's steps against the lab (labctl.workload.replay), from the baseline's circuits: its
+    topology writes go through the run's rails (re-targeting the probes like any reconfiguration); its
+    events carry no reconfiguration number (they are not link-up breakdown rows)."""
+
+    needs_baseline: ClassVar[bool] = True
+    replay: CompiledReplay
+
+    async def execute(self, run: RunContext) -> None:
+        run.events.reconfig = None
+        run.progress.message(f"replaying {self.replay.trace.name} ({self.replay.spec.mode})")
+        finished = False
+        try:
+            await self.replay.run(run)  # its result is in run.results, even a partial one
+            finished = True
+        finally:
+            if not finished:
+                run.unclean()
+            await run.events.flush_durably()
 
 
 def load_replay(path: Path | str) -> tuple[ReplaySpec, SourcedYaml, Trace]:
@@ -246,7 +255,14 @@ def build_replay_plan(
         }
     }
     replay = CompiledReplay(spec, trace, circuits, initial)
-    program = (Reconfigure(phase, None, baseline=True), Hold(spec.hold_s), ReplaySegment(replay))
+    gpu = spec.gpu is not None
+    program: tuple[Step, ...] = (
+        *([GpuBench("before")] if gpu else []),
+        Reconfigure(phase, None, baseline=True),
+        Hold(spec.hold_s),
+        ReplaySegment(replay),
+        *([GpuBench("after")] if gpu else []),
+    )
     check_program(program, phases)
     return Plan(spec=spec, path=path, rails=circuits.rails, phases=phases, program=program)
 
@@ -256,9 +272,92 @@ def load_replay_plan(path: Path, inventory: Inventory) -> Plan:
     return build_replay_plan(spec, trace, inventory, src, path)
 
 
+def _segment(plan: Plan) -> CompiledReplay:
+    return next(s.replay for s in plan.program if isinstance(s, ReplaySegment))
+
+
+def describe_replay(plan: Plan, inventory: Inventory) -> list[str]:
+    """`labctl run --dry-run` of a replay: the baseline's topo_id and every switch the trace asks for, with
+    its window and stages."""
+    replay = _segment(plan)
+    spec, trace = replay.spec, replay.trace
+    points = switch_points(trace)
+    lines = [
+        f"{spec.name} on {inventory.lab}: replay {trace.name} ({len(trace.steps)} steps, {spec.mode}, ready: "
+        f"{spec.ready}) on rails {list(plan.rails)}; baseline {plan.baseline}; {len(points)} topo writes; "
+        "nothing is sent"
+    ]
+    for p in points:
+        lines.append(
+            f"  step {p.step} {p.op.label:>12}: topo_id {p.topo_id} (stages {list(p.stages)}), window "
+            f"{fmt_ns(p.window_ns)}"
+        )
+    return lines
+
+
+def _profile_update(spec: Any) -> dict[str, Any]:
+    assert isinstance(spec, ReplaySpec)
+    return spec.profile_update()
+
+
+def record_replay(run_dir: Path, results: Sequence[Any]) -> dict[str, Any]:
+    """The last replay's per-step and per-operation CSVs in the run directory; its summary for run.json
+    and summary.json (`replay`)."""
+    replays = [r for r in results if isinstance(r, ReplayResult)]
+    if not replays:
+        return {}
+    result = replays[-1]
+    result.write_csv(run_dir)
+    return {"replay": result.summary()}
+
+
+LATE_WARN_NS = 1_000_000
+
+
+def replay_lines(summary: dict[str, Any]) -> list[str]:
+    """What `labctl run` prints after a replay: step time against native, stall, waits, a fallback."""
+    rep = summary.get("replay")
+    if not rep:
+        return []
+    native, step = rep.get("native_ns") or 0, rep.get("step_ns") or 0
+    n = rep["steps"]
+    lines = [
+        f"replay ({rep['mode']}), means over {n} step{'s' if n != 1 else ''} of "
+        f"{rep['switches_per_step']:g} switches: step {fmt_ns(step)} vs native {fmt_ns(native)}"
+        + (f" ({step / native:.3f}x)" if native else "")
+        + f", stall {fmt_ns(rep['stall_ns'])} (model {fmt_ns(rep['model_stall_ns'])}); "
+        f"lock waits in all: G1 {fmt_ns(rep['g1_wait_ns'])}, G2 {fmt_ns(rep['g2_wait_ns'])}"
+    ]
+    late, lag = rep.get("late_ns_max") or 0, rep.get("control_lag_ns_max") or 0
+    if max(late, lag) > LATE_WARN_NS:
+        # The replay's own lateness lands in the step times as if the switch had exposed it.
+        lines.append(
+            f"[yellow]replay ran late: woke up to {fmt_ns(late)} late, asked for circuits up to "
+            f"{fmt_ns(lag)} after their boundary; stall and step times include it[/]"
+        )
+    fallback = rep.get("fallback")
+    if fallback:
+        failed = fallback.get("giant_ring_failed")
+        status = fallback.get("status")
+        head = f"[red]giant-ring fallback at topo_id {escape(str(fallback['at_topo_id']))}: "
+        head += escape(str(fallback["error"]))
+        if status in ("interrupted", "in progress"):
+            tail = "; fallback interrupted: the rails may be part on the giant ring"
+        elif failed:
+            tail = f"; the giant ring failed too: {escape('; '.join(failed))}"
+        else:
+            tail = "; the job ran on the giant ring"
+        lines.append(head + tail + "[/]")
+    return lines
+
+
 KIND = ExperimentKind(
     "replay",
     "a training job's trace replayed on the rails: its collectives, its topology writes, the stall each "
     "switch costs (decisions 0030-0037); with `sweep:`, the Figure 10 sweep (`labctl replay sweep`)",
     load_replay_plan,
+    describe_replay,
+    profile_update=_profile_update,
+    record=record_replay,
+    summary_lines=replay_lines,
 )

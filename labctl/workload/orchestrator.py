@@ -1,7 +1,8 @@
 """Per-rail orchestrators and the per-job controller that writes `topo_id` across the rails (Opus §4).
 
 Each rail's orchestrator keeps one sub-mapping per PP stage and, for a new topo_id, applies only the stages
-whose digit (owner) changed: one `apply(mapping, scope=those stages' ports)` through the lab's driver, whose
+whose digit (owner) changed: one write of those stages' patches, scoped to their ports, through the run's
+rails (labctl.run.rails.RailWriter: the one switch-apply path, which re-targets the run's probes), whose
 convergence sends only the diff. Two guarantees, from one lock per (rail, stage):
 
 - G1: no operation runs on a topology being changed: an operation takes its stages' locks shared and waits
@@ -28,12 +29,10 @@ from labctl.core.clock import now_ns
 from labctl.core.errors import HardwareError
 from labctl.core.events import Event, Kind
 from labctl.inventory.mapping import Mapping
-from labctl.ocs.protocol import OpticalSwitch, send_mapping
+from labctl.run.rails import RailWriter
 from labctl.workload.circuits import JobCircuits, TopoState, changed_stages, topo_id
 
 EventSink = Callable[[Event], object]
-RailChanged = Callable[[int, Mapping, Mapping], None]
-"""Told after each rail change (rail, mapping before, after): the controller re-targets its probes."""
 
 
 class StageLock:
@@ -168,19 +167,20 @@ class WriteResult:
 
 
 class RailOrchestrator:
-    """One rail: its stage sub-mappings, its locks, and its switch."""
+    """One rail: its stage sub-mappings, its locks, and the run's writer of its switch."""
 
     def __init__(
         self,
         rail: int,
-        switch: OpticalSwitch,
+        writer: RailWriter,
         circuits: JobCircuits,
         state: TopoState,
         *,
         locking: bool = True,
     ) -> None:
         self.rail = rail
-        self.switch = switch
+        self.writer = writer
+        self.switch = writer.switches[rail]
         self.circuits = circuits
         self.state = state
         self.locks = [StageLock() if locking else NoLock() for _ in state]
@@ -194,7 +194,7 @@ class RailOrchestrator:
     ) -> Any:
         mapping = frozenset(p for s in stages for p in self.circuits.sub_mapping(self.rail, s, target[s]))
         scope = {p for s in stages for p in self.circuits.stage_ports(self.rail, s)}
-        return await send_mapping(self.switch, mapping, scope=scope, context=context, timeout_s=timeout_s)
+        return await self.writer.write(self.rail, mapping, scope=scope, context=context, timeout_s=timeout_s)
 
 
 class JobOrchestrator:
@@ -204,11 +204,10 @@ class JobOrchestrator:
     def __init__(
         self,
         circuits: JobCircuits,
-        switches: dict[str, OpticalSwitch],
+        writer: RailWriter,
         state: TopoState,
         emit: EventSink,
         *,
-        rail_changed: RailChanged | None = None,
         retries: int = 2,
         switch_timeout_s: float = 10.0,
         locking: bool = True,
@@ -219,11 +218,9 @@ class JobOrchestrator:
         """Told the number of topo writes before each one (fault injection counts them)."""
         self.writes = 0
         self.rails = [
-            RailOrchestrator(rail, switches[circuits.switch(rail)], circuits, state, locking=locking)
-            for rail in circuits.rails
+            RailOrchestrator(rail, writer, circuits, state, locking=locking) for rail in circuits.rails
         ]
         self.emit = emit
-        self.rail_changed = rail_changed
         self.retries = retries
         self.switch_timeout_s = switch_timeout_s
         self.fallback: dict[str, Any] | None = None
@@ -368,8 +365,6 @@ class JobOrchestrator:
                 changes.append((r.rail, before, after))
                 if res.value.complete_ns is not None:
                     done_ns.append(res.value.complete_ns)
-                if self.rail_changed is not None:
-                    self.rail_changed(r.rail, before, after)
             pending = failed
         result = WriteResult(
             tid, stages, request, now_ns(), max(done_ns, default=None), g2_wait, tries, changes
@@ -404,8 +399,8 @@ class JobOrchestrator:
                 ring = self.circuits.giant_ring(r.rail)
                 before = r.mapping
                 try:
-                    await send_mapping(
-                        r.switch,
+                    await r.writer.write(
+                        r.rail,
                         ring,
                         scope=self.circuits.rail_scope(r.rail),
                         context={"rail": r.rail, "giant_ring": True},
@@ -414,8 +409,6 @@ class JobOrchestrator:
                 except (HardwareError, TimeoutError) as e:
                     results.append(f"rail {r.rail}: {e or 'timed out'}")
                     continue
-                if self.rail_changed is not None:
-                    self.rail_changed(r.rail, before, ring)
                 changes.append((r.rail, before, ring))
             finished = True
         finally:

@@ -63,7 +63,7 @@ async def run_sweep(
     plots: bool = True,
     on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> SweepOutcome:
-    from labctl.run.engine import run_experiment
+    from labctl.run.lifecycle import run_experiment
 
     spec, src, trace = load_replay(experiment)
     delays = list(switching_ms) if switching_ms else (spec.sweep.switching_ms if spec.sweep else None)

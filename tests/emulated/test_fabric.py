@@ -594,7 +594,7 @@ async def test_emulated_reconfig_timeline_has_every_mark(
     tmp_path: Path, fabric_prefix: str, run_owned_fabric_swept: None
 ) -> None:
     from labctl.analysis.breakdown import read_breakdown_csv
-    from labctl.run.engine import run_experiment
+    from labctl.run.lifecycle import run_experiment
 
     experiment = tmp_path / "timeline.yaml"
     experiment.write_text(
@@ -786,7 +786,7 @@ async def test_emulated_run_over_rdma_recovers_within_the_ack_timeout_it_was_giv
     requester idle in the dark retries once per timeout, so traffic is back at most one timeout (plus a
     ping interval and this machine's slack) after the link. Two timeouts, two bounds."""
     from labctl.analysis.breakdown import read_breakdown_csv
-    from labctl.run.engine import run_experiment
+    from labctl.run.lifecycle import run_experiment
 
     medians = {}
     # 33.6 ms per retry (its 7 retries outlast the 102-153 ms without a link) and 268 ms (longer than the dark:
@@ -838,7 +838,7 @@ async def test_emulated_run_past_the_retry_budget_reconnects_or_times_out_by_pol
     under `reconnect` every QP errors, is reset with fresh PSNs and recovers, and run.json counts it;
     under `survive` the ports stay down and time out, and run.json says why (errors counted)."""
     from labctl.analysis.breakdown import read_breakdown_csv
-    from labctl.run.engine import run_experiment
+    from labctl.run.lifecycle import run_experiment
 
     outcomes = {}
     for policy in ("reconnect", "survive"):

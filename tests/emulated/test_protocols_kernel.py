@@ -13,7 +13,7 @@ import pytest
 from labctl.analysis.breakdown import read_breakdown_csv
 from labctl.core.events import Kind, read_events
 from labctl.linux import netns
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.emulated

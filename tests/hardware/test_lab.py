@@ -14,7 +14,7 @@ from labctl.core.events import Event
 from labctl.inventory.schema import Inventory
 from labctl.inventory.topology import rail_scope
 from labctl.ocs.switches import open_switch
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 
 pytestmark = pytest.mark.hardware
 

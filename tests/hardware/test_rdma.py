@@ -16,7 +16,7 @@ import pytest
 
 from labctl.core.events import Kind, read_events
 from labctl.inventory.schema import Inventory
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 
 pytestmark = pytest.mark.hardware
 

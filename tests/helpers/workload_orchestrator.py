@@ -10,7 +10,8 @@ from labctl.inventory.profiles import resolve_profile
 from labctl.inventory.schema import load_inventory
 from labctl.models.switch import SwitchModel
 from labctl.ocs.drivers.sim.switch import SimSwitch
-from labctl.workload.circuits import JobCircuits
+from labctl.run.rails import RailWriter
+from labctl.workload.circuits import JobCircuits, TopoState
 from labctl.workload.trace import get_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,3 +25,11 @@ def _lab(switching_ms: float = 20.0) -> tuple[JobCircuits, dict[str, SimSwitch],
     switch = SimSwitch(model, events.append)
     circuits = JobCircuits(get_trace("opus-testbed").job, inventory)
     return circuits, {"ocs1": switch}, model, events
+
+
+def writer(circuits: JobCircuits, switches: dict[str, SimSwitch], state: TopoState) -> RailWriter:
+    """The run's rails as the engine hands them to a replay: each rail's switch, holding `state`."""
+    return RailWriter(
+        {rail: switches[circuits.switch(rail)] for rail in circuits.rails},
+        current={rail: circuits.rail_mapping(rail, state) for rail in circuits.rails},
+    )

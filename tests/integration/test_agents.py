@@ -34,7 +34,7 @@ from labctl.inventory.schema import load_inventory
 from labctl.labs import agents as agents_lab
 from labctl.labs.base import LabContext
 from labctl.probes.sampling import ProbeSettings
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 from tests.conftest import require
 from tests.helpers import agents as helpers
 from tests.helpers.agents import (

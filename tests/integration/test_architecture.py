@@ -16,7 +16,8 @@ OPTIONAL = ("cuda", "ncclient", "pyvisa", "serial", "pyverbs")  # the extras' to
 def test_loading_the_lab_contract_loads_no_driver_probe_or_lab_kind() -> None:
     """What `import labctl.labs.base` actually loads, in a fresh interpreter: the inventory needs every
     switch driver's config model, so the drivers' entry modules (their package `__init__`, config and entry
-    only) load with it; no driver implementation, probe, lab kind, agent, emulator or CLI does."""
+    only) load with it, and the probe contract (`labctl.probes.sampling`, in a package file that imports
+    nothing); no driver implementation, probe, lab kind, agent, emulator or CLI does."""
     script = "import sys, labctl.labs.base; print('\\n'.join(sorted(m for m in sys.modules if m.startswith('labctl'))))"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -31,7 +32,8 @@ def test_loading_the_lab_contract_loads_no_driver_probe_or_lab_kind() -> None:
         or (m.startswith("labctl.labs.") and m != "labctl.labs.base")
         or m in ("labctl.run.engine", "labctl.scheduler")
     )
-    assert [m for m in above if m not in entries] == [], "loaded above the contract"
+    contracts = {"labctl.probes", "labctl.probes.sampling"}
+    assert [m for m in above if m not in entries | contracts] == [], "loaded above the contract"
     assert entries <= loaded  # the config models do load (the union needs them)
 
 

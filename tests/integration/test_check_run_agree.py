@@ -20,7 +20,7 @@ from labctl.labs import build_lab, lab_kinds, load
 from labctl.labs.base import LabContext
 from labctl.ocs.switches import switch_drivers
 from labctl.probes.sampling import ProbeSettings
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 
 EXPERIMENT = """
 name: agree

@@ -15,8 +15,8 @@ import labctl
 import labctl.labs
 from labctl.core.events import Event, read_events
 from labctl.inventory.profiles import resolve_profile
-from labctl.run.engine import run_experiment
 from labctl.run.experiment import build_plan, load_experiment
+from labctl.run.lifecycle import run_experiment
 
 SHORT = """\
 name: short
@@ -217,12 +217,12 @@ def _final_patches(run_dir: Path) -> list[list[int]]:
 async def test_an_unexpected_error_mid_run_restores_the_baseline_and_records_its_cause(
     short_experiment: Path, inventory_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from labctl.run.engine import Controller
+    from labctl.run.engine import RunEngine
 
-    apply_rail = Controller._apply_rail
+    apply_rail = RunEngine._apply_rail
     calls = 0
 
-    async def apply_then_overflow(self: Controller, rp: Any) -> None:
+    async def apply_then_overflow(self: RunEngine, rp: Any) -> None:
         nonlocal calls
         calls += 1
         n = calls  # rails are applied concurrently: take this call's number before awaiting
@@ -230,7 +230,7 @@ async def test_an_unexpected_error_mid_run_restores_the_baseline_and_records_its
         if n == 3:  # the first step has moved rail 0's mirrors (baseline: calls 1 and 2)
             raise OverflowError("cannot convert float infinity to integer")
 
-    monkeypatch.setattr(Controller, "_apply_rail", apply_then_overflow)
+    monkeypatch.setattr(RunEngine, "_apply_rail", apply_then_overflow)
     outcome = await run_experiment(
         short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=3, plots=False
     )
@@ -267,12 +267,12 @@ async def test_a_switch_that_cannot_connect_fails_the_run_with_its_cause(
 async def test_a_failed_analysis_fails_the_run_and_keeps_its_events(
     short_experiment: Path, inventory_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import labctl.run.engine
+    import labctl.analysis.summary
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(labctl.run.engine, "compute_breakdown", broken)
+    monkeypatch.setattr(labctl.analysis.summary, "compute_breakdown", broken)
     outcome = await run_experiment(
         short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=5, plots=False
     )
@@ -354,15 +354,15 @@ async def test_a_fault_reported_while_the_lab_stops_still_fails_the_run(
     short_experiment: Path, inventory_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """E.g. an agent lost after the last step, while its probes were being stopped: the data may be short."""
-    from labctl.run.engine import Controller
+    from labctl.run.engine import RunEngine
 
-    read_final_state = Controller._read_final_state
+    read_final_state = RunEngine._read_final_state
 
-    async def agent_lost_meanwhile(self: Controller) -> None:
+    async def agent_lost_meanwhile(self: RunEngine) -> None:
         self.lab.fault.raise_("agent h3 lost: offline")
         await read_final_state(self)
 
-    monkeypatch.setattr(Controller, "_read_final_state", agent_lost_meanwhile)
+    monkeypatch.setattr(RunEngine, "_read_final_state", agent_lost_meanwhile)
     outcome = await run_experiment(
         short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=10, plots=False
     )

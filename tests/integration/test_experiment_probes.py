@@ -14,7 +14,7 @@ from labctl.core.errors import InputError
 from labctl.core.registry import PROBES
 from labctl.probes.base import ProbeContext, ProbeKind, probe_kinds
 from labctl.probes.sampling import Probe, QueueProbe, run_ticks
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 from tests.conftest import REPO
 
 

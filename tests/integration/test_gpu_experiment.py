@@ -13,7 +13,8 @@ import pytest
 from labctl.core.events import read_events
 from labctl.probes.gpu.errors import NoGpuError
 from labctl.probes.gpu.sim import SimulatedGpu
-from labctl.run.engine import Stage, run_experiment
+from labctl.run.lifecycle import run_experiment
+from labctl.run.steps import Stage
 from tests.helpers.gpu_experiment import SHORT
 
 GPU = """\

@@ -15,7 +15,7 @@ import pytest
 from labctl.analysis.breakdown import read_breakdown_csv
 from labctl.analysis.compare import aggregate, compare, split_sets
 from labctl.core.errors import InputError
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 from tests.conftest import REPO
 from tests.unit.test_breakdown import MS
 

@@ -23,7 +23,7 @@ from labctl.analysis.plots import (
 )
 from labctl.core.errors import InputError
 from labctl.core.events import Event, Kind
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 
 MS = 1_000_000
 MARK_NAMES = ["t1", "t2", "t3", "t4", "t5"]

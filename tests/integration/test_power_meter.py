@@ -26,7 +26,7 @@ from labctl.ocs.drivers.sim.switch import SimSwitch
 from labctl.probes.base import MeterSite, ProbeContext, probe_kinds
 from labctl.probes.power_meter import NO_LIGHT_DBM, PowerMeterProbe
 from labctl.probes.sampling import ProbeSettings
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 from tests.helpers.power_meter import MS, SETTINGS, write_inventory
 
 WITHIN_S = 10.0  # generous: a loaded machine still gets there

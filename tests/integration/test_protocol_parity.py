@@ -17,7 +17,7 @@ import pytest
 import labctl
 from labctl.core.events import Kind, read_events
 from labctl.ocs.switches import switch_drivers
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 TL1_INVENTORY = ROOT / "experiments" / "inventories" / "tl1-emulated.yaml"

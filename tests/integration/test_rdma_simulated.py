@@ -10,7 +10,7 @@ import pytest
 
 from labctl.analysis.breakdown import read_breakdown_csv
 from labctl.core.errors import InputError
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 from tests.conftest import REPO
 
 

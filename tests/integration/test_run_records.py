@@ -14,7 +14,7 @@ import pytest
 
 from labctl.analysis.plots import ALL_FORMATS, plot_run
 from labctl.analysis.store import load_run
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 
 LABCTL = [sys.executable, "-m", "labctl.cli"]
 

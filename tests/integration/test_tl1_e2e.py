@@ -9,7 +9,7 @@ import pytest
 
 import labctl
 from labctl.core.events import read_events
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 from tests.helpers.tl1_e2e import TL1_INVENTORY
 
 PW = "e2e-Secret-9f3a"

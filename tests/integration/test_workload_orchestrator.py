@@ -14,7 +14,7 @@ from labctl.ocs.drivers.sim.switch import SimSwitch
 from labctl.workload.circuits import JobCircuits, StageOwner, after_op, initial_state, topo_id
 from labctl.workload.orchestrator import JobOrchestrator, violations
 from labctl.workload.trace import get_trace
-from tests.helpers.workload_orchestrator import _lab
+from tests.helpers.workload_orchestrator import _lab, writer
 
 
 async def test_only_changed_stages_are_reprogrammed() -> None:
@@ -22,7 +22,7 @@ async def test_only_changed_stages_are_reprogrammed() -> None:
     trace = get_trace("opus-testbed")
     dp = initial_state(trace.job, (op for _, op in trace.rail_ops()))
     await switches["ocs1"].connect()
-    orch = JobOrchestrator(circuits, switches, dp, events.append)
+    orch = JobOrchestrator(circuits, writer(circuits, switches, dp), dp, events.append)
     for rail in circuits.rails:  # the baseline, as the controller sets it
         await switches["ocs1"].apply(circuits.rail_mapping(rail, dp), scope=circuits.rail_scope(rail))
     # PP between the two stages: both digits change, so both sub-mappings are reprogrammed.
@@ -64,7 +64,7 @@ async def test_g2_no_change_under_an_operation_in_flight(locking: bool) -> None:
     dp = initial_state(trace.job, (op for _, op in trace.rail_ops()))
     pp = after_op(dp, next(op for _, op in trace.rail_ops() if op.group == "pp"))
     await switches["ocs1"].connect()
-    orch = JobOrchestrator(circuits, switches, dp, events.append, locking=locking)
+    orch = JobOrchestrator(circuits, writer(circuits, switches, dp), dp, events.append, locking=locking)
     op_started = asyncio.Event()
 
     async def operation() -> None:
@@ -92,7 +92,7 @@ async def test_g1_no_operation_on_a_topology_being_changed(locking: bool) -> Non
     dp = initial_state(trace.job, (op for _, op in trace.rail_ops()))
     pp = after_op(dp, next(op for _, op in trace.rail_ops() if op.group == "pp"))
     await switches["ocs1"].connect()
-    orch = JobOrchestrator(circuits, switches, dp, events.append, locking=locking)
+    orch = JobOrchestrator(circuits, writer(circuits, switches, dp), dp, events.append, locking=locking)
     sent = asyncio.Event()
     switches["ocs1"]._emit = lambda e: (events.append(e), sent.set() if e.kind == Kind.OCS_COMMAND else None)
     change = asyncio.create_task(orch.write(pp))
@@ -115,7 +115,7 @@ async def test_retry_then_giant_ring_fallback() -> None:
     dp = initial_state(trace.job, (op for _, op in trace.rail_ops()))
     pp = after_op(dp, next(op for _, op in trace.rail_ops() if op.group == "pp"))
     await switches["ocs1"].connect()
-    orch = JobOrchestrator(circuits, switches, dp, events.append, retries=1)
+    orch = JobOrchestrator(circuits, writer(circuits, switches, dp), dp, events.append, retries=1)
     # Each apply's convergence tries 3 times; 2 rails x 2 tries x 3 = 12 refusals exhaust every try.
     model.refusals = 12
     result = await orch.write(pp)
@@ -147,7 +147,7 @@ async def test_the_giant_ring_waits_for_operations_on_stages_the_failed_write_di
     # rewires stage 0 too, so it must wait for that op (G2 over every stage) and its interval says so.
     circuits, switches, model, events = _lab()
     await _baseline(circuits, switches, (DP, DP))
-    orch = JobOrchestrator(circuits, switches, (DP, DP), events.append, retries=0)
+    orch = JobOrchestrator(circuits, writer(circuits, switches, (DP, DP)), (DP, DP), events.append, retries=0)
     op_started, op_ended = asyncio.Event(), 0
 
     async def operation() -> None:
@@ -176,7 +176,7 @@ async def test_the_giant_ring_waits_for_operations_on_stages_the_failed_write_di
 async def test_an_interrupted_fallback_is_recorded_as_interrupted() -> None:
     circuits, switches, model, events = _lab()
     await _baseline(circuits, switches, (DP, DP))
-    orch = JobOrchestrator(circuits, switches, (DP, DP), events.append, retries=0)
+    orch = JobOrchestrator(circuits, writer(circuits, switches, (DP, DP)), (DP, DP), events.append, retries=0)
     release = asyncio.Event()
     op_started = asyncio.Event()
 
@@ -198,7 +198,7 @@ async def test_an_interrupted_fallback_is_recorded_as_interrupted() -> None:
     release.set()
     await op
     assert orch.fallback["status"] == "interrupted" and orch.fallback["giant_ring_failed"]
-    from labctl.cli.replay import replay_lines
+    from labctl.workload.experiment import replay_lines
 
     (line,) = replay_lines({"replay": {**_SUMMARY, "fallback": orch.fallback}})[1:]
     assert "fallback interrupted" in line and "giant ring failed" not in line
@@ -227,7 +227,7 @@ async def test_concurrent_writes_diff_against_what_the_previous_one_left() -> No
     # (stage 1 only), or stage 0 keeps the first write's PP pairs while the state says DP.
     circuits, switches, model, events = _lab()
     await _baseline(circuits, switches, (DP, DP))
-    orch = JobOrchestrator(circuits, switches, (DP, DP), events.append)
+    orch = JobOrchestrator(circuits, writer(circuits, switches, (DP, DP)), (DP, DP), events.append)
     pp = (StageOwner("pp", 1), StageOwner("pp", 0))
     first, second = await asyncio.gather(orch.write(pp), orch.write((DP, DARK)))
     assert first.stages == (0, 1) and second.stages == (0, 1)

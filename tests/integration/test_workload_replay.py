@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from labctl.core.events import Kind, read_events
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 from labctl.workload.stall import switch_points
 from labctl.workload.trace import get_trace
 
@@ -301,7 +301,7 @@ async def test_ready_link_counts_link_ups_during_another_rails_retry(tmp_path: P
 
 
 async def test_the_replays_own_lateness_is_recorded_and_warned_about(tmp_path: Path) -> None:
-    from labctl.cli.replay import replay_lines
+    from labctl.workload.experiment import replay_lines
 
     run_dir, events, _, status = await _run(tmp_path, mode="provisioning")
     assert status == "completed"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from labctl.cli import app
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 from labctl.workload.sweep import CSV_NAME
 
 REPO = Path(__file__).resolve().parents[2]

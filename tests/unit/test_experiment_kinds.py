@@ -20,7 +20,7 @@ from labctl.run.experiment import (
     experiment_kinds,
     load_experiment,
 )
-from labctl.workload.steps import Hold, Reconfigure
+from labctl.run.steps import Hold, Reconfigure
 
 REPO = Path(__file__).resolve().parents[2]
 LABCTL = REPO / "labctl"
@@ -29,11 +29,8 @@ OWNERS = {
     "timeline": ("labctl/run/experiment.py", "labctl/core/registry.py"),
     "replay": ("labctl/workload/", "labctl/cli/replay.py", "labctl/core/registry.py"),
 }
-# The same words meaning something else: the `replay` section of run.json and summary.json (written where
-# replay results exist, whatever the kind that made them), the timeline figure's file name.
+# The same word meaning something else: the timeline figure's file name.
 OTHER_MEANINGS = {
-    ("labctl/run/engine.py", "replay"),
-    ("labctl/cli/run.py", "replay"),
     ("labctl/analysis/plots.py", "timeline"),
 }
 

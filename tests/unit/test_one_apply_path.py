@@ -1,6 +1,8 @@
 """One switch-apply path (issue 24): every mapping labctl sends to a switch goes through
-`labctl.ocs.protocol.send_mapping` — a run's rails, a replayed job's writes and its giant-ring fallback, the
-scheduler's restore, `labctl ocs`. A switch implementation may delegate to the switch it wraps (a class
+`labctl.ocs.protocol.send_mapping`, and within a run through `labctl.run.rails.RailWriter.write` only — a
+timeline's reconfigurations and baseline restore, a replayed job's writes and its giant-ring fallback. Outside
+any run, two callers send directly: the scheduler's restore of a crashed run's baseline, and `labctl ocs`
+(an operator's command on one switch). A switch implementation may delegate to the switch it wraps (a class
 that defines `apply` itself: `VerifiedSwitch`, the agents lab's `AnnouncedSwitch`); nothing else calls a
 switch's `apply` or `disconnect`."""
 
@@ -78,3 +80,50 @@ class NotASwitch:
 """
     found = sends(ast.parse(source), "labctl/example.py")
     assert [line.split(":")[1] for line in found] == ["3", "4", "5", "17"], found
+
+
+# Who may call send_mapping: the run's one path, and the two commands that work outside any run.
+SEND_MAPPING_CALLERS = {
+    ("labctl/run/rails.py", "write"),  # RailWriter.write: every write of a run
+    ("labctl/scheduler/service.py", "restore_baseline"),  # a crashed run's baseline, no run around it
+    ("labctl/cli/ocs.py", None),  # `labctl ocs connect|disconnect|apply`: one switch, by hand
+}
+
+
+def send_mapping_calls(tree: ast.AST, module: str) -> list[str]:
+    """`module:line` of each call of send_mapping outside the allowed callers."""
+    found: list[str] = []
+
+    def visit(node: ast.AST, function: str | None) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            function = node.name
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            allowed = (module, function) in SEND_MAPPING_CALLERS or (module, None) in SEND_MAPPING_CALLERS
+            if name == "send_mapping" and not allowed:
+                found.append(f"{module}:{node.lineno}: {ast.unparse(node)[:80]}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, None)
+    return found
+
+
+def test_a_run_writes_its_rails_through_one_writer() -> None:
+    found = []
+    for path in sorted(LABCTL.rglob("*.py")):
+        module = path.relative_to(LABCTL.parent).as_posix()
+        found += send_mapping_calls(ast.parse(path.read_text(), str(path)), module)
+    assert found == [], "a run writes its rails through labctl.run.rails.RailWriter.write:\n" + "\n".join(
+        found
+    )
+
+
+def test_the_writer_check_finds_a_second_writer() -> None:
+    source = """
+async def _write_rails(self, r, mapping):
+    await send_mapping(r.switch, mapping, scope=r.scope)
+    await ocs.send_mapping(r.switch, mapping)
+"""
+    found = send_mapping_calls(ast.parse(source), "labctl/workload/orchestrator.py")
+    assert [line.split(":")[1] for line in found] == ["3", "4"], found

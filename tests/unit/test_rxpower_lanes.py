@@ -16,10 +16,10 @@ from labctl.core.events import Event
 from labctl.inventory.profiles import resolve_profile
 from labctl.inventory.schema import load_inventory
 from labctl.models import fabric as fabric_mod
-from labctl.probes import model as model_probes
 from labctl.models.fabric import SimFabric
 from labctl.models.module_eeprom import EmulatedQsfp28
 from labctl.models.switch import SwitchModel
+from labctl.probes import model as model_probes
 from labctl.probes import rxpower
 from labctl.probes.model import SimTrafficProbe
 from labctl.probes.rxpower import ModulePort, RxPowerProbe, _Lanes

@@ -193,7 +193,7 @@ import subprocess
 from multiprocessing import Process
 from tests.mosquitto import Mosquitto
 from asyncio import sleep as nap
-from labctl.run.engine import run_experiment
+from labctl.run.lifecycle import run_experiment
 import asyncio, os, socket, time
 
 async def test_x(mosquitto, tmp_path):
@@ -206,7 +206,7 @@ async def test_x(mosquitto, tmp_path):
     socket.socket()
     socket.socketpair()
     await asyncio.open_connection("127.0.0.1", 1)
-    await labctl.run.engine.run_experiment(tmp_path)
+    await labctl.run.lifecycle.run_experiment(tmp_path)
 
 class Fake:
     async def sleep(self, seconds):

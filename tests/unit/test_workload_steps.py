@@ -13,7 +13,8 @@ from labctl.cli import app
 from labctl.core.errors import InputError
 from labctl.inventory.schema import load_inventory
 from labctl.run.experiment import build_plan, load_experiment
-from labctl.workload.steps import GpuBench, Hold, Reconfigure, ReplaySegment, check_program, timeline_program
+from labctl.run.steps import GpuBench, Hold, Reconfigure, check_program, timeline_program
+from labctl.workload.experiment import ReplaySegment
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,8 +35,10 @@ def test_bad_programs_are_refused() -> None:
         check_program([Reconfigure("pp", 0)], {"pp"})
     with pytest.raises(InputError, match="unknown phase 'xx'"):
         check_program([Reconfigure("xx", None, baseline=True)], {"dp"})
-    with pytest.raises(InputError, match="a replay segment needs the baseline"):
-        check_program([ReplaySegment(None)], {"dp"})
+    with pytest.raises(InputError, match="ReplaySegment needs the baseline"):
+        check_program([ReplaySegment(None)], {"dp"})  # type: ignore[arg-type]
+    with pytest.raises(InputError, match=r"plan step 1: 'hold' is not a step"):
+        check_program([Reconfigure("dp", None, baseline=True), "hold"], {"dp"})  # type: ignore[list-item]
     with pytest.raises(InputError, match="hold -1 s"):
         check_program([Reconfigure("dp", None, baseline=True), Hold(-1)], {"dp"})
 

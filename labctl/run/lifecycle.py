@@ -1,0 +1,173 @@
+"""A whole `labctl run`: validate, build the lab, open the run directory, run the engine, close the record,
+let the experiment kind record what its steps produced, analyse and draw.
+
+Every input error surfaces before any I/O (no run directory is left behind by a bad file); whatever
+happens after the directory exists, the events up to that moment stay on disk and run.json says how the
+run ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from labctl.analysis.store import RunDir, new_run_id, versions
+from labctl.analysis.summary import analyse
+from labctl.core.clock import Timebase, now_ns
+from labctl.core.events import Event, EventLog, Kind
+from labctl.core.fileio import write_json_atomic
+from labctl.core.registry import DEFAULT_EXPERIMENT_KIND
+from labctl.labs import build_lab, load
+from labctl.labs.base import LabContext
+from labctl.linux.timesync import clock_sync_state
+from labctl.run.engine import NullProgress, RunEngine
+from labctl.run.experiment import compile_experiment, experiment_kinds
+from labctl.run.steps import ProgressSink
+
+log = logging.getLogger("labctl.run")
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    status: str
+    error: str | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    events: int = 0
+    kind: str = DEFAULT_EXPERIMENT_KIND
+    """The experiment kind that ran (its entry prints its own lines: `ExperimentKind.summary_lines`)."""
+
+
+def _git_describe() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=2,
+            cwd=Path(__file__).parent,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+async def run_experiment(
+    experiment: Path,
+    inventory_path: Path,
+    *,
+    profile: str | None = None,
+    out_dir: Path = Path("runs"),
+    seed: int | None = None,
+    progress: ProgressSink | None = None,
+    plots: bool = True,
+    plot_formats: Sequence[str] | None = None,
+) -> RunOutcome:
+    """Everything `labctl run` does: validate, run, analyse, plot. InputErrors surface before any I/O.
+    `plot_formats`: what to draw the figures in (default: the experiment's `analysis.plot_formats`, png).
+    An aborted run draws none: it stops now, and `labctl plot RUN` draws them on request."""
+    progress = progress or NullProgress()
+    inventory = load(inventory_path)
+    plan = compile_experiment(experiment, inventory)
+    kind = experiment_kinds.get(plan.kind)
+    spec = plan.spec
+    profile_obj = inventory.profile(profile)
+    # A kind may fix part of the lab's timing (a replay's switching time, Figure 10's x-axis): the run
+    # records the profile it ran on.
+    profile_update = kind.profile_update(spec)
+    if profile_update:
+        profile_obj = profile_obj.model_copy(update=profile_update)
+    profile_name = profile or inventory.model.profile
+    seed = seed if seed is not None else secrets.randbits(32)
+    # The lab is built before anything is written, so any input error leaves no run directory behind.
+    # Whatever it emits before the event log exists (nothing today) is kept and recorded first.
+    early: list[Event] = []
+    sink: Callable[[Event], object] = early.append
+    lab = build_lab(LabContext(inventory, profile_obj, random.Random(seed), lambda e: sink(e), spec.probes))
+    timebase = Timebase.capture()
+    run = RunDir.create(
+        out_dir,
+        new_run_id(spec.name),
+        {
+            "experiment": spec.model_dump(mode="json"),
+            "experiment_path": str(experiment),
+            "inventory": inventory.snapshot(),
+            "inventory_path": str(inventory_path),
+            "profile": {"name": profile_name, **profile_obj.model_dump(mode="json")},
+            "seed": seed,
+            "timebase": {
+                "clock": "CLOCK_MONOTONIC",
+                "mono0_ns": timebase.mono0_ns,
+                "wall0_ns": timebase.wall0_ns,
+            },
+            "clock_offsets": {},
+            "time_sync": {"controller": clock_sync_state()},
+            "versions": {**versions(), "git": _git_describe()},
+            "started_wall_ns": timebase.wall0_ns,
+        },
+    )
+    events = EventLog(run.events_path, timebase)
+    events.emit(
+        now_ns(),
+        Kind.RUN_START,
+        "controller",
+        spec.name,
+        meta={
+            "run_id": run.meta["run_id"],
+            "profile": profile_name,
+            "seed": seed,
+            "rx_power_threshold_dbm": spec.analysis.rx_power_threshold_dbm,
+            # What carries the ping-pong that marks t5, and the QP attributes that shape its recovery.
+            "transport": spec.probes.transport,
+            **({"rdma": spec.probes.rdma.model_dump()} if spec.probes.transport == "rdma" else {}),
+            # Where the breakdown takes t2 from (absent: the DOM), so every recomputation agrees.
+            **({"t2_source": spec.analysis.t2_source} if spec.analysis.t2_source != "dom" else {}),
+        },
+    )
+    for event in early:
+        events.record(event)
+    sink = events.record
+    engine = RunEngine(plan, inventory, lab, events, progress)
+    progress.started(run.path, len(plan.steps))
+    status: str = "failed"
+    error: str | None = "the run engine did not finish"
+    try:
+        status, error = await engine.run()
+    finally:
+        events.emit(now_ns(), Kind.RUN_END, "controller", status, meta={"error": error})
+        events.close()
+        run.update(
+            status=status,
+            error=error,
+            events=events.count,
+            finished_wall_ns=Timebase.capture().wall0_ns,
+            drops=dict(engine.drops),
+            probes={p.name: p.stats() for p in lab.probes if hasattr(p, "stats")},
+            loop_lag_ns=engine.loop_lag.stats(),
+            **{**lab.meta, "time_sync": {**run.meta["time_sync"], **lab.meta.get("time_sync", {})}},
+        )
+    outcome = RunOutcome(run.path, status, error, events=events.count, kind=kind.name)
+    # What the kind's steps produced (a replay's per-step CSVs), kept even for a run that failed midway.
+    sections = kind.record(run.path, engine.results)
+    if sections:
+        run.update(**sections)
+    try:
+        formats = tuple(plot_formats or spec.analysis.plot_formats) if plots and status != "aborted" else ()
+        outcome.summary = analyse(run.path, spec.analysis.rx_power_threshold_dbm, plot_formats=formats)
+        if sections:
+            outcome.summary.update(sections)
+            write_json_atomic(run.path / "summary.json", outcome.summary)
+    except Exception as e:  # the events are on disk: `labctl report` can recompute once this is fixed
+        log.exception("analysis failed")
+        cause = f"analysis failed: {type(e).__name__}: {e}"
+        outcome.status, outcome.error = "failed", "; ".join(filter(None, [error, cause]))
+        run.update(status=outcome.status, error=outcome.error)
+    return outcome
