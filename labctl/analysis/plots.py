@@ -1,9 +1,10 @@
 """Plots of a run: the timeline of one reconfiguration (like Opus Fig. 9c, plus a zoom like Fig. 9d) and the
 distribution of each phase over all reconfigurations (box plot and one empirical CDF per phase).
 
-Each figure is written as PNG, SVG (text kept as text) and PDF (TrueType fonts), in labctl's packaged
-matplotlib style (labctl/analysis/styles/labctl.mplstyle) with an optional user style on top of it: the `style`
-argument (a style name or a .mplstyle path), else $LABCTL_MPLSTYLE.
+Each figure is written as PNG by default, and as SVG (text kept as text) and PDF (TrueType fonts) on
+request (`formats`), in labctl's packaged matplotlib style (labctl/analysis/styles/labctl.mplstyle) with
+an optional user style on top of it: the `style` argument (a style name or a .mplstyle path), else
+$LABCTL_MPLSTYLE.
 
 Artists that tests (and users post-processing a figure) look for carry a gid: `rx-threshold` (the Rx-power
 threshold line), `mark-t1` … `mark-t5` (the marks; `mark-tN-spread` the p5–p95 whiskers when ports are

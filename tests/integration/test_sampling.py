@@ -132,8 +132,8 @@ async def test_cancelling_run_ticks_stops_its_ticks_and_closes_its_timer() -> No
 async def test_a_late_tick_makes_burst_work_yield_sooner_until_the_schedule_catches_up() -> None:
     import time
 
-    from labctl.linux import looplag
     from labctl.core.clock import now_ns
+    from labctl.linux import looplag
 
     looplag._behind_until_ns = 0
     t = now_ns()
