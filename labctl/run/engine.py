@@ -15,13 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from labctl.core.clock import now_ns
 from labctl.core.errors import LabctlError, LabFault
-from labctl.core.events import Event, EventLog, EventQueue, Kind
+from labctl.core.events import EventLog, EventQueue, Kind
 from labctl.inventory.mapping import Mapping, validate_mapping
 from labctl.inventory.schema import Inventory, NicPort
 from labctl.inventory.topology import peers_of, rail_scope
@@ -31,6 +30,7 @@ from labctl.probes.base import ProbeContext, probe_kinds
 from labctl.probes.sampling import Probe
 from labctl.run.experiment import Plan, RailPhase
 from labctl.run.rails import RailWriter, moved_ports
+from labctl.run.recovery import LinkWatch, RecoveryTracker
 from labctl.run.steps import ProgressSink, Stage
 
 log = logging.getLogger("labctl.run.engine")
@@ -46,93 +46,6 @@ class NullProgress:
     def port_recovered(self, stage: Stage, recovered: int, expected: int) -> None: ...
     def reconfig_done(self, stage: Stage, timed_out: list[str]) -> None: ...
     def message(self, text: str) -> None: ...
-
-
-class RecoveryTracker:
-    """Watches the event stream for the ports of one reconfiguration until each carries traffic again.
-
-    `expected` maps each port to the peer it must reach. A port counts as recovered at the first
-    `traffic.ok` after t0 that names that peer (traffic probes put their target in `meta.peer`, and are
-    re-targeted only once the switch acknowledged), so traffic still flowing on the old circuit, even after
-    a spurious loss, never counts. For a probe that names no peer, the ok must follow a carrier-up or a
-    traffic loss seen after t0.
-
-    The recovery timeout is judged in event time: an ok stamped after `deadline_ns` is too late even if a
-    busy loop delivers it before the timeout's timer fires, so whether a port timed out never depends on
-    how late the controller itself got to run.
-    """
-
-    def __init__(
-        self,
-        expected: dict[str, str],
-        t0_ns: int,
-        on_progress: Callable[[int], None],
-        deadline_ns: int | None = None,
-    ) -> None:
-        self.expected = dict(expected)
-        self.pending = set(expected)
-        self.total = len(expected)
-        self.t0_ns = t0_ns
-        self.deadline_ns = deadline_ns
-        self._armed: set[str] = set()
-        self._on_progress = on_progress
-        self.done = asyncio.Event()
-        if not self.pending:
-            self.done.set()
-
-    def __call__(self, e: Event) -> None:
-        if e.source not in self.pending or e.t_ns < self.t0_ns:
-            return
-        if (e.kind == Kind.CARRIER and e.value == 1) or e.kind == Kind.TRAFFIC_LOST:
-            self._armed.add(e.source)
-        elif e.kind == Kind.TRAFFIC_OK:
-            if self.deadline_ns is not None and e.t_ns > self.deadline_ns:
-                return
-            if "peer" in e.meta:
-                recovered = e.meta["peer"] == self.expected[e.source]
-            else:
-                recovered = e.source in self._armed
-            if recovered:
-                self.pending.discard(e.source)
-                self._on_progress(self.total - len(self.pending))
-                if not self.pending:
-                    self.done.set()
-
-
-class _LinkWatch:
-    """A replay's `ready: link` for one write: a RecoveryTracker subscribed from before the write."""
-
-    def __init__(
-        self,
-        tracker: RecoveryTracker,
-        unsubscribe: Callable[[], None],
-        deadline_ns: int,
-        events: EventLog,
-        timeout_s: float,
-    ) -> None:
-        self.tracker = tracker
-        self._unsubscribe: Callable[[], None] | None = unsubscribe
-        self.deadline_ns = deadline_ns
-        self.events = events
-        self.timeout_s = timeout_s
-
-    async def wait(self) -> None:
-        try:
-            await asyncio.wait_for(self.tracker.done.wait(), max(self.deadline_ns - now_ns(), 0) / 1e9)
-        except TimeoutError:
-            pending = sorted(self.tracker.pending)
-            self.events.emit(
-                now_ns(),
-                Kind.RUN_TIMEOUT,
-                "controller",
-                len(pending),
-                meta={"pending": pending, "timeout_s": self.timeout_s},
-            )
-
-    def close(self) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
 
 
 class RunEngine:
@@ -367,7 +280,7 @@ class RunEngine:
                 f"recovered within {spec.recovery_timeout_s:g} s ({shown})"
             )
 
-    def links_up(self, changes: list[tuple[int, Mapping, Mapping]], t0_ns: int) -> _LinkWatch:
+    def links_up(self, changes: list[tuple[int, Mapping, Mapping]], t0_ns: int) -> LinkWatch:
         """Start watching, now, for every port the planned changes move to carry traffic to its new peer (a
         replay's `ready: link`); its `wait` ends then, or at the recovery timeout (recorded as `run.timeout`,
         like a reconfiguration's). Subscribed before the write is sent: nothing recorded during it (another
@@ -381,7 +294,7 @@ class RunEngine:
         timeout_s = self.plan.spec.recovery_timeout_s
         deadline = t0_ns + round(timeout_s * 1e9)
         tracker = RecoveryTracker(expected, t0_ns, lambda k: None, deadline_ns=deadline)
-        return _LinkWatch(tracker, self.events.subscribe(tracker), deadline, self.events, timeout_s)
+        return LinkWatch(tracker, self.events.subscribe(tracker), deadline, self.events, timeout_s)
 
     def unclean(self) -> None:
         """A write was cut short (cancelled, timed out, failed): it may have moved part of a rail that

@@ -4,7 +4,7 @@ is tests/integration/test_controller.py."""
 from __future__ import annotations
 
 from labctl.core.events import Event
-from labctl.run.engine import RecoveryTracker
+from labctl.run.recovery import RecoveryTracker
 
 
 def test_recovery_tracker_ignores_the_old_circuit() -> None:
