@@ -699,6 +699,9 @@ def _ms(value: float) -> str:
     return f"{value * 1000:.3g} µs"
 
 
+FIGURES = ("timeline", "distributions")
+"""The figures `plot_run` draws of a run (each in every format asked for)."""
+
 # --- a run ---------------------------------------------------------------------------------------------
 
 
@@ -712,9 +715,11 @@ def plot_run(
     style: str | os.PathLike[str] | None = None,
     threshold_dbm: float | None = None,
     formats: Sequence[str] = DEFAULT_FORMATS,
+    figures: Sequence[str] = FIGURES,
 ) -> list[Path]:
     """Without `reconfig`: timeline.<format> of the first reconfiguration after the baseline, and
-    distributions.<format>, in each of `formats` (png by default; svg, pdf). With it:
+    distributions.<format>, in each of `formats` (png by default; svg, pdf); `figures` picks which of the
+    two (labctl.analysis.pool draws them in two processes at once). With it:
     timeline-reconfig-N.<format> only, so each reconfiguration keeps its own. Written into `out_dir`
     (default: the run directory). `style`: a matplotlib style name or
     .mplstyle path applied over labctl's (default: $LABCTL_MPLSTYLE); a bad one is an InputError.
@@ -728,10 +733,13 @@ def plot_run(
     options: dict[str, Any] = {"threshold_dbm": threshold_dbm, "style": style, "formats": formats}
     if reconfig is not None:
         return plot_timeline(index, frame, reconfig, out_dir / f"timeline-reconfig-{reconfig}", **options)
-    measured = sorted(int(r) for r in frame["reconfig"].dropna().unique())
-    first = next((r for r in measured if r > 0), measured[0])
-    paths = plot_timeline(index, frame, first, out_dir / "timeline", **options)
-    paths += plot_distributions(frame, out_dir / "distributions", style=style, formats=formats)
+    paths: list[Path] = []
+    if "timeline" in figures:
+        measured = sorted(int(r) for r in frame["reconfig"].dropna().unique())
+        first = next((r for r in measured if r > 0), measured[0])
+        paths += plot_timeline(index, frame, first, out_dir / "timeline", **options)
+    if "distributions" in figures:
+        paths += plot_distributions(frame, out_dir / "distributions", style=style, formats=formats)
     return paths
 
 

@@ -15,13 +15,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from labctl.core.errors import InputError
 from labctl.core.events import Event, read_events, torn_tail
 from labctl.core.fileio import write_json_atomic
+
+if TYPE_CHECKING:  # a run directory is made and updated without pandas: only reading one back needs it
+    import pandas as pd
 
 RUN_JSON = "run.json"
 EVENTS = "events.jsonl"
@@ -92,6 +93,8 @@ class Run:
 
 
 def events_frame(events: list[Event]) -> pd.DataFrame:
+    import pandas as pd
+
     frame = pd.DataFrame(
         {
             "seq": pd.array([e.seq for e in events], dtype="int64"),
@@ -138,6 +141,8 @@ def load_run(path: Path | str) -> Run:
 
     If the run never finished (killed), its breakdown is computed from the events on disk.
     """
+    import pandas as pd
+
     from labctl.analysis.breakdown import clock_uncertainties, compute_breakdown, read_breakdown_csv
 
     run_path = resolve_run_path(path)

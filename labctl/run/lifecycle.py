@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from labctl.analysis.pool import FigureWorkers
 from labctl.analysis.store import RunDir, new_run_id, versions
-from labctl.analysis.summary import analyse
 from labctl.core.clock import Timebase, now_ns
 from labctl.core.events import Event, EventLog, Kind
 from labctl.core.fileio import write_json_atomic
@@ -136,38 +136,51 @@ async def run_experiment(
         events.record(event)
     sink = events.record
     engine = RunEngine(plan, inventory, lab, events, progress)
-    progress.started(run.path, len(plan.steps))
-    status: str = "failed"
-    error: str | None = "the run engine did not finish"
+    formats = tuple(plot_formats or spec.analysis.plot_formats) if plots else ()
+    # Figures are drawn by processes that import matplotlib while the experiment runs (not after it).
+    workers = FigureWorkers()
     try:
-        status, error = await engine.run()
-    finally:
-        events.emit(now_ns(), Kind.RUN_END, "controller", status, meta={"error": error})
-        events.close()
-        run.update(
-            status=status,
-            error=error,
-            events=events.count,
-            finished_wall_ns=Timebase.capture().wall0_ns,
-            drops=dict(engine.drops),
-            probes={p.name: p.stats() for p in lab.probes if hasattr(p, "stats")},
-            loop_lag_ns=engine.loop_lag.stats(),
-            **{**lab.meta, "time_sync": {**run.meta["time_sync"], **lab.meta.get("time_sync", {})}},
-        )
-    outcome = RunOutcome(run.path, status, error, events=events.count, kind=kind.name)
-    # What the kind's steps produced (a replay's per-step CSVs), kept even for a run that failed midway.
-    sections = kind.record(run.path, engine.results)
-    if sections:
-        run.update(**sections)
-    try:
-        formats = tuple(plot_formats or spec.analysis.plot_formats) if plots and status != "aborted" else ()
-        outcome.summary = analyse(run.path, spec.analysis.rx_power_threshold_dbm, plot_formats=formats)
+        if formats:
+            await workers.start()
+        progress.started(run.path, len(plan.steps))
+        status: str = "failed"
+        error: str | None = "the run engine did not finish"
+        try:
+            status, error = await engine.run()
+        finally:
+            events.emit(now_ns(), Kind.RUN_END, "controller", status, meta={"error": error})
+            events.close()
+            run.update(
+                status=status,
+                error=error,
+                events=events.count,
+                finished_wall_ns=Timebase.capture().wall0_ns,
+                drops=dict(engine.drops),
+                probes={p.name: p.stats() for p in lab.probes if hasattr(p, "stats")},
+                loop_lag_ns=engine.loop_lag.stats(),
+                **{**lab.meta, "time_sync": {**run.meta["time_sync"], **lab.meta.get("time_sync", {})}},
+            )
+        outcome = RunOutcome(run.path, status, error, events=events.count, kind=kind.name)
+        # What the kind's steps produced (a replay's per-step CSVs), kept even for a run that failed midway.
+        sections = kind.record(run.path, engine.results)
         if sections:
-            outcome.summary.update(sections)
-            write_json_atomic(run.path / "summary.json", outcome.summary)
-    except Exception as e:  # the events are on disk: `labctl report` can recompute once this is fixed
-        log.exception("analysis failed")
-        cause = f"analysis failed: {type(e).__name__}: {e}"
-        outcome.status, outcome.error = "failed", "; ".join(filter(None, [error, cause]))
-        run.update(status=outcome.status, error=outcome.error)
-    return outcome
+            run.update(**sections)
+        try:
+            threshold = spec.analysis.rx_power_threshold_dbm
+            if formats and status != "aborted":
+                outcome.summary = await workers.analyse(run.path, threshold, formats)
+            else:  # an aborted run stops now: no figures (`labctl plot RUN` draws them)
+                from labctl.analysis.summary import analyse
+
+                outcome.summary = analyse(run.path, threshold, plot_formats=())
+            if sections:
+                outcome.summary.update(sections)
+                write_json_atomic(run.path / "summary.json", outcome.summary)
+        except Exception as e:  # the events are on disk: `labctl report` can recompute once this is fixed
+            log.exception("analysis failed")
+            cause = f"analysis failed: {type(e).__name__}: {e}"
+            outcome.status, outcome.error = "failed", "; ".join(filter(None, [error, cause]))
+            run.update(status=outcome.status, error=outcome.error)
+        return outcome
+    finally:
+        await workers.close()

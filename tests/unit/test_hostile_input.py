@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel
 
 from labctl.core.errors import InputError
-from labctl.core.yamlio import MAX_DEPTH, MAX_NODES, load_yaml
+from labctl.core.yamlio import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, load_yaml
 from labctl.emulators.core import FaultPlan, load_faults
 from labctl.inventory.profiles import Profile
 from labctl.inventory.schema import InventoryModel, load_inventory
@@ -55,6 +55,28 @@ def test_shape_limits_leave_real_files_alone(tmp_path: Path) -> None:
     data = load_yaml(path, "inventory").data
     assert len(data["hosts"]) == 512 and data["hosts"]["h7"]["gpus"] == []
     assert MAX_NODES > 10 * 512 and MAX_DEPTH >= 16
+
+
+def test_a_file_too_large_to_be_a_configuration_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "huge.yaml"
+    with path.open("w") as f:
+        f.write("lab: x\nnotes: ")
+        f.truncate(MAX_FILE_BYTES + 1)  # sparse: the size is what is checked, before any byte is read
+    with pytest.raises(InputError) as err:
+        load_yaml(path, "inventory")
+    assert str(err.value) == f"{path}: 8.4 MB is too large to be the inventory (at most 8.4 MB)"
+
+
+def test_many_unknown_keys_are_one_line_naming_the_first(tmp_path: Path) -> None:
+    """50,000 unknown keys (a 1.2 MB file): one line, the first key's line, and how many more."""
+    base = (Path(__file__).resolve().parents[2] / "inventory.yaml").read_text()
+    path = tmp_path / "keys.yaml"
+    path.write_text(base + "".join(f"unknown_key_{i:05d}: {i}\n" for i in range(50_000)))
+    first = base.count("\n") + 1
+    with pytest.raises(
+        InputError, match=rf"^{path}:{first}: unknown_key_00000: unknown field \(and 49999 more"
+    ):
+        load_inventory(path)
 
 
 def numeric_fields(model: type[BaseModel], seen: set[type[BaseModel]] | None = None) -> set[str]:

@@ -1,0 +1,157 @@
+"""A run's analysis and figures in two worker processes started while its experiment runs (issue 25).
+
+matplotlib and pandas take ~0.7 s to import and the two PNGs ~1.3 s to draw on this machine kind, all of
+it after the last reconfiguration, where the user waits. So `labctl run` starts two workers at the
+beginning of the run, niced, each importing the analysis and warming matplotlib's fonts on the other core
+while the experiment runs; at the end each computes the breakdown from events.jsonl (~0.1 s), one writes
+breakdown.csv/.parquet and summary.json and draws the timeline, the other draws the distributions, at the
+same time. The figures are exactly those `labctl.analysis.plots.plot_run` draws in one process.
+
+A worker that did not start, died, or failed is not trusted with anything: the run analyses in its own
+process instead, where an error surfaces as it always did. Workers read one job from stdin and exit; closing
+the pool (always, also for an aborted run that draws nothing) kills whatever is still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+WORKER_TIMEOUT_S = 300.0
+"""How long the run waits for its figures before it draws them itself (a figure of a long run is seconds)."""
+
+
+class FigureWorkers:
+    """Two pre-warmed analysis processes for one run (`start`, then `analyse` once, `close` always)."""
+
+    def __init__(self) -> None:
+        self._procs: list[asyncio.subprocess.Process] = []
+
+    async def start(self) -> None:
+        """Start both workers; they import while the run goes on (nothing here waits for them)."""
+        path = os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path}  # the child imports the labctl this process runs
+        for _ in range(2):
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "labctl.analysis.pool",
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.DEVNULL,
+                    env=env,
+                )
+            except OSError:
+                return  # no workers: the run draws its figures itself
+            self._procs.append(proc)
+
+    async def analyse(
+        self, run_dir: Path, threshold_dbm: float | None, formats: Sequence[str]
+    ) -> dict[str, Any]:
+        """The run's summary, its breakdown files and figures written by the workers; if any worker is
+        missing or fails, everything is done again here (errors surface from this process, as before)."""
+        from labctl.analysis.plots import FIGURES
+
+        if len(self._procs) == len(FIGURES):
+            job = {"run_dir": str(run_dir), "threshold_dbm": threshold_dbm, "formats": list(formats)}
+            asks = [
+                self._ask(proc, {**job, "figures": [figure], "write": n == 0})  # one writes the files
+                for n, (proc, figure) in enumerate(zip(self._procs, FIGURES, strict=True))
+            ]
+            try:
+                async with asyncio.timeout(WORKER_TIMEOUT_S):
+                    replies = await asyncio.gather(*asks)
+            except TimeoutError:
+                replies = []
+            if replies and all(r.get("ok") for r in replies):
+                text = await asyncio.to_thread((run_dir / "summary.json").read_text)
+                summary: dict[str, Any] = json.loads(text)
+                return summary
+        from labctl.analysis.summary import analyse
+
+        return analyse(run_dir, threshold_dbm, plot_formats=formats)
+
+    @staticmethod
+    async def _ask(proc: asyncio.subprocess.Process, job: dict[str, Any]) -> dict[str, Any]:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write((json.dumps(job) + "\n").encode())
+            await proc.stdin.drain()
+            proc.stdin.close()
+            line = await proc.stdout.readline()
+        except (OSError, ConnectionError):
+            return {"ok": False}
+        try:
+            reply: dict[str, Any] = json.loads(line) if line else {"ok": False}
+        except ValueError:
+            reply = {"ok": False}
+        return reply
+
+    async def close(self) -> None:
+        """Stop every worker (finished ones exit by themselves; one still importing is killed)."""
+        for proc in self._procs:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+        for proc in self._procs:
+            await proc.wait()
+        self._procs.clear()
+
+
+def _warm_up() -> None:
+    """What the first figure of a process pays for: the font cache and the Agg renderer's text path."""
+    import matplotlib.pyplot as plt
+
+    from labctl.analysis.plots import styled
+
+    with styled(None):
+        fig = plt.figure(figsize=(1, 1))
+        fig.text(0.5, 0.5, "ms µs")
+        fig.canvas.draw()
+        plt.close(fig)
+
+
+_NICE_BEFORE = os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def _worker() -> int:
+    with contextlib.suppress(OSError):
+        os.nice(10)  # the experiment's own process comes first while both run
+    from labctl.analysis.summary import analyse  # pandas, numpy, msgspec
+
+    with contextlib.suppress(Exception):  # a broken style or font is the job's error, not the warm-up's
+        _warm_up()
+    line = sys.stdin.readline()
+    if not line:
+        return 0  # no job: the run was aborted, or drew its figures itself
+    job = json.loads(line)
+    with contextlib.suppress(OSError):  # now the run waits on this: back to its priority where allowed
+        os.setpriority(os.PRIO_PROCESS, 0, _NICE_BEFORE)
+    try:
+        analyse(
+            Path(job["run_dir"]),
+            job["threshold_dbm"],
+            plot_formats=job["formats"],
+            figures=job["figures"],
+            write=job["write"],
+        )
+    except Exception as e:  # the run does it again in its own process, where the error surfaces
+        reply: dict[str, Any] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    else:
+        reply = {"ok": True}
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker())
