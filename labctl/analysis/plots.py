@@ -40,6 +40,7 @@ from labctl.analysis.breakdown import (
     compute_breakdown,
     phase_values,
 )
+from labctl.analysis.figures import ALL_FORMATS, DEFAULT_FORMATS, FIGURES
 from labctl.core.errors import InputError
 from labctl.core.fileio import atomic_path
 
@@ -48,11 +49,6 @@ NO_LIGHT_DBM = -40.0
 MAX_PORT_ROWS = 32
 """Above this many ports a timeline draws one row per rail (ports up as a fraction, marks as median with a
 p5–p95 whisker) instead of one row per port."""
-ALL_FORMATS = ("png", "svg", "pdf")
-DEFAULT_FORMATS = ("png",)
-"""What a run draws on its way out: the PNG a user looks at first. SVG and PDF (for LaTeX: text stays text)
-cost ~4x the PNG's time on a busy 2-core host, so they are drawn on request (`labctl plot --format`,
-`labctl run --plot-format`, an experiment's `analysis.plot_formats`)."""
 FLAGS = ("impossible", "unresolved")
 PHASE_NAMES = frozenset(c.removesuffix("_ns") for c in DURATIONS)
 STYLE_ENV = "LABCTL_MPLSTYLE"
@@ -698,9 +694,6 @@ def _ms(value: float) -> str:
         return f"{value:.3g} ms" if value < 100 else f"{value:.0f} ms"
     return f"{value * 1000:.3g} µs"
 
-
-FIGURES = ("timeline", "distributions")
-"""The figures `plot_run` draws of a run (each in every format asked for)."""
 
 # --- a run ---------------------------------------------------------------------------------------------
 

@@ -19,9 +19,12 @@ import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from labctl.analysis.figures import FIGURES
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -32,7 +35,8 @@ WORKER_TIMEOUT_S = 300.0
 class FigureWorkers:
     """Two pre-warmed analysis processes for one run (`start`, then `analyse` once, `close` always)."""
 
-    def __init__(self) -> None:
+    def __init__(self, command: tuple[str, ...] = (sys.executable, "-m", "labctl.analysis.pool")) -> None:
+        self.command = command
         self._procs: list[asyncio.subprocess.Process] = []
 
     async def start(self) -> None:
@@ -42,9 +46,7 @@ class FigureWorkers:
         for _ in range(2):
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "labctl.analysis.pool",
+                    *self.command,
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.DEVNULL,
@@ -59,8 +61,6 @@ class FigureWorkers:
     ) -> dict[str, Any]:
         """The run's summary, its breakdown files and figures written by the workers; if any worker is
         missing or fails, everything is done again here (errors surface from this process, as before)."""
-        from labctl.analysis.plots import FIGURES
-
         if len(self._procs) == len(FIGURES):
             job = {"run_dir": str(run_dir), "threshold_dbm": threshold_dbm, "formats": list(formats)}
             asks = [
@@ -121,6 +121,7 @@ def _warm_up() -> None:
 
 
 _NICE_BEFORE = os.getpriority(os.PRIO_PROCESS, 0)
+_T_START = time.perf_counter()
 
 
 def _worker() -> int:
@@ -134,6 +135,7 @@ def _worker() -> int:
     if not line:
         return 0  # no job: the run was aborted, or drew its figures itself
     job = json.loads(line)
+    t0 = time.perf_counter()
     with contextlib.suppress(OSError):  # now the run waits on this: back to its priority where allowed
         os.setpriority(os.PRIO_PROCESS, 0, _NICE_BEFORE)
     try:
@@ -147,7 +149,7 @@ def _worker() -> int:
     except Exception as e:  # the run does it again in its own process, where the error surfaces
         reply: dict[str, Any] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     else:
-        reply = {"ok": True}
+        reply = {"ok": True, "job_s": round(time.perf_counter() - t0, 3), "ready_s": round(t0 - _T_START, 3)}
     sys.stdout.write(json.dumps(reply) + "\n")
     sys.stdout.flush()
     return 0

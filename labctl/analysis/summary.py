@@ -14,6 +14,7 @@ from labctl.analysis.breakdown import (
     summarize,
     write_breakdown,
 )
+from labctl.analysis.figures import FIGURES
 from labctl.analysis.store import read_run_json
 from labctl.core.fileio import write_json_atomic
 
@@ -38,7 +39,7 @@ def analyse(
         write_breakdown(frame, run_dir)
         write_json_atomic(run_dir / "summary.json", summary)
     if plot_formats:
-        from labctl.analysis.plots import FIGURES, plot_run
+        from labctl.analysis.plots import plot_run
 
         plot_run(run_dir, frame=frame, index=index, formats=plot_formats, figures=figures or FIGURES)
     return summary

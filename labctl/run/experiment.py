@@ -64,7 +64,7 @@ class PhaseSpec(_Model):
         return self
 
 
-PlotFormat = Literal["png", "svg", "pdf"]  # labctl.analysis.plots.ALL_FORMATS
+PlotFormat = Literal["png", "svg", "pdf"]  # labctl.analysis.figures.ALL_FORMATS
 
 
 class AnalysisSettings(_Model):

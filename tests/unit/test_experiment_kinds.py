@@ -29,9 +29,10 @@ OWNERS = {
     "timeline": ("labctl/run/experiment.py", "labctl/core/registry.py"),
     "replay": ("labctl/workload/", "labctl/cli/replay.py", "labctl/core/registry.py"),
 }
-# The same word meaning something else: the timeline figure's file name.
+# The same word meaning something else: the timeline figure (its name and file name).
 OTHER_MEANINGS = {
     ("labctl/analysis/plots.py", "timeline"),
+    ("labctl/analysis/figures.py", "timeline"),
 }
 
 

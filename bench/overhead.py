@@ -1,0 +1,80 @@
+"""What `labctl run --profile fast` costs beyond its experiment: the command's wall time against the
+experiment's own time in the same run (its holds plus the recoveries it measured: for each reconfiguration,
+the baseline's included, from its `phase` event to the last moved port's first `traffic.ok`).
+
+The goal (issue 25) is at most 1.5 s beyond the experiment, median of 5, every run file present. Each run
+is a fresh `python3 -m labctl.cli run` process (start-up, imports, analysis and figures all count).
+
+    python3 bench/overhead.py --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FILES = ("events.jsonl", "run.json", "summary.json", "breakdown.csv", "breakdown.parquet", "timeline.png",
+         "distributions.png")  # fmt: skip
+
+
+def own_time_s(run_dir: Path) -> tuple[float, int, int]:
+    """(holds + recoveries in seconds, run.start and run.end in CLOCK_MONOTONIC ns), from the run's files."""
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    meta = json.loads((run_dir / "run.json").read_text())
+    holds = meta["experiment"]["hold_s"] * sum(
+        1 for e in events if e["kind"] == "phase" and e["meta"].get("measured")
+    )
+    # A reconfiguration's recovery ends at its last port's first ok with the new peer: the breakdown's t5.
+    last_t5: dict[int, float] = {}
+    with (run_dir / "breakdown.csv").open() as f:
+        for row in csv.DictReader(f):
+            if row.get("total_ns"):
+                n = int(row["reconfig"])
+                last_t5[n] = max(last_t5.get(n, 0.0), float(row["total_ns"]))
+    ends = {e["kind"]: e["t_ns"] for e in events if e["kind"] in ("run.start", "run.end")}
+    return holds + sum(last_t5.values()) / 1e9, ends["run.start"], ends["run.end"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--experiment", default=str(REPO / "experiments/reconfig-timeline.yaml"))
+    args = ap.parse_args()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    beyond, walls, owns = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in range(args.runs):
+            out = Path(tmp) / str(n)
+            cmd = [sys.executable, "-m", "labctl.cli", "run", args.experiment, "-i", str(REPO / "inventory.yaml"),
+                   "--profile", "fast", "--out", str(out), "--seed", str(n + 1)]  # fmt: skip
+            t0 = time.monotonic_ns()  # CLOCK_MONOTONIC, as the run's events
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+            t1 = time.monotonic_ns()
+            wall = (t1 - t0) / 1e9
+            run_dir = next(out.glob("*/"))
+            missing = [f for f in FILES if not (run_dir / f).is_file()]
+            own, start_ns, end_ns = own_time_s(run_dir)
+            span = (end_ns - start_ns) / 1e9
+            before, after = (start_ns - t0) / 1e9, (t1 - end_ns) / 1e9
+            beyond.append(wall - own)
+            walls.append(wall)
+            owns.append(own)
+            print(f"run {n + 1}: wall {wall:.2f} s, experiment {own:.2f} s (run.start→end {span:.2f} s; start-up "
+                  f"{before:.2f} s, after run.end {after:.2f} s), beyond {wall - own:.2f} s, exit {done.returncode}{', missing ' + ', '.join(missing) if missing else ''}",
+                  flush=True)  # fmt: skip
+    print(f"\nover {args.runs} runs: wall median {statistics.median(walls):.2f} s; experiment's own time median "
+          f"{statistics.median(owns):.2f} s; beyond it median {statistics.median(beyond):.2f} s "
+          f"(min {min(beyond):.2f}, max {max(beyond):.2f}); goal <= 1.5 s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
