@@ -35,6 +35,9 @@ import pandas as pd
 
 from labctl.run.lifecycle import run_experiment
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+from _table import record
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -243,6 +246,36 @@ async def main(args: argparse.Namespace) -> None:
                 f"{sum(r['late'] for r in results)} of {sum(r['late'] + r['on_time'] for r in results)}, "
                 f"worst per-host uncertainty {max(r['unc_ms'] for r in results):.3f} ms "
                 f"(exchange {max(r['xchg_unc_ms'] for r in results):.3f} ms)"
+            )
+            n = len(results)
+            record(
+                "agents",
+                f"optical median through {args.hosts} agents, median of {n} runs",
+                statistics.median(r["optical_ms"] for r in results),
+                "ms",
+                peer="the same experiment in one process",
+                peer_value=local_optical / 1e6,
+            )
+            record(
+                "agents",
+                f"t2 resolution median, median of {n} runs",
+                statistics.median(r["t2_res_ms"] for r in results),
+                "ms",
+                peer="the same experiment in one process",
+                peer_value=local_res / 1e6,
+            )
+            record(
+                "agents",
+                f"flagged rows over {n} runs",
+                sum(r["flag_base"] + r["flag_after"] for r in results),
+                "rows",
+                goal="0",
+            )
+            record(
+                "agents",
+                "worst per-host clock uncertainty, exchange-based",
+                max(r["xchg_unc_ms"] for r in results),
+                "ms",
             )
     finally:
         for p in agents:

@@ -23,12 +23,16 @@ import subprocess
 import sys
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import numpy as np
 
 from labctl.core.clock import now_ns
 from labctl.linux import netns
 from labctl.linux.rtnl import Rtnl, open_route_socket
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+from _table import record
 
 NS = f"lb{os.getpid()}-carrier"
 CYCLES = int(os.environ.get("BENCH_CYCLES", "200"))
@@ -190,12 +194,31 @@ def main() -> None:
                 f"  ratio ours/pyroute2: median {np.median(all_o) / np.median(all_p):.2f}x  "
                 f"p99 {np.percentile(all_o, 99) / np.percentile(all_p, 99):.2f}x"
             )
+            record(
+                "carrier",
+                f"veth carrier event latency median, {CYCLES} cycles",
+                float(np.median(all_o)) / 1e6,
+                "ms",
+                peer="pyroute2 AsyncIPRoute",
+                peer_value=float(np.median(all_p)) / 1e6,
+                goal="<= 0.4 ms; <= 0.35x pyroute2",
+            )
+            record(
+                "carrier",
+                f"veth carrier event latency p99, {CYCLES} cycles",
+                float(np.percentile(all_o, 99)) / 1e6,
+                "ms",
+                peer="pyroute2 AsyncIPRoute",
+                peer_value=float(np.percentile(all_p, 99)) / 1e6,
+                goal="<= 1 ms",
+            )
 
         # Part 2: bridge carrier (non-urgent): deferred carrier-down with and without the poll.
         sh("link", "add", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0")
         sh("link", "set", "va", "master", "br0")
         sh("link", "set", "br0", "up")
         time.sleep(0.3)
+        deferred: dict[bool, float] = {}
         for poll, cycles in ((False, 5), (True, 20)):
             seconds = cycles * (0.3 + 1.3) + 1
             p, c = start(ours, "br0", poll, seconds)
@@ -205,6 +228,18 @@ def main() -> None:
             lat = latencies(toggles, seen)
             label = "with 2 kHz poll" if poll else "events only    "
             print(f"bridge carrier-down 300 ms after an up, {label}: {fmt(lat[0], cycles)}")
+            if lat[0]:
+                deferred[poll] = float(np.median(lat[0])) / 1e6
+        if True in deferred:
+            record(
+                "carrier",
+                "bridge deferred carrier-down median, with 2 kHz poll",
+                deferred[True],
+                "ms",
+                peer="events only" if False in deferred else None,
+                peer_value=deferred.get(False),
+                goal="<= 5 ms",
+            )
         rt.close()
     finally:
         netns.cleanup(NS)

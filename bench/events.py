@@ -13,6 +13,7 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +23,9 @@ import pandas as pd
 from labctl.analysis.breakdown import EventIndex, compute_breakdown
 from labctl.core.clock import Timebase
 from labctl.core.events import EventLog
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+from _table import record
 
 PORTS = [f"nic:h{h}/ens{r}f{p}np{p}" for h in range(1, 5) for r in (1, 2) for p in (0, 1)]
 MS = 1_000_000
@@ -145,6 +149,15 @@ def main() -> None:
         print(f"  labctl EventLog.emit        {m_ours:12,.0f} events/s   (goal >= 200,000)")
         print(f"  stdlib json.dumps + write   {m_peer:12,.0f} events/s")
         print(f"  ratio ours/stdlib           {m_ours / m_peer:12.2f}x")
+        record(
+            "events",
+            "EventLog.emit append, 200k events",
+            m_ours,
+            "events/s",
+            peer="stdlib json.dumps + write",
+            peer_value=m_peer,
+            goal=">= 200,000 events/s",
+        )
 
         path = d / "events.jsonl"
         log = EventLog(path, Timebase(0, 0))
@@ -165,6 +178,15 @@ def main() -> None:
         print(f"  labctl load + breakdown     {t_ours:8.2f} s   (goal <= 5 s)")
         print(f"  pandas.read_json(lines) only{t_pandas:8.2f} s")
         print(f"  ratio ours/pandas-load      {t_ours / t_pandas:8.2f}x")
+        record(
+            "events",
+            f"load + breakdown, {written:,} events",
+            t_ours,
+            "s",
+            peer="pandas.read_json(lines) only",
+            peer_value=t_pandas,
+            goal="<= 5 s at 1M events",
+        )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ the published ranges are printed, not failures), 1 = no usable CUDA GPU (one lin
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import platform
 import sys
 import time
@@ -38,6 +39,16 @@ EXPLAIN = {
     "(Table 8: H800 264.5-502), so the median mixes near and far. Table 8's single figures (H100 276.2, "
     "B300 276.8) are near hits.",
 }
+
+
+def _record(*args: object, **kwargs: object) -> None:
+    """bench/_table.py's `record`, loaded by path: this file is also imported as a module (by the unit tests),
+    so it leaves sys.path alone."""
+    spec = importlib.util.spec_from_file_location("_table", Path(__file__).resolve().with_name("_table.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.record(*args, **kwargs)
 
 
 def _fmt(d: object, digits: int = 0) -> str:
@@ -143,6 +154,16 @@ def check(backend: GpuBackend, config: SuiteConfig, out: Path) -> int:
     for c in report.chase:
         cmp = compare(c.level, c.cycles_per_hop.median)
         print(cmp.line())
+        p = cmp.published
+        _record(
+            "gpu_device_check",
+            f"pointer chase {c.level}, median per hop",
+            c.cycles_per_hop.median,
+            "cycles",
+            peer="Table 8 nominal" if p else None,
+            peer_value=p.nominal_cycles if p else None,
+            goal=f"published {p.low_cycles:g}-{p.high_cycles:g}" if p else None,
+        )
         if cmp.verdict == "LARGE DIFFERENCE":
             large.append(cmp.level)
             print(f"       why it may differ: {EXPLAIN.get(cmp.level, 'no explanation on file')}")

@@ -24,6 +24,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))  # bench/ is not a package
+
+from _table import record  # noqa: E402
 
 from labctl.core.errors import InputError  # noqa: E402
 from labctl.core.yamlio import MAX_FILE_BYTES  # noqa: E402
@@ -81,6 +84,15 @@ def main() -> None:
                     lambda p=path: yaml.safe_load(p.read_text()), 1 if "bomb" in name else args.runs
                 )
                 peer_s, ratio = f"{peer:9.3f}s", f"{peer / ours:6.1f}x"
+                record(
+                    "inputs",
+                    f"{name}: load_inventory",
+                    ours,
+                    "s",
+                    peer="PyYAML pure-Python safe_load",
+                    peer_value=peer,
+                    goal="<= 2 s incl. ~0.5 s CLI start-up",
+                )
             print(f"{name:<20} {ours:8.3f}s {peer_s:>10} {ratio:>7}  {said}")
     print(f"medians over {args.runs} runs each (in-process; the command adds its start-up)")
 

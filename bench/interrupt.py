@@ -26,6 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 LIMIT_S = 1.5
 
+sys.path.insert(0, str(REPO / "bench"))  # bench/ is not a package
+from _table import record  # noqa: E402
+
 
 def one_try(sig: signal.Signals, out: Path, rng: random.Random, profile: str) -> dict[str, object]:
     cmd = [
@@ -84,6 +87,10 @@ def main() -> None:
         ok = sum(1 for r in results if r["signal"] == name and r["clean"] and float(r["exit_s"]) <= LIMIT_S)  # type: ignore[arg-type]
         print(f"{name}: exit after the signal, over {len(times)} tries: median {statistics.median(times):.2f} s, "
               f"max {max(times):.2f} s; {ok}/{len(times)} clean within {LIMIT_S} s")  # fmt: skip
+        record("interrupt", f"exit after {name}, median ({args.profile})", statistics.median(times), "s",
+               goal=f"<= {LIMIT_S} s")  # fmt: skip
+        record("interrupt", f"{name} tries clean within {LIMIT_S} s", ok, f"of {len(times)}",
+               goal=f"{len(times)} of {len(times)}")  # fmt: skip
 
 
 if __name__ == "__main__":

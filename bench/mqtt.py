@@ -27,6 +27,9 @@ from labctl.core.clock import Timebase, now_ns
 from labctl.core.events import Event, EventLog, EventQueue
 from labctl.inventory.schema import load_inventory
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+from _table import record
+
 HOSTS = ("h1", "h2", "h3", "h4")
 REPO = Path(__file__).resolve().parent.parent
 
@@ -179,6 +182,18 @@ async def main(seconds: float) -> None:
             f"p99 {pct(errors, 0.99) / 1e3:.1f} µs, max {max(errors) / 1e3:.1f} µs; "
             f"stated uncertainty median {statistics.median(uncert) / 1e3:.1f} µs"
         )
+        record(
+            "mqtt",
+            "events/s through mosquitto, 4 agent processes",
+            rate,
+            "events/s",
+            peer="one process, EventQueue -> EventLog.record",
+            peer_value=peer,
+        )
+        record(
+            "mqtt", "end-to-end event latency median, 4 x 1000 events/s", statistics.median(lat) / 1e3, "µs"
+        )
+        record("mqtt", "clock offset error median, loopback", statistics.median(errors) / 1e3, "µs")
     finally:
         for p in agents:
             if p.stdin:

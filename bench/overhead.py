@@ -25,6 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 FILES = ("events.jsonl", "run.json", "summary.json", "breakdown.csv", "breakdown.parquet", "timeline.png",
          "distributions.png")  # fmt: skip
 
+sys.path.insert(0, str(REPO / "bench"))  # bench/ is not a package
+from _table import record  # noqa: E402
+
 
 def own_time_s(run_dir: Path) -> tuple[float, int, int]:
     """(holds + recoveries in seconds, run.start and run.end in CLOCK_MONOTONIC ns), from the run's files."""
@@ -74,6 +77,10 @@ def main() -> None:
     print(f"\nover {args.runs} runs: wall median {statistics.median(walls):.2f} s; experiment's own time median "
           f"{statistics.median(owns):.2f} s; beyond it median {statistics.median(beyond):.2f} s "
           f"(min {min(beyond):.2f}, max {max(beyond):.2f}); goal <= 1.5 s")  # fmt: skip
+    record("overhead", f"labctl run --profile fast wall time, median of {args.runs}", statistics.median(walls),
+           "s", peer="the experiment's own time (holds + recoveries)", peer_value=statistics.median(owns))  # fmt: skip
+    record("overhead", "beyond the experiment's own time, median", statistics.median(beyond), "s",
+           goal="<= 1.5 s")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ import argparse
 import asyncio
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from labctl.core.events import Event
@@ -27,6 +29,9 @@ from labctl.inventory.mapping import PortSpace
 from labctl.inventory.profiles import Profile, resolve_profile
 from labctl.models.switch import SwitchModel
 from labctl.ocs.switches import switch_drivers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+from _table import record
 
 NAME = "ocs1"
 SIZE = "32x32"
@@ -181,6 +186,8 @@ def main() -> None:
             f"{driver:<18} {statistics.median(c) / 1e6:>10.2f}ms {pct(c, 0.99):>7.2f}ms "
             f"{statistics.median(a) / 1e6:>8.2f}ms {pct(a, 0.99):>7.2f}ms {1e9 / statistics.median(a):>9.0f}"
         )
+        if driver != "polatis-netconf":  # recorded beside its peer below
+            record("protocols", f"16-pair remap p50, {driver}", statistics.median(a) / 1e6, "ms")
     if "polatis-tl1" in results:
         ref = statistics.median(results["polatis-tl1"]["applies"])
         print(
@@ -196,6 +203,14 @@ def main() -> None:
             f"connect p50 {statistics.median(peer['connects']) / 1e6:.2f} ms, remap p50 {theirs / 1e6:.2f} ms, "
             f"p99 {pct(peer['applies'], 0.99):.2f} ms; plain ncclient / polatis-netconf remap p50: "
             f"x{theirs / ours:.0f} (ncclient's synchronous RPCs wait on its writer thread's 100 ms poll)"
+        )
+        record(
+            "protocols",
+            "16-pair remap p50, polatis-netconf",
+            ours / 1e6,
+            "ms",
+            peer="plain ncclient script",
+            peer_value=theirs / 1e6,
         )
 
 

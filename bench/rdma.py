@@ -48,6 +48,9 @@ from labctl.rdma.perftest import latency_report
 from labctl.rdma.rc import QpAttrs
 from labctl.rdma.verbs import VerbsQpFactory
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+from _table import record
+
 PREFIX = f"lb{os.getpid()}-r-"
 INVENTORY = textwrap.dedent(
     """
@@ -175,12 +178,30 @@ async def main() -> None:
         print(
             "timeout  period     model median  measured median  |measured-model| max  in budget  RETRY_EXC  reconnects"
         )
+        errors_ms: list[float] = []
         for exponent in (10, 12, 14, 16):
             r = await recovery(fabric, endpoints, exponent)
+            if r["err_max_ms"] == r["err_max_ms"]:  # not NaN: some gap was compared
+                errors_ms.append(r["err_max_ms"])
             print(
                 f"{exponent:>7}  {r['period_ms']:7.2f} ms  {r['expected_ms']:9.2f} ms  {r['median_ms']:12.2f} ms  "
                 f"{r['err_max_ms']:15.2f} ms  {r['within_budget']:>5}/{CUTS}  {r['retry_exc']:>9}  {r['reconnects']:>10}"
             )
+            if exponent == 16:
+                record(
+                    "rdma",
+                    "link back -> first SEND median, timeout 16",
+                    r["median_ms"],
+                    "ms",
+                    peer="the model's expectation",
+                    peer_value=r["expected_ms"],
+                )
+        record(
+            "rdma",
+            "link back -> first SEND, worst |measured - model|, timeouts 10-16",
+            max(errors_ms, default=float("nan")),
+            "ms",
+        )
         print(
             "\n2. sustained ping-pong, both directions, 1.5 s per interval: RC over UDP vs plain UDP ping-pong"
         )
@@ -192,6 +213,24 @@ async def main() -> None:
                 f"{interval_us:>6} us  {rc['per_s']:>14.0f}  {rc['rtt_us']:8.1f} us  {udp['per_s']:>11.0f}  "
                 f"{udp['rtt_us']:8.1f} us  {rc['per_s'] / max(udp['per_s'], 1):6.2f}"
             )
+            if interval_us == 20:
+                record(
+                    "rdma",
+                    "RC completions/s at 20 us, both directions",
+                    rc["per_s"],
+                    "completions/s",
+                    peer="plain UDP ping-pong",
+                    peer_value=udp["per_s"],
+                )
+            if interval_us == 1000:
+                record(
+                    "rdma",
+                    "RC RTT median at 1000 us",
+                    rc["rtt_us"],
+                    "us",
+                    peer="plain UDP ping-pong",
+                    peer_value=udp["rtt_us"],
+                )
         fabric.close()
     finally:
         await asyncio.to_thread(fabric.destroy)
@@ -262,12 +301,23 @@ async def verbs_part(device: str | None, gid_index: int, iterations: int) -> Non
     print("   what                         median (t_typical)   p99")
     report = latency_report(await probe_latency(device, gid_index, iterations))
     print(f"   verbs-rc probe (SEND/RECV)   {report.t_typical / 1e3:12.2f} us  {report.p99 / 1e3:8.2f} us")
+    send_lat: dict[str, float] | None = None
     for tool in ("ib_send_lat", "ib_write_lat"):
         result = perftest(tool, device, gid_index, iterations)
         if isinstance(result, str):
             print(f"   {tool:<28} skipped: {result}")
         else:
             print(f"   {tool:<28} {result['median_us']:12.2f} us  {result['p99_us']:8.2f} us")
+            if tool == "ib_send_lat":
+                send_lat = result
+    record(
+        "rdma",
+        f"verbs-rc probe one-way latency t_typical, {device}",
+        report.t_typical / 1e3,
+        "us",
+        peer="perftest ib_send_lat" if send_lat else None,
+        peer_value=send_lat["median_us"] if send_lat else None,
+    )
 
 
 async def run(args: argparse.Namespace) -> None:

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from labctl.core.events import Event
 from labctl.emulators.tl1 import Tl1Emulator
@@ -30,6 +31,9 @@ from labctl.inventory.profiles import Profile, resolve_profile
 from labctl.models.switch import SwitchModel
 from labctl.ocs.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Endpoint
 from labctl.ocs.protocol import TimeoutPolicy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+from _table import record
 
 SPACE = PortSpace(32, 32)
 PASSWORD = "bench-" + os.urandom(4).hex()
@@ -155,6 +159,15 @@ async def main(args: argparse.Namespace) -> None:
         f"   emulator in its own process : p50 {pct(rt, 0.5):.3f} ms  p99 {pct(rt, 0.99):.3f} ms  (n={len(rt)}; goal p50 <= 1 ms)"
     )
     print(f"   emulator in the same loop   : p50 {pct(inproc, 0.5):.3f} ms  p99 {pct(inproc, 0.99):.3f} ms")
+    record(
+        "tl1",
+        "ENT-PATCH round trip p50, emulator process",
+        pct(rt, 0.5),
+        "ms",
+        peer="emulator in the same loop",
+        peer_value=pct(inproc, 0.5),
+        goal="p50 <= 1 ms",
+    )
 
     print("\n2. 16-pair remap (apply: RTRV, DLT-PATCH x1, ENT-PATCH x16, RTRV), median of", args.remaps)
     for switching in (0.0, 25.0):
@@ -171,6 +184,14 @@ async def main(args: argparse.Namespace) -> None:
         print(
             f"   switching {switching:>4g} ms: pipelined {medians[16]:7.2f} ms   one-at-a-time {medians[1]:7.2f} ms"
             f"   (pipelined is {medians[1] / medians[16]:.1f}x faster)"
+        )
+        record(
+            "tl1",
+            f"16-pair remap, pipelined, switching {switching:g} ms",
+            medians[16],
+            "ms",
+            peer="one command at a time",
+            peer_value=medians[1],
         )
 
     print(
@@ -197,6 +218,15 @@ async def main(args: argparse.Namespace) -> None:
         await with_switches(ports, 16, together)
     m1, m8 = statistics.median(one) / 1e6, statistics.median(eight) / 1e6
     print(f"   one switch {m1:.2f} ms   8 switches {m8:.2f} ms   ratio {m8 / m1:.2f}  (goal <= 1.2)")
+    record(
+        "tl1",
+        f"8 switches remapped in parallel, switching {args.switching_ms:g} ms",
+        m8,
+        "ms",
+        peer="one switch alone",
+        peer_value=m1,
+        goal="ratio <= 1.2",
+    )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ from labctl.inventory.schema import load_inventory
 from labctl.linux import netns
 from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+from _table import record
+
 PREFIX = f"lb{os.getpid()}-t-"
 INVENTORY = textwrap.dedent(
     """
@@ -133,6 +136,14 @@ async def main() -> None:
                 f"highest sustained: {r['sent_hz'] / 2:.0f} pings/s per direction per circuit (interval {interval_us} us); "
                 f"resume-detection resolution {interval_us / 1e3:.3f} ms (measured resume median {r['resume_med_ms']:.3f} ms)"
             )
+            record(
+                "traffic",
+                f"highest sustained UDP ping-pong, per direction (interval {interval_us} us)",
+                r["sent_hz"] / 2,
+                "pings/s",
+            )
+            record("traffic", "resume-detection resolution", interval_us / 1e3, "ms", goal="<= 0.2 ms")
+            record("traffic", "resume, fiber up -> first traffic.ok, median", r["resume_med_ms"], "ms")
         fabric.close()
     finally:
         await asyncio.to_thread(fabric.destroy)
