@@ -116,6 +116,44 @@ async def test_converge_raises_with_remaining_diff_and_records_error() -> None:
     assert events[-1].kind == "ocs.error"
 
 
+class LostInFlight:
+    """A switch whose every command is lost with the connection while in flight: whether it took effect
+    (`applies`) only the read-back can tell."""
+
+    def __init__(self, applies: bool) -> None:
+        self.applies = applies
+        self.state: Mapping = frozenset()
+        self.sends = 0
+
+    async def read(self) -> Mapping:
+        return self.state
+
+    async def send(self, diff: MappingDiff) -> None:
+        self.sends += 1
+        if self.applies:
+            self.state = apply_diff(self.state, diff)
+        raise HardwareError("ocs1: connection lost during ENT-PATCH")
+
+
+async def test_a_last_command_lost_in_flight_that_took_effect_is_a_verified_success() -> None:
+    events: list[Event] = []
+    switch = LostInFlight(applies=True)
+    result = await converge(
+        "ocs1", SPACE, SwitchOps(switch.read, switch.send, attempts=1), [(1, 9)], None, events.append
+    )
+    assert result.mapping == {(1, 9)} and switch.sends == 1
+    assert [e.kind for e in events] == ["ocs.command", "ocs.error"]  # the loss is on record all the same
+
+
+async def test_a_last_command_lost_in_flight_that_did_not_take_effect_raises_its_own_error() -> None:
+    switch = LostInFlight(applies=False)
+    with pytest.raises(HardwareError, match="connection lost during ENT-PATCH"):
+        await converge(
+            "ocs1", SPACE, SwitchOps(switch.read, switch.send, attempts=2), [(1, 9)], None, [].append
+        )
+    assert switch.sends == 2
+
+
 async def test_nic_model_is_causal_even_when_the_loop_delivers_late(inventory_path) -> None:
     """A loaded event loop can deliver a light change before a carrier-down that happened earlier in model
     time; the model must still apply transitions in model-time order (carrier goes down, then up)."""
