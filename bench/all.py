@@ -62,7 +62,9 @@ class Settings:
 
 SCRIPTS: dict[str, Settings] = {
     "agents": Settings(quick=("--runs", "2"), tools=("mosquitto",)),
-    "carrier": Settings(quick_env={"BENCH_CYCLES": "50"}, root=True, tools=("ip",)),
+    "carrier": Settings(
+        quick_env={"BENCH_CYCLES": "50", "BENCH_MANY_CYCLES": "20"}, root=True, tools=("ip",)
+    ),
     "dom": Settings(quick=("--rounds", "3", "--seconds", "0.2"), root_tools=("ip", "ethtool")),
     "events": Settings(quick=("--repeat", "3")),
     "gpu_device_check": Settings(
