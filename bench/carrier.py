@@ -228,9 +228,10 @@ def toggle_many(rt: Rtnl, indices: dict[str, int], cycles: int, gap_s: float) ->
 
 def latencies_many(
     toggles: list[tuple[str, int, int]], seen: list[tuple[str, int, int]]
-) -> tuple[list[int], int]:
-    """Per port: its toggle's t0 → its first matching event before its next toggle; and how many toggles."""
-    out: list[int] = []
+) -> tuple[dict[int, list[int]], int]:
+    """Per port: its toggle's t0 → its first matching event before its next toggle, by the carrier value
+    toggled to; and how many toggles."""
+    out: dict[int, list[int]] = {0: [], 1: []}
     by_port: dict[str, list[tuple[int, int]]] = {}
     for port, t0, value in toggles:
         by_port.setdefault(port, []).append((t0, value))
@@ -239,7 +240,8 @@ def latencies_many(
         events.setdefault(port, []).append((t, value))
     for port, mine in by_port.items():
         lat = latencies(mine, events.get(port, []))
-        out += lat[0] + lat[1]
+        out[0] += lat[0]
+        out[1] += lat[1]
     return out, len(toggles)
 
 
@@ -254,16 +256,20 @@ def many_ports(rt: Rtnl) -> None:
     watched = list(indices)
     seconds = MANY_CYCLES * 2 * 0.05 + 2
     p1, c1 = start(ours_many, watched, seconds)
-    lo, n = latencies_many(toggle_many(rt, indices, MANY_CYCLES, 0.05), c1.recv())
+    by_o, n = latencies_many(toggle_many(rt, indices, MANY_CYCLES, 0.05), c1.recv())
     p1.join()
     p2, c2 = start(pyroute2_many, watched, seconds)
-    lp, _ = latencies_many(toggle_many(rt, indices, MANY_CYCLES, 0.05), c2.recv())
+    by_p, _ = latencies_many(toggle_many(rt, indices, MANY_CYCLES, 0.05), c2.recv())
     p2.join()
     print(
         f"{MANY} ports toggled at once, {MANY_CYCLES} down/up cycles (per port: its own toggle's t0 -> its event)"
     )
-    print(f"  ours     {fmt(lo, n)}")
-    print(f"  pyroute2 {fmt(lp, n)}")
+    for value, name in ((0, "down"), (1, "up")):
+        print(f"  carrier {name:<4} ours     {fmt(by_o[value], n // 2)}")
+        print(f"  carrier {name:<4} pyroute2 {fmt(by_p[value], n // 2)}")
+    lo, lp = by_o[0] + by_o[1], by_p[0] + by_p[1]
+    print(f"  all      ours     {fmt(lo, n)}")
+    print(f"  all      pyroute2 {fmt(lp, n)}")
     if lo and lp:
         p99_o, p99_p = float(np.percentile(lo, 99)), float(np.percentile(lp, 99))
         print(f"  ratio ours/pyroute2: median {np.median(lo) / np.median(lp):.2f}x  p99 {p99_o / p99_p:.2f}x")
