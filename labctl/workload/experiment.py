@@ -150,7 +150,8 @@ class CompiledReplay:
                 "topo_id": topo_id(self.initial),
             },
         )
-        result = ReplayResult(self.spec.mode)
+        fixed = self.spec.switching_ms
+        result = ReplayResult(self.spec.mode, switch_ns=None if fixed is None else round(fixed * 1e6))
         host.results.append(result)  # kept, as far as it got, if the replay fails
         try:
             return await engine.run(result)
@@ -328,6 +329,13 @@ def replay_lines(summary: dict[str, Any]) -> list[str]:
         + f", stall {fmt_ns(rep['stall_ns'])} (model {fmt_ns(rep['model_stall_ns'])}); "
         f"lock waits in all: G1 {fmt_ns(rep['g1_wait_ns'])}, G2 {fmt_ns(rep['g2_wait_ns'])}"
     ]
+    if rep.get("ideal_stall_ns") is not None and rep.get("overhead_per_switch_ns") is not None:
+        # The model above takes the switch times the job saw; this one, the configured time alone.
+        lines.append(
+            f"  against switches of exactly the configured time and no control path: stall "
+            f"{fmt_ns(rep['ideal_stall_ns'])}, so {fmt_ns(rep['overhead_per_switch_ns'])} of overhead "
+            "a switch"
+        )
     late, lag = rep.get("late_ns_max") or 0, rep.get("control_lag_ns_max") or 0
     if max(late, lag) > LATE_WARN_NS:
         # The replay's own lateness lands in the step times as if the switch had exposed it.

@@ -110,9 +110,24 @@ class ReplayResult:
     ops: list[OpRecord] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     fallback: dict[str, Any] | None = None
+    switch_ns: int | None = None
+    """The switching time the replay fixed (its `switching_ms`), for the zero-overhead model; None: drawn."""
+
+    def ideal_stall_ns(self) -> float | None:
+        """Mean stall per step if every switch took exactly `switch_ns` and labctl's control path took none:
+        a provisioned switch exposes max(0, T − its window), one on demand all of T (the stall model at the
+        configured time; `model_stall_ns` uses the times the job saw, so it hides the control path)."""
+        if self.switch_ns is None or not self.steps:
+            return None
+        t = self.switch_ns
+        total = sum(max(0, t - o.window_ns) if o.provisioned else t for o in self.ops if o.switched)
+        return total / len(self.steps)
 
     def summary(self) -> dict[str, Any]:
         n = len(self.steps) or 1
+        ideal = self.ideal_stall_ns()
+        switches = sum(s.switches for s in self.steps) / n
+        stall = sum(s.stall_ns for s in self.steps) / n
         return {
             "mode": self.mode,
             "steps": len(self.steps),
@@ -128,6 +143,10 @@ class ReplayResult:
             ),
             "control_lag_ns_max": max((o.control_lag_ns or 0 for o in self.ops), default=0),
             "fallback": self.fallback,
+            "ideal_stall_ns": None if ideal is None else round(ideal),
+            "overhead_per_switch_ns": None
+            if ideal is None or not switches
+            else round((stall - ideal) / switches),
         }
 
     def write_csv(self, run_dir: Path) -> None:

@@ -14,7 +14,8 @@ from labctl.core.errors import InputError
 from labctl.inventory.schema import load_inventory
 from labctl.run.experiment import build_plan, load_experiment
 from labctl.run.steps import GpuBench, Hold, Reconfigure, check_program, timeline_program
-from labctl.workload.experiment import ReplaySegment
+from labctl.workload.experiment import ReplaySegment, replay_lines
+from labctl.workload.replay import OpRecord, ReplayResult, StepRecord
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -139,3 +140,37 @@ def test_an_import_that_does_not_load_leaves_the_output_as_it_was(tmp_path: Path
     assert str(result.exception).startswith(f"{out}:") and "2 hosts" in str(result.exception)
     assert out.read_text() == "a good trace\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml", "k.json", "trace.yaml"]
+
+
+def _op(step: int, switched: bool, provisioned: bool, window_ms: float) -> OpRecord:
+    return OpRecord(
+        step=step, index=0, op="x", group="pp", type="sendrecv", bytes=0, stages="0", topo_id="0",
+        switched=switched, provisioned=provisioned, window_ns=round(window_ms * 1e6), arrival_ns=0,
+        boundary_ns=None, request_ns=None, switch_done_ns=None, ready_ns=None, start_ns=0, end_ns=0,
+        reconfig_ns=None, exposed_ns=0, g1_wait_ns=0, g2_wait_ns=0, late_ns=0, late_arrival_ns=0,
+        late_end_ns=0, control_lag_ns=None, fallback=False,
+    )  # fmt: skip
+
+
+def _step(step: int, stall_ms: float, switches: int) -> StepRecord:
+    return StepRecord(step, 2_000_000_000, 2_000_000_000 + round(stall_ms * 1e6), round(stall_ms * 1e6),
+                      switches, "", round(stall_ms * 1e6), 0, 0, False)  # fmt: skip
+
+
+def test_the_zero_overhead_model_takes_the_configured_switch_time() -> None:
+    """Per step: a provisioned switch exposes max(0, T − window), one on demand all of T, a no-op write
+    nothing; the overhead a switch is the measured stall beyond that, over the step's switches."""
+    ops = [
+        _op(0, True, True, 7), _op(0, True, True, 480), _op(0, True, False, 0), _op(0, False, True, 0),
+        _op(1, True, True, 7), _op(1, True, True, 480), _op(1, True, False, 0), _op(1, False, True, 0),
+    ]  # fmt: skip
+    result = ReplayResult(
+        "provisioning", ops=ops, steps=[_step(0, 50, 3), _step(1, 56, 3)], switch_ns=25_000_000
+    )
+    summary = result.summary()
+    assert summary["ideal_stall_ns"] == 18_000_000 + 25_000_000  # (25 − 7) + 0 + 25, each step
+    assert summary["overhead_per_switch_ns"] == round((53_000_000 - 43_000_000) / 3)
+    assert (
+        ReplayResult("on-demand", ops=ops, steps=result.steps).summary()["ideal_stall_ns"] is None
+    )  # T drawn
+    assert any("3.3 ms of overhead a switch" in line for line in replay_lines({"replay": summary}))
