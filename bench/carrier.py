@@ -47,62 +47,6 @@ def sh(*args: str) -> None:
     subprocess.run(["ip", "-n", NS, *args], check=True, capture_output=True)
 
 
-def ours(ifname: str, poll: bool, seconds: float, conn: Connection) -> None:
-    from labctl.probes.carrier import CarrierTarget, NetlinkCarrierProbe
-
-    async def run() -> list[tuple[int, int]]:
-        probe = NetlinkCarrierProbe([CarrierTarget(NS, ifname, ifname)], always_poll=poll)
-        out: list[tuple[int, int]] = []
-        async with probe:
-
-            async def pump() -> None:
-                async for e in probe.events():
-                    if e.kind == "carrier" and not e.meta.get("initial"):
-                        out.append((e.t_ns, int(e.value or 0)))
-
-            task = asyncio.create_task(pump())
-            await asyncio.sleep(0.3)
-            conn.send("ready")
-            await asyncio.sleep(seconds)
-            task.cancel()
-        return out
-
-    conn.send(asyncio.run(run()))
-
-
-def pyroute2_sub(ifname: str, seconds: float, conn: Connection) -> None:
-    from pyroute2 import AsyncIPRoute
-    from pyroute2.netlink.rtnl import RTMGRP_LINK
-
-    async def run(index: int) -> list[tuple[int, int]]:
-        out: list[tuple[int, int]] = []
-        last = None
-        async with AsyncIPRoute() as ipr:
-            await ipr.bind(groups=RTMGRP_LINK)
-
-            async def rx() -> None:
-                nonlocal last
-                while True:
-                    async for msg in ipr.get():
-                        t = now_ns()
-                        if msg["index"] == index and msg.get("carrier") is not None:
-                            c = int(msg.get("carrier"))
-                            if c != last:
-                                out.append((t, c))
-                                last = c
-
-            task = asyncio.create_task(rx())
-            await asyncio.sleep(0.3)
-            conn.send("ready")
-            await asyncio.sleep(seconds)
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        return out
-
-    with netns.entered(NS):  # the whole subscriber runs in NS (pyroute2 opens its socket lazily)
-        conn.send(asyncio.run(run(socket.if_nametoindex(ifname))))
-
-
 def start(target: object, *args: object) -> tuple[mp.process.BaseProcess, Connection]:
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe()
@@ -110,6 +54,11 @@ def start(target: object, *args: object) -> tuple[mp.process.BaseProcess, Connec
     p.start()
     assert parent.recv() == "ready"
     return p, parent
+
+
+def changes(seen: list[tuple[str, int, int]]) -> list[tuple[int, int]]:
+    """A one-interface subscriber's changes as (t_ns, carrier)."""
+    return [(t, value) for _, t, value in seen]
 
 
 def latencies(toggles: list[tuple[int, int]], seen: list[tuple[int, int]]) -> dict[int, list[int]]:
@@ -157,11 +106,13 @@ def toggle_deferred(
     return toggles
 
 
-def ours_many(ifnames: list[str], seconds: float, conn: Connection) -> None:
+def ours(ifnames: list[str], poll: bool, seconds: float, conn: Connection) -> None:
+    """Subscriber process: our NetlinkCarrierProbe (events only, or with its window poll) on `ifnames`;
+    sends back (interface, t_ns, carrier) per change."""
     from labctl.probes.carrier import CarrierTarget, NetlinkCarrierProbe
 
     async def run() -> list[tuple[str, int, int]]:
-        probe = NetlinkCarrierProbe([CarrierTarget(NS, n, n) for n in ifnames])
+        probe = NetlinkCarrierProbe([CarrierTarget(NS, n, n) for n in ifnames], always_poll=poll)
         out: list[tuple[str, int, int]] = []
         async with probe:
 
@@ -180,7 +131,8 @@ def ours_many(ifnames: list[str], seconds: float, conn: Connection) -> None:
     conn.send(asyncio.run(run()))
 
 
-def pyroute2_many(ifnames: list[str], seconds: float, conn: Connection) -> None:
+def pyroute2_sub(ifnames: list[str], seconds: float, conn: Connection) -> None:
+    """Subscriber process: pyroute2's AsyncIPRoute bound to link notifications, in NS, on `ifnames`."""
     from pyroute2 import AsyncIPRoute
     from pyroute2.netlink.rtnl import RTMGRP_LINK
 
@@ -255,10 +207,10 @@ def many_ports(rt: Rtnl) -> None:
         indices = {f"ma{i}": socket.if_nametoindex(f"mb{i}") for i in range(MANY)}
     watched = list(indices)
     seconds = MANY_CYCLES * 2 * 0.05 + 2
-    p1, c1 = start(ours_many, watched, seconds)
+    p1, c1 = start(ours, watched, False, seconds)
     by_o, n = latencies_many(toggle_many(rt, indices, MANY_CYCLES, 0.05), c1.recv())
     p1.join()
-    p2, c2 = start(pyroute2_many, watched, seconds)
+    p2, c2 = start(pyroute2_sub, watched, seconds)
     by_p, _ = latencies_many(toggle_many(rt, indices, MANY_CYCLES, 0.05), c2.recv())
     p2.join()
     print(
@@ -306,11 +258,11 @@ def main() -> None:
         seconds = CYCLES * 2 * 0.02 * 1.2 + 1
         # One subscriber at a time (same toggle schedule): on 2 cores a concurrent pyroute2 process parsing
         # the same bursts steals the CPU our subscriber needs and the tails measure that, not the probe.
-        p1, c1 = start(ours, "va", False, seconds)
-        lo = latencies(toggle(rt, vb, CYCLES, 0.02, 0.2), c1.recv())
+        p1, c1 = start(ours, ["va"], False, seconds)
+        lo = latencies(toggle(rt, vb, CYCLES, 0.02, 0.2), changes(c1.recv()))
         p1.join()
-        p2, c2 = start(pyroute2_sub, "va", seconds)
-        lp = latencies(toggle(rt, vb, CYCLES, 0.02, 0.2), c2.recv())
+        p2, c2 = start(pyroute2_sub, ["va"], seconds)
+        lp = latencies(toggle(rt, vb, CYCLES, 0.02, 0.2), changes(c2.recv()))
         p2.join()
         print(
             f"veth peer toggle -> carrier event on va, {CYCLES} down/up cycles (t0 before the toggle's send)"
@@ -353,9 +305,9 @@ def main() -> None:
         deferred: dict[bool, float] = {}
         for poll, cycles in ((False, 5), (True, 20)):
             seconds = cycles * (0.3 + 1.3) + 1
-            p, c = start(ours, "br0", poll, seconds)
+            p, c = start(ours, ["br0"], poll, seconds)
             toggles = toggle_deferred(rt, vb, cycles, 0.3, 1.3)
-            seen = c.recv()
+            seen = changes(c.recv())
             p.join()
             lat = latencies(toggles, seen)
             label = "with 2 kHz poll" if poll else "events only    "
