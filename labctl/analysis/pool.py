@@ -127,7 +127,7 @@ _T_START = time.perf_counter()
 def _worker() -> int:
     with contextlib.suppress(OSError):
         os.nice(10)  # the experiment's own process comes first while both run
-    from labctl.analysis.summary import analyse  # pandas, numpy, msgspec
+    from labctl.analysis.summary import analyse, draw  # pandas, numpy, msgspec
 
     with contextlib.suppress(Exception):  # a broken style or font is the job's error, not the warm-up's
         _warm_up()
@@ -139,12 +139,10 @@ def _worker() -> int:
     with contextlib.suppress(OSError):  # now the run waits on this: back to its priority where allowed
         os.setpriority(os.PRIO_PROCESS, 0, _NICE_BEFORE)
     try:
-        analyse(
-            Path(job["run_dir"]),
-            job["threshold_dbm"],
-            plot_formats=job["formats"],
-            figures=job["figures"],
-            write=job["write"],
+        # One worker writes the breakdown, the summary and its figure; the other draws its figure only.
+        compute = analyse if job["write"] else draw
+        compute(
+            Path(job["run_dir"]), job["threshold_dbm"], plot_formats=job["formats"], figures=job["figures"]
         )
     except Exception as e:  # the run does it again in its own process, where the error surfaces
         reply: dict[str, Any] = {"ok": False, "error": f"{type(e).__name__}: {e}"}

@@ -19,27 +19,46 @@ from labctl.analysis.store import read_run_json
 from labctl.core.fileio import write_json_atomic
 
 
+def _breakdown(run_dir: Path, threshold_dbm: float | None) -> tuple[EventIndex, dict[str, Any], Any]:
+    """The run's events, clock offsets and breakdown frame, from its files."""
+    index = EventIndex.from_file(run_dir / "events.jsonl")
+    offsets = read_run_json(run_dir).get("clock_offsets") or {}
+    return index, offsets, compute_breakdown(index, threshold_dbm, clock_uncertainties(offsets))
+
+
 def analyse(
     run_dir: Path,
     threshold_dbm: float | None = None,
     *,
     plot_formats: Sequence[str] = ("png",),
-    figures: Sequence[str] | None = None,
-    write: bool = True,
+    figures: Sequence[str] = FIGURES,
 ) -> dict[str, Any]:
-    """(Re)compute breakdown.csv/.parquet, summary.json and the plots (in `plot_formats`; none if empty) of
-    a run from its events.jsonl. `figures`: which of plot_run's (default: all); `write=False` writes no
-    breakdown or summary file (a second process drawing the other figure: labctl.analysis.pool)."""
-    index = EventIndex.from_file(run_dir / "events.jsonl")
-    offsets = read_run_json(run_dir).get("clock_offsets") or {}
-    frame = compute_breakdown(index, threshold_dbm, clock_uncertainties(offsets))
+    """(Re)compute breakdown.csv/.parquet, summary.json and the plots (`figures` of plot_run's, in
+    `plot_formats`; none if empty) of a run from its events.jsonl."""
+    index, offsets, frame = _breakdown(run_dir, threshold_dbm)
     summary = summarize(frame)
     summary["clock_caveats"] = clock_caveats(frame, offsets)
-    if write:
-        write_breakdown(frame, run_dir)
-        write_json_atomic(run_dir / "summary.json", summary)
+    write_breakdown(frame, run_dir)
+    write_json_atomic(run_dir / "summary.json", summary)
     if plot_formats:
-        from labctl.analysis.plots import plot_run
-
-        plot_run(run_dir, frame=frame, index=index, formats=plot_formats, figures=figures or FIGURES)
+        draw(run_dir, threshold_dbm, plot_formats=plot_formats, figures=figures, computed=(index, frame))
     return summary
+
+
+def draw(
+    run_dir: Path,
+    threshold_dbm: float | None,
+    *,
+    plot_formats: Sequence[str],
+    figures: Sequence[str] = FIGURES,
+    computed: tuple[EventIndex, Any] | None = None,
+) -> None:
+    """Only the figures (no breakdown or summary file, no statistics): what a second process drawing the
+    other figure does (labctl.analysis.pool). `computed`: the events and breakdown already at hand."""
+    from labctl.analysis.plots import plot_run
+
+    if computed is None:
+        index, _, frame = _breakdown(run_dir, threshold_dbm)
+    else:
+        index, frame = computed
+    plot_run(run_dir, frame=frame, index=index, formats=plot_formats, figures=figures)
