@@ -2,6 +2,10 @@
 
 Bad input is one line on stderr and exit code 2 (`main` is the one place that maps errors to exit codes);
 a device or environment problem is one line and exit code 1; Ctrl-C is 130.
+
+A command's module is imported only when the command runs (or a help lists it): `COMMANDS` says which
+module registers which command, and labctl/cli/lazy.py explains why. A command module imports its heavy
+dependencies (asyncio, pandas, the run engine, drivers, rich tables) inside its functions.
 """
 
 from __future__ import annotations
@@ -13,11 +17,22 @@ from typing import Annotated
 
 import typer
 
-from labctl.cli import agent, bench, dom, emulate, inventory, lab, ocs, plan, probe, queue, replay, run
 from labctl.cli.common import EXIT_ABORTED, err, out
+from labctl.cli.lazy import lazy_group
 from labctl.core.errors import InputError, LabctlError
 
+# Every top-level command, in the order `labctl --help` lists them, and the module (labctl/cli/<module>.py)
+# whose `register(app)` adds it.
+COMMANDS = {
+    **dict.fromkeys(("run", "report", "compare", "plot"), "run"),
+    **dict.fromkeys(("serve", "submit", "queue", "cancel", "history"), "queue"),
+    "agent": "agent",
+    **{group: group for group in ("inventory", "lab", "ocs", "emulate", "probe", "dom", "bench", "plan")},
+    "replay": "replay",
+}
+
 app = typer.Typer(
+    cls=lazy_group(COMMANDS),
     help="labctl: time optical circuit switch reconfigurations, from the switch command to traffic "
     "resuming.\n\n"
     "Start with `labctl run experiments/reconfig-timeline.yaml` (simulated Opus testbed, no root needed), "
@@ -26,8 +41,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for group in (run, inventory, lab, ocs, emulate, probe, dom, bench, queue, agent, plan, replay):
-    group.register(app)
 
 
 def _print_version(value: bool) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Annotated
 
 import typer
@@ -43,6 +41,8 @@ def agent(
     section (${ENV} references). A restarted agent is a new process to the controller: a run whose probes
     it was running fails, naming the host; the next run uses the new one.
     """
+    import asyncio
+    import contextlib
     import signal
 
     from labctl.agents.agent import Agent

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from labctl.cli.common import RUNS, OutOpt, err, out
 
@@ -37,6 +36,8 @@ def bench_gpu(
     """Ping-pong between two SMs (and two GPUs with peer access), the %globaltimer's granularity, and
     pointer chasing in shared memory, L1, L2 and HBM. Writes events.jsonl, gpu.csv/.parquet,
     gpu_samples.parquet and gpu_pingpong.png. Without a CUDA GPU: one line, exit code 1."""
+    from rich.table import Table
+
     from labctl.probes.gpu.bench import run_bench
     from labctl.probes.gpu.errors import NoGpuError
     from labctl.probes.gpu.pointer_chase import compare

@@ -4,10 +4,7 @@ meter tapping a kernel fabric's receive fibers (`power-meter`, root), the kernel
 
 from __future__ import annotations
 
-import asyncio
 import os
-import random
-import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
@@ -99,6 +96,10 @@ def emulate_ocs(
     """Serve a switch's protocol emulator until Ctrl-C, around the same switch model the simulated lab uses;
     drive it with `labctl ocs` (an inventory switch with this address) or any client of the protocol. With
     --fabric it is the switch of a kernel fabric: to a controller it is just a switch at HOST:PORT."""
+    import asyncio
+    import random
+    import signal
+
     from labctl.emulators.core import load_faults
     from labctl.inventory.mapping import PortSpace
     from labctl.inventory.profiles import Profile, resolve_profile
@@ -244,6 +245,8 @@ def emulate_power_meter(
     kernel. Each channel of the meter in the inventory's `power_meters:` must tap a NIC port's receive
     fiber (`{host, nic}`, or the egress `{switch, port}` that feeds one): a controller polls it at its
     address like a meter on the bench."""
+    import asyncio
+    import signal
     import zlib
 
     from labctl.emulators.fabric import FabricLayout, managed_prefix

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt, JsonOpt, bounded, out
 
@@ -29,6 +27,10 @@ def lab_check(
     shared switch, none crossing the owned ports); for each host of a lab with agents, the agent online and
     its version, every NIC port's interface, carrier, address, transceiver and Rx power per lane. Reads
     only. Exit 0 when nothing failed, 1 otherwise, 2 for an inventory its lab kind refuses."""
+    import asyncio
+
+    from rich.table import Table
+
     from labctl.labs import load
     from labctl.run.preflight import preflight
 

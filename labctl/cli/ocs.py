@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.markup import escape
 
 from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt, JsonOpt, out
 from labctl.core.errors import InputError
-from labctl.core.events import Event
-from labctl.inventory.mapping import Mapping, Patch
-from labctl.ocs.protocol import ApplyResult, OpticalSwitch, Timed, send_mapping
+
+if TYPE_CHECKING:  # the switch stack is imported by the commands that drive a switch, not by `labctl --help`
+    from labctl.core.events import Event
+    from labctl.inventory.mapping import Mapping, Patch
+    from labctl.ocs.protocol import ApplyResult, OpticalSwitch, Timed
 
 T = TypeVar("T")
 
@@ -54,6 +55,8 @@ def _open_switch(inventory: Path, name: str | None, emit: Callable[[Event], obje
 def _with_switch(
     inventory: Path, name: str | None, action: Callable[[OpticalSwitch], Awaitable[T]]
 ) -> tuple[OpticalSwitch, T]:
+    import asyncio
+
     events: list[Event] = []
 
     async def main() -> tuple[OpticalSwitch, T]:
@@ -136,6 +139,8 @@ def connect(
     as_json: JsonOpt = False,
 ) -> None:
     """Patch IN → OUT (whatever either port was patched to before is disconnected)."""
+    from labctl.ocs.protocol import send_mapping
+
     sw, result = _with_switch(inventory, switch, lambda s: send_mapping(s, [(ingress, egress)]))
     _print_result(sw, "connect", result, as_json)
 
@@ -148,6 +153,8 @@ def disconnect(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove every patch that uses one of the ports."""
+    from labctl.ocs.protocol import send_mapping
+
     sw, result = _with_switch(inventory, switch, lambda s: send_mapping(s, (), scope=ports))
     _print_result(sw, "disconnect", result, as_json)
 
@@ -196,6 +203,8 @@ def apply(
     as_json: JsonOpt = False,
 ) -> None:
     """Make the switch match a mapping file: only ports whose pairing changes are touched; verified."""
+    from labctl.ocs.protocol import send_mapping
+
     patches, scope = load_mapping_file(file)
     sw, result = _with_switch(inventory, switch, lambda s: send_mapping(s, patches, scope=scope))
     _print_result(sw, "apply", result, as_json)

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from labctl.cli.common import JsonOpt, out
 from labctl.core.errors import InputError
@@ -266,6 +265,8 @@ def _static(
         f"OCS matchings: {plan.ports_needed} ({', '.join(plan.methods)}), one port per accelerator each; "
         f"{budget}; each checked as a matching"
     )
+    from rich.table import Table
+
     table = Table(title_justify="left", show_edge=False)
     for col in ("ocs", "circuits", "from"):
         table.add_column(col)
@@ -580,6 +581,8 @@ def ep_rings_cmd(
             f"domain pairs one optical hop apart: {plan.covered_pairs} of {plan.total_pairs} ({share:.1f}%), "
             f"by {plan.rails_used} of {rails} rails; each pair on {low}..{high} rails"
         )
+        from rich.table import Table
+
         table = Table(title_justify="left", show_edge=False)
         for col in ("rail", "new pairs", "ring (domains in order)"):
             table.add_column(col)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import sys
 from typing import Annotated
 
@@ -18,6 +16,9 @@ probe_app = typer.Typer(
 
 
 def _print_events(probe: object, duration: float | None) -> None:
+    import asyncio
+    import contextlib
+
     from labctl.core.events import encode_event
     from labctl.probes.sampling import QueueProbe
 

@@ -5,13 +5,11 @@ Bad input is an InputError: one line, exit code 2.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from labctl.cli.common import (
     DEFAULT_INVENTORY,
@@ -65,6 +63,8 @@ def serve(
     and leaves queued ones queued. After a crash, the next `serve` restores the baseline of every run that
     was going, marks it interrupted and queues one retry.
     """
+    import asyncio
+
     from labctl.scheduler.service import serve_main
 
     db = _queue_db(db)
@@ -133,6 +133,8 @@ def queue(
     as_json: JsonOpt = False,
 ) -> None:
     """Show queued and running runs (in start order) and active cron schedules."""
+    from rich.table import Table
+
     from labctl.scheduler.store import QueueStore
     from labctl.scheduler.timing import fmt_wall
 
@@ -228,6 +230,8 @@ def history(
     as_json: JsonOpt = False,
 ) -> None:
     """Finished runs, newest first: state, start and end, run directory, error."""
+    from rich.table import Table
+
     from labctl.scheduler.store import QueueStore
     from labctl.scheduler.timing import fmt_wall
 

@@ -4,14 +4,12 @@ and the Kineto importer."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from labctl.cli.common import (
     DEFAULT_INVENTORY,
@@ -68,6 +66,8 @@ def sweep(
 ) -> None:
     """Figure 10: the replay at each switching delay, on demand and with provisioning; writes
     step_time_vs_delay.csv and step_time_vs_delay.png/.svg/.pdf in runs/<sweep-id>/."""
+    import asyncio
+
     from labctl.workload.sweep import CSV_NAME, run_sweep
 
     delays = _floats(switching_ms, "--switching-ms")
@@ -106,6 +106,8 @@ def model(
 ) -> None:
     """The stall model of a trace: per switching delay, the mean step with provisioning (Σ max(0, T − Wᵢ)),
     on demand (N·T) and the estimate T_native + T × N. Touches no lab."""
+    from rich.table import Table
+
     from labctl.workload.stall import model_rows, switch_points
     from labctl.workload.trace import get_trace
 

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
 
 from labctl.cli.common import (
     DEFAULT_INVENTORY,
@@ -38,6 +27,8 @@ from labctl.cli.common import (
 from labctl.core.errors import InputError
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from labctl.run.steps import Stage
 
 
@@ -45,6 +36,15 @@ class RichProgress:
     """Live progress on a terminal; one line per reconfiguration otherwise (CI logs, pipes)."""
 
     def __init__(self) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
         self.live = err.is_terminal
         self.bar = Progress(
             SpinnerColumn(),
@@ -103,6 +103,8 @@ UNIT_LABELS = {"rail command": "rail cmd", "circuit end": "circ. end"}
 def _summary_table(summary: dict[str, Any], title: str) -> Table:
     """One row per phase: its unit and n (flagged values are not in n), the spread, and the median with
     its 95% confidence interval (the caption says what the interval resampled)."""
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left", caption=ci_caption(summary), caption_justify="left")
     for col in ("phase", "unit", "n", "min", "median", "95% CI", "p95", "max", "flagged"):
         table.add_column(col, justify="left" if col in ("phase", "unit") else "right", no_wrap=True)
@@ -170,6 +172,8 @@ def clock_table(meta: dict[str, Any]) -> Table | None:
     offsets = meta.get("clock_offsets") or {}
     if not offsets:
         return None
+    from rich.table import Table
+
     table = Table(title="agent clocks (offset: agent − controller)", title_justify="left")
     for name in ("host", "source", "offset", "± uncertainty", "drift", "exchange ±", "fastest RTT", "via"):
         table.add_column(name, justify="left" if name in ("host", "source", "via") else "right")
@@ -231,6 +235,9 @@ def quality_lines(summary: dict[str, Any], probes: dict[str, Any] | None = None)
 async def _run_with_signals(coro: Any, progress: RichProgress) -> Any:
     """Run the main coroutine; first SIGINT/SIGTERM cancels it (the controller restores the baseline),
     a second one abandons the restore."""
+    import asyncio
+    import signal
+
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(coro)
     hits = 0
@@ -291,6 +298,8 @@ def run(
     --help`). Ctrl-C stops now: the baseline mapping is restored, the run is marked aborted and its
     analysis written; `labctl plot RUN` draws an aborted run's figures.
     """
+    import asyncio
+
     from labctl.run.lifecycle import run_experiment
 
     formats = parse_plot_formats(plot_format)
@@ -461,6 +470,8 @@ def _report_many(run_paths: list[Path], as_json: bool) -> None:
     out.print(_summary_table(summary, title))
     for line in quality_lines(summary):
         out.print(line, highlight=False)
+    from rich.table import Table
+
     table = Table(title="median of each run", title_justify="left")
     table.add_column("phase")
     for i in range(1, len(runs) + 1):
@@ -495,6 +506,8 @@ def compare(
     if as_json:
         print(json.dumps(result, indent=2))
         return
+    from rich.table import Table
+
     table = Table(
         title=f"A: {len(result['a']['runs'])} runs  vs  B: {len(result['b']['runs'])} runs",
         title_justify="left",

@@ -33,6 +33,7 @@ OWNERS = {
 OTHER_MEANINGS = {
     ("labctl/analysis/plots.py", "timeline"),
     ("labctl/analysis/figures.py", "timeline"),
+    ("labctl/cli/__init__.py", "replay"),  # the `labctl replay` command group, in the lazy command table
 }
 
 
