@@ -234,7 +234,9 @@ class SwitchModel:
         back = self._times(t_cmd, [egress for _, egress in added], ingresses, "switching_ms")
         t_done = max(back) if back else t_cmd + self.profile.draw_ns(self.rng, "switching_ms")
         self._at(back, [egress for _, egress in added], ingresses)
-        await asyncio.sleep(max(0, t_done - now_ns()) / 1e9)
+        delay_ns = t_done - now_ns()
+        if delay_ns > 0:  # a switch of 0 ms answers at once, as a driver whose reply is already in
+            await asyncio.sleep(delay_ns / 1e9)
         return t_cmd, t_done
 
     def _times(self, t_cmd: int, egresses: list[int], ingresses: list[int | None], delay: str) -> list[int]:

@@ -162,6 +162,10 @@ class SwitchOps:
     extra_meta: dict[str, Any] = field(default_factory=dict)
     owned: frozenset[int] | None = None
     """On a shared switch, the ports this lab owns: nothing outside them is ever patched or unpatched."""
+    known: Mapping | None = None
+    """What this session last verified the switch to hold (its previous apply's read-back): the first diff
+    is taken against it instead of a read of its own. A change made behind our back since then makes a
+    command fail or the read-back differ, and the retry diffs against what was read (decision 0050)."""
 
 
 def check_owned(name: str, owned: frozenset[int] | None, ports: Iterable[int], what: str) -> None:
@@ -188,6 +192,11 @@ def refuse_crossing(name: str, patches: Iterable[tuple[int, int]], owned: frozen
             "them (free the foreign end first)"
         )
 
+
+YIELD_ABOVE_PORTS = 64
+"""A change of more ports than this gives the loop a turn before its diff and before its read-back (each
+is then a millisecond or more of Python); a smaller one goes straight through: each loop turn costs
+whatever samplers are due (a replay's control path is counted in turns, decision 0050)."""
 
 command_not_before: ContextVar[int | None] = ContextVar("command_not_before", default=None)
 """Set by a caller that announced a change for a moment (the agents lab's world feed, decision 0041): the
@@ -227,10 +236,16 @@ async def converge(
     source = f"ocs:{name}"
     meta_base = {**(context or {}), **ops.extra_meta}
     # Validating hundreds of patches takes a millisecond or two of loop time: let samplers due now run
-    # before the command goes out (t0 is stamped when it does).
-    await asyncio.sleep(0)
-    current = await ops.read()
+    # before the command goes out (t0 is stamped when it does). A few dozen take microseconds: no turn.
+    large = len(scope_ports) > YIELD_ABOVE_PORTS
+    if large:
+        await asyncio.sleep(0)
+    current = ops.known if ops.known is not None else await ops.read()
     first_diff = diff_mapping(current, desired, scope_ports)
+    if ops.known is not None and first_diff.empty:
+        # Nothing to send by what we last verified: only a read can say nothing changed since.
+        current = await ops.read()
+        first_diff = diff_mapping(current, desired, scope_ports)
     command_ns: int | None = None
     complete_ns: int | None = None
     diff = first_diff
@@ -281,7 +296,8 @@ async def converge(
                     meta=meta,
                 )
             )
-        await asyncio.sleep(0)  # the read-back and diff of hundreds of patches: after samplers due now
+        if large:
+            await asyncio.sleep(0)  # the read-back and diff of hundreds of patches: after samplers due now
         try:
             current = await ops.read()
         except HardwareError:
@@ -327,8 +343,13 @@ class VerifiedSwitch:
     _source: str
     _emit_sink: EventSink
     reconnects: int
-    _generation: int
+    _generation: int = 0
     """Counts sessions: a loss noticed by several callers is recovered once (`_recover` compares it)."""
+    diff_from_verified = True
+    """The first diff of an apply is taken against the last verified mapping, without a read of its own
+    (a driver whose commands are worked out from its own read, as DiCon's, sets False)."""
+    _verified: tuple[int, Mapping] | None = None
+    """(session, patches) the last apply verified: the next apply in that session diffs against it."""
     read_operation = "read"
     """How the deadline's error names a read-back (the protocol's own word: RTRV-PATCH, *IDN?...)."""
 
@@ -451,6 +472,7 @@ class VerifiedSwitch:
 
     async def get_mapping(self) -> Timed[Mapping]:
         result = await self._timed(self.read_operation, self._read)
+        self._verified = (self._generation, result.value)  # what it holds now: the next apply's base
         self._emit(
             Kind.OCS_READ,
             len(result.value),
@@ -467,16 +489,23 @@ class VerifiedSwitch:
         scope: Iterable[int] | None = None,
         context: dict[str, Any] | None = None,
     ) -> Timed[ApplyResult]:
+        verified, self._verified = self._verified, None
         ops = SwitchOps(
             self._read_for_apply,
             self._send,
             attempts=self.attempts,
             extra_meta=self._apply_meta(),
             owned=self.owned,
+            known=verified[1]
+            if self.diff_from_verified and verified is not None and verified[0] == self._generation
+            else None,
         )
-        return await self._timed(
+        result = await self._timed(
             "apply", lambda: converge(self.name, self.space, ops, mapping, scope, self._emit_sink, context)
         )
+        # Only a verified apply is remembered: one that failed or was cancelled leaves the next to read.
+        self._verified = (self._generation, result.value.mapping)
+        return result
 
     async def disconnect(
         self, ports: Iterable[int], *, context: dict[str, Any] | None = None

@@ -26,6 +26,7 @@ from labctl.inventory.schema import Inventory, NicPort
 from labctl.inventory.topology import peers_of, rail_scope
 from labctl.labs.base import Lab
 from labctl.linux.looplag import LoopLagMonitor, frozen_heap, middle_generation_deferred, slice_deadline
+from labctl.ocs.protocol import YIELD_ABOVE_PORTS
 from labctl.probes.base import ProbeContext, probe_kinds
 from labctl.probes.sampling import Probe
 from labctl.run.experiment import Plan, RailPhase
@@ -151,7 +152,8 @@ class RunEngine:
         moved = [port.source for port, _ in self._moved(rail, before, after)]
         for aware in self.lab.switch_aware_probes:
             aware.switched(moved)
-        await asyncio.sleep(0)  # hundreds of ports: the other rail's acknowledgement and samplers between
+        if len(moved) > YIELD_ABOVE_PORTS:  # hundreds: the other rail's acknowledgement and samplers between
+            await asyncio.sleep(0)
         circuits = self._circuits(rail, after)
         for probe in self.lab.circuit_probes:
             probe.set_circuits(dict(circuits))  # a copy: the remembered one stays as it is

@@ -93,6 +93,9 @@ class JobCircuits:
             if absent:
                 raise InputError(f"job: host {absent[0]!r} has no NIC port on rail {rail}")
         self._cache: dict[tuple[int, int, StageOwner], Mapping] = {}
+        # Every topology write asks for these again (a replay's control path): worked out once each.
+        self._rail_cache: dict[tuple[int, TopoState], Mapping] = {}
+        self._ports_cache: dict[tuple[int, int], frozenset[int]] = {}
 
     def switch(self, rail: int) -> str:
         return self.inventory.rail_switch(rail)
@@ -122,10 +125,15 @@ class JobCircuits:
                 links += ring_links(self.inventory, rail, group, where)
         return links
 
-    def stage_ports(self, rail: int, stage: int) -> set[int]:
+    def stage_ports(self, rail: int, stage: int) -> frozenset[int]:
         """The switch ports of the stage's NIC ports on the rail (transmit and receive fibers)."""
-        on_rail = self.inventory.rail_ports(rail)
-        return {p for h in self.stage_hosts[stage] for port in on_rail[h] for p in (port.tx, port.rx)}
+        known = self._ports_cache.get((rail, stage))
+        if known is None:
+            on_rail = self.inventory.rail_ports(rail)
+            known = self._ports_cache[(rail, stage)] = frozenset(
+                p for h in self.stage_hosts[stage] for port in on_rail[h] for p in (port.tx, port.rx)
+            )
+        return known
 
     def sub_mapping(self, rail: int, stage: int, owner: StageOwner) -> Mapping:
         """The stage's patches under `owner`: those whose ingress is one of the stage's ports."""
@@ -141,9 +149,13 @@ class JobCircuits:
 
     def rail_mapping(self, rail: int, state: TopoState) -> Mapping:
         """The rail's whole mapping under `state`, validated as a matching."""
-        patches = [p for s, owner in enumerate(state) for p in self.sub_mapping(rail, s, owner)]
-        switch = self.switch(rail)
-        return validate_mapping(patches, self.inventory.switches[switch].space, switch=switch)
+        known = self._rail_cache.get((rail, state))
+        if known is None:
+            patches = [p for s, owner in enumerate(state) for p in self.sub_mapping(rail, s, owner)]
+            switch = self.switch(rail)
+            known = validate_mapping(patches, self.inventory.switches[switch].space, switch=switch)
+            self._rail_cache[(rail, state)] = known
+        return known
 
     def giant_ring(self, rail: int) -> Mapping:
         """The fallback: one static ring through every host of the job on the rail (rank order)."""

@@ -28,6 +28,7 @@ from typing import Any
 from labctl.core.clock import now_ns
 from labctl.core.errors import HardwareError
 from labctl.core.events import Event, Kind
+from labctl.core.tasks import concurrently
 from labctl.inventory.mapping import Mapping
 from labctl.run.rails import RailWriter
 from labctl.workload.circuits import JobCircuits, TopoState, changed_stages, topo_id
@@ -332,16 +333,15 @@ class JobOrchestrator:
         error: str | None = None
         while pending and tries <= self.retries:
             tries += 1
-            results = await asyncio.gather(
-                *(
+            results = await concurrently(
+                [
                     r.apply(target, stages, self.switch_timeout_s, {**ctx, "rail": r.rail, "try": tries})
                     for r in pending
-                ),
-                return_exceptions=True,
+                ]
             )
             failed = []
             for r, res in zip(pending, results, strict=True):
-                if isinstance(res, BaseException):
+                if isinstance(res, Exception):
                     if not isinstance(res, HardwareError | TimeoutError):
                         raise res
                     error = (

@@ -29,6 +29,7 @@ from typing import Any, Literal, Protocol
 
 from labctl.core.clock import now_ns
 from labctl.core.events import Event, Kind
+from labctl.linux.timerfd import Alarm
 from labctl.workload.circuits import TopoState, after_op, topo_id
 from labctl.workload.orchestrator import JobOrchestrator, WriteResult
 from labctl.workload.trace import Op, Trace
@@ -158,11 +159,15 @@ class ReplayResult:
                     writer.writerow({k: ("" if v is None else v) for k, v in asdict(row).items()})
 
 
-async def sleep_until(t_ns: int) -> int:
-    """Sleep to an absolute time; returns how late it woke (ns, 0 when on time)."""
-    delay = t_ns - now_ns()
-    if delay > 0:
-        await asyncio.sleep(delay / 1e9)
+async def sleep_until(t_ns: int, alarm: Alarm | None = None) -> int:
+    """Sleep to an absolute time; returns how late it woke (ns, 0 when on time). With `alarm` (a timerfd)
+    it wakes within tens of µs, where `asyncio.sleep` rounds up to the next millisecond: every replayed
+    operation sleeps to its arrival and its end, so that millisecond would land in every step."""
+    if t_ns > now_ns():
+        if alarm is not None:
+            await alarm.at(t_ns)
+        else:
+            await asyncio.sleep((t_ns - now_ns()) / 1e9)
     return max(0, now_ns() - t_ns)
 
 
@@ -242,6 +247,7 @@ class ReplayEngine:
         offsets = [0]
         for length in lengths:
             offsets.append(offsets[-1] + length)
+        alarm = Alarm()
         try:
             for i, op in enumerate(rail):
                 gap = (
@@ -263,26 +269,26 @@ class ReplayEngine:
                         boundary, task = pending[2], pending[1]
                         pending = None
                         provisioned = True
-                        late_arrival = await sleep_until(arrival)
+                        late_arrival = await sleep_until(arrival, alarm)
                         result = await task
                     else:
                         if pending is not None:  # a write for other circuits still runs: it goes first
                             stale, pending = pending[1], None
                             await stale
-                        late_arrival = await sleep_until(arrival)
+                        late_arrival = await sleep_until(arrival, alarm)
                         boundary = arrival
                         result = await self._write(target, op)
                     if result.tries == 0:  # a no-op (after the fallback): nothing was switched
                         switched, provisioned, result, boundary = False, False, None, None
                 else:
-                    late_arrival = await sleep_until(arrival)
+                    late_arrival = await sleep_until(arrival, alarm)
                 start = max(arrival, result.ready_ns) if result is not None else arrival
-                late = await sleep_until(start)
+                late = await sleep_until(start, alarm)
                 async with self.orch.operation(op.label, op.stages) as g1_wait:
                     if g1_wait:  # a change still held a stage (G1): the op starts when it let go
                         start = now_ns()
                     end = start + op.duration_ns
-                    late_end = await sleep_until(end)
+                    late_end = await sleep_until(end, alarm)
                 state = target
                 record = OpRecord(
                     op.step,
@@ -338,6 +344,7 @@ class ReplayEngine:
                         self._close_step(out, k, t, t + lengths[k])
                         t += lengths[k]
         finally:
+            alarm.close()
             if pending is not None:
                 if not pending[1].done():
                     pending[1].cancel()

@@ -116,9 +116,9 @@ async def test_full_16_pair_remap(switch: Switch, emulator: ScpiEmulator) -> Non
     assert result.value.mapping == ROTATED == emulator.model.patches
     assert result.value.removed == STRAIGHT and result.value.added == ROTATED and result.value.attempts == 1
     ins = ",".join(str(i) for i in range(1, 17))
-    # read, the minimal diff (SUB of what goes, ADD of what comes, each checked), settle, read back
+    # no read first (the first apply's verified read-back is the diff's base, decision 0050): the minimal
+    # diff (SUB of what goes, ADD of what comes, each checked), settle, read back
     assert wire(events) == [
-        "OXC:SWIT:CONN:STAT?",
         f"OXC:SWIT:CONN:SUB (@{ins}),(@{','.join(str(32 + i) for i in range(1, 17))})",
         "SYST:ERR?",
         f"OXC:SWIT:CONN:ADD (@{ins}),(@{','.join(str(32 + i % 16 + 1) for i in range(1, 17))})",
@@ -139,7 +139,9 @@ async def test_concurrent_calls_do_not_interleave_on_the_wire(switch: Switch, em
         sw.apply(ROTATED), sw.port_power(range(1, 65)), sw.get_mapping()
     )
     assert applied.value.mapping == ROTATED
-    assert len(power.value) == 64 and read.value in (STRAIGHT, ROTATED)
+    # The read may land between the apply's SUB and ADD: the switch then holds neither mapping, but each
+    # reply still answers its own command (a misread reply would be a power list or a garbled mapping).
+    assert len(power.value) == 64 and read.value in (STRAIGHT, frozenset(), ROTATED)
     assert sw.reconnects == 0
 
 

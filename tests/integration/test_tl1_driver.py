@@ -136,9 +136,10 @@ async def test_full_16_pair_remap(emulator: Tl1Emulator, depth: int) -> None:
     assert result.value.removed == STRAIGHT and result.value.added == ROTATED and result.value.attempts == 1
     io = [e for e in events if e.kind == "ocs.io"]
     commands = [e.meta["command"].split(":")[0] for e in io]
-    # read, one DLT-PATCH for all 16 ingress ports, 16 ENT-PATCH, read back
-    assert commands == ["RTRV-PATCH", "DLT-PATCH", *["ENT-PATCH"] * 16, "RTRV-PATCH", "CANC-USER"]
-    assert io[1].meta["command"].startswith("DLT-PATCH::1&&16:")
+    # no read first (the first apply's verified read-back is the diff's base, decision 0050): one
+    # DLT-PATCH for all 16 ingress ports, 16 ENT-PATCH, read back
+    assert commands == ["DLT-PATCH", *["ENT-PATCH"] * 16, "RTRV-PATCH", "CANC-USER"]
+    assert io[0].meta["command"].startswith("DLT-PATCH::1&&16:")
     assert len({e.meta["ctag"] for e in io}) == len(io)
     kinds = [e.kind for e in events if e.kind in ("ocs.command", "ocs.complete")]
     assert kinds == ["ocs.command", "ocs.complete"]
@@ -516,3 +517,18 @@ def test_cli_emulate_and_ocs_commands(tmp_path: Path) -> None:
         if emu.stdout is not None:
             emu.stdout.close()
     assert emu.returncode == 0
+
+
+async def test_a_change_behind_the_drivers_back_is_still_converged(emulator: Tl1Emulator) -> None:
+    """The second apply diffs against the first's read-back; the switch changed since (another client):
+    the stale diff fails or misses, the read-back says so, and the retry converges from what was read."""
+    events: list[Event] = []
+    sw = driver(emulator, events)
+    await sw.connect()
+    try:
+        await sw.apply(STRAIGHT)
+        emulator.model.patches = frozenset()  # as after another client's DLT-PATCH::ALL
+        result = await sw.apply(ROTATED)
+    finally:
+        await sw.close()
+    assert result.value.mapping == ROTATED == emulator.model.patches

@@ -13,7 +13,7 @@ from labctl.inventory.mapping import Mapping, MappingDiff, apply_diff
 from labctl.inventory.schema import load_inventory
 from labctl.models.fabric import SimFabric
 from labctl.models.switch import SwitchModel
-from labctl.ocs.protocol import OpticalSwitch, SwitchOps, converge
+from labctl.ocs.protocol import OpticalSwitch, SwitchOps, TimeoutPolicy, VerifiedSwitch, converge
 from tests.helpers.sim_switch import FAST, SPACE, make_switch
 
 
@@ -240,3 +240,81 @@ async def test_a_batch_of_link_reactions_interleaves_in_model_time_with_other_en
     assert len(fabric.timeline) == 0
     fabric.cancel_pending()
     model.cancel_pending()
+
+
+class CountingSwitch(FlakySwitch):
+    """FlakySwitch that loses nothing and counts its reads."""
+
+    def __init__(self, patches: Mapping = frozenset()) -> None:
+        super().__init__(lose=0)
+        self.patches = patches
+        self.reads = 0
+
+    async def read(self) -> Mapping:
+        self.reads += 1
+        return self.patches
+
+
+async def test_converge_diffs_against_what_it_last_verified_without_a_read() -> None:
+    """Decision 0050: with `known`, the first command goes out with no read before it; only the
+    read-back reads."""
+    fake = CountingSwitch({(1, 9)})
+    result = await converge(
+        "ocs1", SPACE, SwitchOps(fake.read, fake.send, known={(1, 9)}), [(1, 10)], None, [].append
+    )
+    assert result.mapping == {(1, 10)} and fake.reads == 1  # the read-back alone
+    assert fake.sent[0].remove == {(1, 9)} and fake.sent[0].add == {(1, 10)}
+
+
+async def test_an_empty_diff_against_what_was_verified_is_checked_by_a_read() -> None:
+    """Nothing to send by what we remember: the switch may have changed since, so it is read."""
+    fake = CountingSwitch(frozenset())  # another client removed (1, 9) since we verified it
+    result = await converge(
+        "ocs1", SPACE, SwitchOps(fake.read, fake.send, known={(1, 9)}), [(1, 9)], None, [].append
+    )
+    assert result.mapping == {(1, 9)} and result.attempts == 1 and fake.reads == 2
+
+
+async def test_a_stale_memory_is_corrected_by_the_read_back_and_the_retry() -> None:
+    """We remember (1, 9); the switch holds (2, 10) too. The first diff misses (2, 10)'s removal under the
+    scope, the read-back shows it, and the retry removes it."""
+    fake = CountingSwitch({(1, 9), (2, 10)})
+    result = await converge(
+        "ocs1", SPACE, SwitchOps(fake.read, fake.send, known={(1, 9)}), [(1, 10)], {1, 2, 9, 10}, [].append
+    )
+    assert result.mapping == {(1, 10)} == fake.patches and result.attempts == 2
+
+
+class WireSwitch(VerifiedSwitch):
+    """The smallest session-based driver: `_read` and `_send` on an in-memory switch, reads counted."""
+
+    def __init__(self) -> None:
+        self.name, self.space, self.timeouts = "ocs1", SPACE, TimeoutPolicy()
+        self.attempts, self.owned, self.reconnects = 3, None, 0
+        self._source, self._emit_sink = "ocs:ocs1", [].append
+        self.patches: Mapping = frozenset()
+        self.reads = 0
+
+    def _require_conn(self) -> object:
+        return self
+
+    async def _read(self) -> Mapping:
+        self.reads += 1
+        return self.patches
+
+    async def _send(self, diff: MappingDiff) -> None:
+        self.patches = apply_diff(self.patches, diff)
+
+
+async def test_a_driver_diffs_against_its_last_verified_apply_in_the_same_session_only() -> None:
+    sw = WireSwitch()
+    await sw.apply([(1, 9)])
+    assert sw.reads == 2  # nothing verified yet: a read, then the read-back
+    await sw.apply([(1, 10)])
+    assert sw.reads == 3  # the read-back alone
+    sw._generation += 1  # a reconnect: what the old session verified is not trusted
+    await sw.apply([(1, 9)])
+    assert sw.reads == 5
+    await sw.get_mapping()  # a read is verified state too
+    await sw.apply([(1, 10)])
+    assert sw.reads == 7 and sw.patches == {(1, 10)}

@@ -295,6 +295,8 @@ class DiconSerialSwitch(VerifiedSwitch):
         outputs = await self._ask([channel_query(i) for i in inputs])
         return mapping_from_channels(self.space, dict(zip(inputs, outputs, strict=True)), self.name)
 
+    diff_from_verified = False  # the order of its commands is worked out from a read just before them
+
     async def _read_for_apply(self) -> Mapping:
         self._last_read = await self._read()
         return self._last_read
