@@ -267,8 +267,13 @@ async def converge(
             "remove": sorted(diff.remove),
             "add": sorted(diff.add),
         }
-        await _not_before(command_not_before.get())
+        not_before = command_not_before.get()
+        await _not_before(not_before)
         t_cmd = now_ns()
+        if not_before is not None and attempts == 1:
+            # The announced moment is when the model's switch moves: a busy loop sends the command after it,
+            # and the record says by how much (the switch phase and the marks after t0 read short by it).
+            meta["late_ns"] = t_cmd - not_before
         command_ns = command_ns or t_cmd
         emit(
             Event(

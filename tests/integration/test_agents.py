@@ -107,9 +107,22 @@ def assert_breakdowns_match(one: pd.DataFrame, agents: pd.DataFrame, run_dir: Pa
     def since_t0(frame: pd.DataFrame, mark: str) -> pd.Series:
         return frame[mark] - frame["t0_command_ns"]
 
+    # The agents lab's model switches at the announced moment; a busy loop sends the command (t0) after it,
+    # and the command's `late_ns` says by how much: the marks after t0 read short by that.
+    late: dict[int, int] = {}
+    for e in read_events(run_dir / "events.jsonl"):
+        if e.kind == "ocs.command" and e.reconfig is not None:
+            late[e.reconfig] = max(late.get(e.reconfig, 0), int(e.meta.get("late_ns", 0)))
+    allowed = pd.Series(
+        [exact_ns + late.get(int(n), 0) for n in agents.index.get_level_values("reconfig")], index=agents.index
+    )
     for mark in ("t3_firmware_up_ns", "t4_carrier_up_ns"):
-        worst = (since_t0(one, mark) - since_t0(agents, mark)).abs().max()
-        assert worst <= exact_ns, f"{mark}: differs by {worst / 1e6:.2f} ms > {exact_ns / 1e6:.2f} ms"
+        excess = (since_t0(one, mark) - since_t0(agents, mark)).abs() - allowed
+        worst = excess.idxmax()
+        assert excess.max() <= 0, (
+            f"{mark}: differs by {excess[worst] / 1e6 + allowed[worst] / 1e6:.2f} ms > "
+            f"{allowed[worst] / 1e6:.2f} ms at {worst}"
+        )
     # Sampled marks match within the stated tolerance on the median (single rows carry each run's own
     # scheduling noise)...
     for mark in ("t1_switch_done_ns", "t2_rx_power_ns", "t5_traffic_ns"):
@@ -455,7 +468,9 @@ async def test_agent_clock_offsets_are_measured_and_removed(
         if e.kind in ("rx_power", "traffic.ok", "traffic.lost") and "prev_ns" in e.meta
     ]
     assert {host for host, _ in brackets} == set(HOSTS)
-    assert all(0 < gap < 100_000_000 for _, gap in brackets), max(brackets, key=lambda b: abs(b[1]))
+    # Unmoved, h1's (+2.5 s) and h3's (+40 ms) would come out negative and h2's (-1.7 s) near +1.7 s; the
+    # 1 s bound tells that apart from an agent starved for a few hundred ms on a busy machine.
+    assert all(0 < gap < 1_000_000_000 for _, gap in brackets), max(brackets, key=lambda b: abs(b[1]))
 
 
 @pytest.mark.slow

@@ -91,13 +91,13 @@ async def test_transcript_login_read_apply_logout() -> None:
             *LOGIN,
             # an autonomous message arrives before the reply, and an IP ack with a prompt
             (b"RTRV-PATCH:::3:;\r\n", autonomous("50", "ENT-PATCH:2,6") + b"IP 3\r\n<" + reply("3", "2,6")),
-            # apply([(1,5),(2,7)]): read, delete the old patch of port 2, enter both, read back
-            (b"RTRV-PATCH:::4:;\r\n", reply("4", "2,6")),
-            (b"DLT-PATCH::2:5:;\r\n", reply("5")),
-            (b"ENT-PATCH::1,5:6:;\r\n", reply("6")),
-            (b"ENT-PATCH::2,7:7:;\r\n", autonomous("51") + reply("7")),
-            (b"RTRV-PATCH:::8:;\r\n", reply("8", "1,5", "2,7", eol="\n")),
-            (b"CANC-USER::admin:9:;\r\n", reply("9")),
+            # apply([(1,5),(2,7)]): no read (the one just made is the diff's base, decision 0050), delete
+            # the old patch of port 2, enter both, read back
+            (b"DLT-PATCH::2:4:;\r\n", reply("4")),
+            (b"ENT-PATCH::1,5:5:;\r\n", reply("5")),
+            (b"ENT-PATCH::2,7:6:;\r\n", autonomous("51") + reply("6")),
+            (b"RTRV-PATCH:::7:;\r\n", reply("7", "1,5", "2,7", eol="\n")),
+            (b"CANC-USER::admin:8:;\r\n", reply("8")),
         ]
     )
     events: list[Event] = []
@@ -113,7 +113,7 @@ async def test_transcript_login_read_apply_logout() -> None:
     assert [e.meta["atag"] for e in reports] == ["50", "51"]
     assert any(e.kind == "ocs.session" and e.value == "ack" for e in events)
     io = [e.meta["command"] for e in events if e.kind == "ocs.io"]
-    assert io[0] == "ACT-USER::admin:1::********;" and "ENT-PATCH::2,7:7:;" in io
+    assert io[0] == "ACT-USER::admin:1::********;" and "ENT-PATCH::2,7:6:;" in io
     assert all(PW not in str(e) for e in events)
 
 
