@@ -77,6 +77,7 @@ SCRIPTS: dict[str, Settings] = {
     "plans": Settings(quick=("--repeat", "1")),
     "protocols": Settings(quick=("--rounds", "2", "--remaps", "10")),
     "rdma": Settings(root=True),
+    "replay": Settings(quick=("--runs", "2", "--switching-ms", "25", "--steps", "3")),
     "scale": Settings(quick=("--ports", "16,512", "--rounds", "1")),
     "tl1": Settings(quick=("--n", "200", "--remaps", "10")),
     "traffic": Settings(root=True),
