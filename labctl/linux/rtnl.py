@@ -4,8 +4,8 @@ pyroute2 builds and parses every attribute of every message (~0.2 ms per RTM_NEW
 ../shared/reference/probes.md §2.2); the fabric flips fiber ends and re-programs cross-connects while a
 reconfiguration is being timed, and the carrier probe parses thousands of link messages a second, so both
 use these few hand-encoded messages instead. Only what labctl needs is here: link admin state, veth
-creation with chosen ifindexes, an ingress qdisc, u32 + mirred redirect filters, and the RTM_NEWLINK
-fields a carrier probe reads.
+creation with chosen ifindexes, an ingress qdisc, u32 + mirred redirect filters, the RTM_NEWLINK fields a
+carrier probe reads, and the socket filter that keeps a link subscriber's queue to the links it watches.
 """
 
 from __future__ import annotations
@@ -13,9 +13,16 @@ from __future__ import annotations
 import errno
 import socket
 import struct
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from labctl.linux.netlink import (
+    BPF_ACCEPT,
+    BPF_JEQ_K,
+    BPF_LD_H_ABS,
+    BPF_LD_W_ABS,
+    BPF_MAXINSNS,
+    BPF_RET_K,
     NLATTR,
     NLM_F_ACK,
     NLM_F_CREATE,
@@ -25,8 +32,11 @@ from labctl.linux.netlink import (
     NLMSG_ERROR,
     NLMSGERR,
     U32,
+    Insn,
     NetlinkError,
     attr,
+    be16,
+    be32,
     cstr,
     iter_messages,
     message,
@@ -99,26 +109,66 @@ class LinkState:
     down_count: int | None
 
 
-def parse_link(data: bytes, start: int, end: int) -> LinkState:
-    """Decode ifindex, flags, carrier, operstate and the carrier counters; skip every other attribute."""
+def parse_link(data: bytes | bytearray, start: int, end: int) -> LinkState:
+    """Decode ifindex, flags, carrier, operstate and the carrier counters; skip every other attribute, and
+    stop once the four are found (the kernel puts them before the statistics and the per-family blocks,
+    which are most of a ~1.5 KiB notification: half the walk)."""
     _family, _type, ifindex, flags, _change = IFINFOMSG.unpack_from(data, start)
     carrier = operstate = up_count = down_count = None
     offset = start + IFINFOMSG.size
+    header = NLATTR.unpack_from
+    found = 0
     while offset + 4 <= end:
-        length, kind = NLATTR.unpack_from(data, offset)
+        length, kind = header(data, offset)
         if length < 4:
             break
         kind &= 0x3FFF
         if kind == IFLA_CARRIER:
             carrier = data[offset + 4]
+            found |= 1
         elif kind == IFLA_OPERSTATE:
             operstate = data[offset + 4]
+            found |= 2
         elif kind == IFLA_CARRIER_UP_COUNT:
             up_count = U32.unpack_from(data, offset + 4)[0]
+            found |= 4
         elif kind == IFLA_CARRIER_DOWN_COUNT:
             down_count = U32.unpack_from(data, offset + 4)[0]
+            found |= 8
+        if found == 15:
+            break
         offset += (length + 3) & ~3
     return LinkState(ifindex, flags, carrier, operstate, up_count, down_count)
+
+
+# Where a link subscriber's filter reads: nlmsghdr (16 bytes: len, type, flags, seq, pid), then ifinfomsg.
+_TYPE_AT, _PID_AT, _IFINDEX_AT = 4, 12, 16 + 4
+LINK_FILTER_MAX = (BPF_MAXINSNS - 8) // 2
+"""The most interfaces `link_filter` can name (two instructions each)."""
+
+
+def link_filter(portid: int, ifindexes: Collection[int]) -> list[Insn]:
+    """A classic-BPF socket filter (labctl.linux.netlink.attach_filter) for an RTMGRP_LINK subscriber bound
+    to `portid`: it keeps every datagram addressed to that port (the replies to its own requests: dumps,
+    which pack many links into one datagram; per-link RTM_GETLINK replies; errors) and the RTM_NEWLINK
+    notifications of the links in `ifindexes`. Everything else (other links' notifications, RTM_DELLINK)
+    the kernel drops before it is queued. A notification carries one message, so its first header is all
+    the filter needs to read."""
+    if not 0 < len(ifindexes) <= LINK_FILTER_MAX:
+        raise ValueError(f"a link filter names 1 to {LINK_FILTER_MAX} interfaces, not {len(ifindexes)}")
+    program: list[Insn] = [
+        (BPF_LD_W_ABS, 0, 0, _PID_AT),
+        (BPF_JEQ_K, 0, 1, be32(portid)),
+        (BPF_RET_K, 0, 0, BPF_ACCEPT),  # a reply to this socket's own request
+        (BPF_LD_H_ABS, 0, 0, _TYPE_AT),
+        (BPF_JEQ_K, 1, 0, be16(RTM_NEWLINK)),
+        (BPF_RET_K, 0, 0, 0),  # a notification of another kind
+        (BPF_LD_W_ABS, 0, 0, _IFINDEX_AT),
+    ]
+    for index in sorted(set(ifindexes)):
+        program += [(BPF_JEQ_K, 0, 1, be32(index)), (BPF_RET_K, 0, 0, BPF_ACCEPT)]
+    program.append((BPF_RET_K, 0, 0, 0))  # a link nobody watches
+    return program
 
 
 def getlink_request(ifindex: int, seq: int) -> bytes:
