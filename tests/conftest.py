@@ -152,6 +152,7 @@ ROOT_FIXTURES = frozenset({"netns", "fabric_prefix", "own_rehearsal_inventory", 
 TESTS = Path(__file__).resolve().parent
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test with its folder's tier, and `root` where it needs root: an `emulated` mark of its own
     (it runs in network namespaces) or a fixture of ROOT_FIXTURES."""
@@ -169,6 +170,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(tier)
         if needs_root:
             item.add_marker("root")
+            # Under pytest-xdist the root tests run one after another on one worker: they build network
+            # namespaces, veths in the root namespace and management subnets, which the fabric fixtures
+            # check for leaks against the whole machine.
+            item.add_marker(pytest.mark.xdist_group("root"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

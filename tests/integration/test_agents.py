@@ -48,6 +48,10 @@ from tests.helpers.agents import (
 )
 from tests.mosquitto import Mosquitto
 
+# Under pytest-xdist these run one at a time on one worker: each starts four agent processes beside
+# its controller, and two such tests at once on 2 cores starve each other's samplers.
+pytestmark = pytest.mark.xdist_group("agents")
+
 hub, lost = helpers.hub, helpers.lost  # fixtures
 
 

@@ -23,7 +23,12 @@ def test_guard_fails_a_test_that_leaks_a_task(pytester: pytest.Pytester, repo) -
         """
     )
     result = pytester.runpytest(
-        "-o", "asyncio_mode=auto", "-o", "asyncio_default_fixture_loop_scope=function"
+        "-o",
+        "asyncio_mode=auto",
+        "-o",
+        "asyncio_default_fixture_loop_scope=function",
+        "-p",
+        "no:benchmark",  # where pytest-benchmark is installed, it refuses to run inside an xdist worker
     )
     result.assert_outcomes(passed=2, errors=1)  # test_leaks passes, then errors at teardown
     result.stdout.fnmatch_lines(["*leaked 1 asyncio task(s): leaky-sleeper*"])

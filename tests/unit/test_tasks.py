@@ -11,11 +11,9 @@ from labctl.core.tasks import concurrently
 
 async def test_results_and_errors_in_order() -> None:
     async def value(x: int) -> int:
-        await asyncio.sleep(0)
         return x
 
     async def fail() -> int:
-        await asyncio.sleep(0)
         raise ValueError("rail 1")
 
     results = await concurrently([value(0), fail(), value(2)])
@@ -25,15 +23,21 @@ async def test_results_and_errors_in_order() -> None:
 
 async def test_the_first_runs_inline_and_the_others_at_once() -> None:
     order: list[str] = []
+    release = asyncio.Event()
 
     async def step(name: str) -> str:
         order.append(f"{name} starts")
-        await asyncio.sleep(0.01)
+        await release.wait()
         order.append(f"{name} ends")
         return name
 
-    assert await concurrently([step("a"), step("b")]) == ["a", "b"]
-    assert order[:2] == ["a starts", "b starts"]  # b did not wait for a
+    async def releaser() -> str:
+        order.append("releaser starts")
+        release.set()
+        return "released"
+
+    assert await concurrently([step("a"), step("b"), releaser()]) == ["a", "b", "released"]
+    assert order[:3] == ["a starts", "b starts", "releaser starts"]  # b did not wait for a to end
 
 
 async def test_cancellation_cancels_the_others_and_propagates() -> None:
@@ -43,7 +47,7 @@ async def test_cancellation_cancels_the_others_and_propagates() -> None:
     async def forever(name: str) -> None:
         try:
             started.set()
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()
         except asyncio.CancelledError:
             cancelled.append(name)
             raise
