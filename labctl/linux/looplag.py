@@ -38,6 +38,15 @@ do not, for a few more loop turns per burst."""
 BEHIND_SLICE_NS = 20_000
 """The slice while a sampler is behind its schedule: a piece or two of each burst, then the loop back."""
 
+LATE_NS = 5_000_000
+LATE_SLICE_NS = 400_000
+"""The slice of work that is itself this late (`slice_deadline(late_ns)`): a behaviour model's timeline whose
+transitions are due LATE_NS ago or more. A loop turn holds a slice of every burst at once (the event pumps,
+the probes' reports, the model), so a model given the same slice as each of them fell tens of ms behind in
+a 512-port link-up burst; its readers then had to catch it up inside a sampler's tick
+(labctl.models.fabric.SimFabric.sync_links). Events that wait longer to be recorded keep the stamp of their
+observation, so the model goes first; a sampler behind its schedule still gets the loop back sooner."""
+
 _behind_until_ns = 0
 
 
@@ -49,10 +58,13 @@ def sampler_behind(until_ns: int) -> None:
     _behind_until_ns = max(_behind_until_ns, until_ns)
 
 
-def slice_deadline() -> int:
-    """When a slice of burst work begun now must give the loop back (compare `now_ns()` against it)."""
+def slice_deadline(late_ns: int = 0) -> int:
+    """When a slice of burst work begun now must give the loop back (compare `now_ns()` against it);
+    `late_ns`: how late the work itself is (`LATE_SLICE_NS`)."""
     now = now_ns()
-    return now + (BEHIND_SLICE_NS if now < _behind_until_ns else SLICE_NS)
+    if now < _behind_until_ns:
+        return now + BEHIND_SLICE_NS
+    return now + (LATE_SLICE_NS if late_ns >= LATE_NS else SLICE_NS)
 
 
 class LoopLagMonitor:

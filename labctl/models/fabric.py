@@ -7,6 +7,14 @@ Each port reacts to whether light reaches its receiver through the current patch
   70-80 µs later on each end, traffic once both ends have carrier plus the transport delay.
 Transitions carry exact model times (integer ns) and are delivered at that time through the event loop.
 A newer change of the link invalidates transitions still pending for the old one.
+
+Whether a ping gets through is read from the optics alone, not from the link reactions having run: when a
+light change completes a link (both directions lit), the link's timing is drawn at once and the model time
+its transport comes up is written beside the light (`PortArrays.transport_up_ns`); a later light change of
+either end voids it at once. So a reader of traffic catches up only the optics (`sync_optics`, a few array
+operations per command), and the reactions (firmware, carrier, transport transitions and their events) are
+worked through on the fabric's own timeline, a time slice per loop turn, never inside a sampler's tick
+(decision 0052).
 """
 
 from __future__ import annotations
@@ -15,7 +23,6 @@ import functools
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,9 +31,8 @@ from labctl.core.clock import now_ns
 from labctl.core.events import Kind
 from labctl.inventory.profiles import Profile
 from labctl.inventory.schema import Inventory, NicPort
-from labctl.linux.looplag import slice_deadline
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
-from labctl.models.timeline import Scheduled, Timeline
+from labctl.models.timeline import Timeline
 
 if TYPE_CHECKING:
     from labctl.probes.sampling import ModelSchedule
@@ -45,6 +51,9 @@ TransitionListener = Callable[[NicPort, str, int, int], None]
 
 DARK_RAMP_DB = 30.0  # Rx power rises from ~30 dB below its level while the optics settle
 
+NEVER = np.iinfo(np.int64).max
+"""A transport that is not coming up (its link dropped, or never lit)."""
+
 
 class PortArrays:
     """The per-port state the vectorized readers need, one numpy array per field (index: the port's slot).
@@ -58,8 +67,12 @@ class PortArrays:
         self.level_dbm = np.zeros(n)
         self.light_t_ns = np.zeros(n, np.int64)
         self.settle_ns = np.zeros(n, np.int64)
-        self.transport = np.zeros(n, bool)
-        self.transport_t_ns = np.zeros(n, np.int64)  # model time the transport last came up
+        self.transport = np.zeros(n, bool)  # the transport transition has run (what listeners were told)
+        # The port's latest link: the model time it lit (both directions carried light), and the model time
+        # its transport comes up (NEVER: none). Written with the light change that lit it, before any
+        # reaction runs; trusted while the port's light has not changed since (light_t_ns <= link_t_ns).
+        self.link_t_ns = np.zeros(n, np.int64)
+        self.transport_up_ns = np.full(n, NEVER, np.int64)
         self.before_mw = np.zeros(n)  # power before the last light change: what a stale module still shows
         self.update_ns = np.zeros(n, np.int64)  # the module's DOM refresh interval (0: current on every read)
         self.update_phase_ns = np.zeros(n, np.int64)
@@ -70,7 +83,7 @@ class PortArrays:
 class PortState:
     """One NIC port of the model. The optical fields are views of the fabric's `PortArrays`."""
 
-    __slots__ = ("_fabric", "carrier", "firmware", "generation", "link_peer", "port", "slot")
+    __slots__ = ("_fabric", "carrier", "firmware", "generation", "peer_slot", "port", "slot")
 
     def __init__(self, fabric: SimFabric, port: NicPort, slot: int) -> None:
         self._fabric = fabric
@@ -79,8 +92,14 @@ class PortState:
         self.firmware = 0
         self.carrier = 0
         self.generation = 0
-        self.link_peer: NicPort | None = None
+        self.peer_slot = -1
+        """The slot of the other end of the port's latest link (lit both ways; -1: none); kept when it
+        drops until the next."""
+
+    @property
+    def link_peer(self) -> NicPort | None:
         """The other end of the port's latest link (lit both ways); kept when it drops until the next."""
+        return self._fabric.port_at[self.peer_slot] if self.peer_slot >= 0 else None
 
     @property
     def light_from(self) -> NicPort | None:
@@ -127,25 +146,38 @@ class PortState:
         self._fabric.arrays.transport[self.slot] = bool(value)
 
 
+LinkUp = tuple[int, int, int, int]
+"""A link's timing as drawn when it lit: firmware up (both ends), carrier up at each end, transport up."""
+
+
+Row = tuple[int, int, int, int, LinkUp | None]
+
+
 class _LinkBatch:
-    """A light batch's link reactions, in model-time order: (t_ns, port, old peer, new source, both lit)."""
+    """A light batch's link reactions, in model-time order, by slot: (t_ns, port, old peer, new source,
+    the link's timing where the change lit one, else None), -1 for none. Made from the batch's arrays
+    when first run (on the timeline, in its slice), not by the reader that applied the light."""
 
-    __slots__ = ("next", "rows")
+    __slots__ = ("_columns", "_rows", "next")
 
-    def __init__(self, rows: list[tuple[int, NicPort, NicPort | None, NicPort | None, bool]]) -> None:
-        self.rows = rows
+    def __init__(self, rows: list[Row] | None = None, columns: tuple[np.ndarray, ...] | None = None) -> None:
+        self._rows = rows
+        self._columns = columns
+        """times, slots, old peers, sources, the rows that lit a link, their timing (4 arrays)."""
         self.next = 0
 
-
-@dataclass
-class _Pending:
-    """A transition scheduled at model time `t_ns`, valid while the port's link generation is unchanged."""
-
-    t_ns: int
-    generation: int
-    kind: str
-    value: int
-    handle: Scheduled | None = None
+    @property
+    def rows(self) -> list[Row]:
+        if self._rows is None:
+            assert self._columns is not None
+            times, slots, old, sources, links, *drawn = self._columns
+            ups: list[LinkUp | None] = [None] * times.size
+            for k, up in zip(links.tolist(), zip(*(c.tolist() for c in drawn), strict=True), strict=True):
+                ups[k] = up
+            columns = (times.tolist(), slots.tolist(), old.tolist(), sources.tolist(), ups)
+            self._rows = list(zip(*columns, strict=True))
+            self._columns = None
+        return self._rows
 
 
 SCALAR_SLOTS = 16
@@ -170,7 +202,9 @@ class SimFabric:
         self.noise = np.random.default_rng(rng.getrandbits(64))
         self._by_rx: dict[tuple[str, int], NicPort] = {}
         self._by_tx: dict[tuple[str, int], NicPort] = {}
-        self._pending: dict[NicPort, list[_Pending]] = {}
+        self._whole_of: tuple[np.ndarray, bool] | None = None
+        self._states: list[PortState] = []
+        """Each port's state by slot (the link reactions work on slots: no port hashed per reaction)."""
         self.timeline = Timeline()
         self.schedule: ModelSchedule | None = None
         """Where readers advance the model (an agent's mirror): the schedule its samplers share."""
@@ -179,6 +213,7 @@ class SimFabric:
             # Per-port spread of received power, as fibers and connectors differ.
             level = profile.rx_power_dbm + rng.uniform(-0.8, 0.8)
             st = self.ports[port] = PortState(self, port, self.slot[port])
+            self._states.append(st)
             st.rx_level_dbm = level
             self._by_rx[(port.switch, port.rx)] = port
             self._by_tx[(port.switch, port.tx)] = port
@@ -236,7 +271,9 @@ class SimFabric:
         it runs in model-time order with every transition already scheduled, a time slice per loop turn:
         a switch moving 512 ports does not stall every sampler for 10 ms, and no transition runs before a
         light change that came earlier."""
-        if np.unique(egress).size != egress.size:  # one egress twice in a batch: apply in order
+        # One egress twice in a batch: apply in order. (Not np.unique: its first call imports numpy.ma,
+        # ~12 ms of loop time in the first reconfiguration of a run.)
+        if egress.size > 1 and (np.diff(np.sort(egress)) == 0).any():
             for i in range(egress.size):
                 self._on_lights(rx_slot, tx_slot, egress[i : i + 1], ingress[i : i + 1], times[i : i + 1])
             return
@@ -261,21 +298,39 @@ class SimFabric:
         position[slots] = np.arange(slots.size)
         partner = np.maximum(sources, 0)
         both = lit & (a.lit_from[partner] == slots) & (position[partner] < np.arange(slots.size))
-        port_at = self.port_at
+        react = (old >= 0) | both  # a link dropped, or one lit
+        if not react.any():
+            return
+        slots, old, sources, times, both = slots[react], old[react], sources[react], times[react], both[react]
+        links = np.flatnonzero(both)
+        drawn = self._draw_links(slots[links], sources[links], times[links]) if links.size else (links,) * 4
+        # One timeline entry for the batch, not one per port (times already in model-time order).
+        batch = _LinkBatch(columns=(times, slots, old, sources, links, *drawn))
+        self.timeline.at(int(times[0]), self._link_batch, batch)
 
-        def peer(slot: int) -> NicPort | None:
-            return port_at[slot] if slot >= 0 else None
+    def _draw_links(self, ends: np.ndarray, peers: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Links lit at these model times (one end, the other): draw each one's timing now, in order (per
+        link: firmware up, carrier up at each end, transport up), and write when each end's transport comes
+        up, which is what a ping reads. The link reactions schedule the transitions at these times."""
+        profile, random = self.profile, self.rng.random
+        draws = np.array([random() for _ in range(4 * ends.size)]).reshape(-1, 4)
 
-        rows = [
-            (t_ns, port_at[slot], peer(was), peer(source), b)
-            for slot, was, source, t_ns, b in zip(
-                slots.tolist(), old.tolist(), sources.tolist(), times.tolist(), both.tolist(), strict=True
-            )
-            if was >= 0 or b
-        ]
-        if rows:  # one timeline entry for the batch, not one per port (times already in model-time order)
-            batch = _LinkBatch(rows)
-            self.timeline.at(rows[0][0], self._link_batch, batch)
+        def span(name: str, column: int) -> np.ndarray:
+            """As Profile.draw_ns: round(uniform(low, high) * unit), from the column's draws."""
+            low, high = getattr(profile, name)
+            unit = 1_000 if name.endswith("_us") else 1_000_000
+            ns: np.ndarray = np.rint((low + (high - low) * draws[:, column]) * unit).astype(np.int64)
+            return ns
+
+        t_fw = times + span("firmware_up_ms", 0)
+        carrier_a = t_fw + span("carrier_after_firmware_us", 1)
+        carrier_b = t_fw + span("carrier_after_firmware_us", 2)
+        t_transport = np.maximum(carrier_a, carrier_b) + span("transport_after_carrier_ms", 3)
+        a = self.arrays
+        for end in (ends, peers):
+            a.link_t_ns[end] = times
+            a.transport_up_ns[end] = t_transport
+        return t_fw, carrier_a, carrier_b, t_transport
 
     def _link_batch(self, batch: _LinkBatch) -> None:
         """Run the batch's link reactions in model-time order, interleaved exactly with everything else on
@@ -284,90 +339,110 @@ class SimFabric:
         running on its own timer; a reader catching the model up runs every one due."""
         rows, i, n = batch.rows, batch.next, len(batch.rows)
         timeline, horizon = self.timeline, self.timeline.horizon_ns
-        deadline = slice_deadline()
+        deadline = timeline.slice_end_ns  # None: a reader catching the model up to the horizon
         first = True
         while i < n:
             t_ns = rows[i][0]
             if not first:
                 other = timeline.next_due_ns()
-                if t_ns > horizon or (other is not None and other < t_ns) or now_ns() >= deadline:
+                if (
+                    t_ns > horizon
+                    or (other is not None and other < t_ns)
+                    or (deadline is not None and now_ns() >= deadline)
+                ):
                     break
             first = False
-            _, port, was, source, both = rows[i]
-            self._link(port, was, source, t_ns, both)
+            _, port, was, source, up = rows[i]
+            self._link(port, was, source, t_ns, up)
             i += 1
         batch.next = i
         if i < n:
             timeline.at(rows[i][0], self._link_batch, batch)
 
-    def _link(
-        self, port: NicPort, old: NicPort | None, source: NicPort | None, t_ns: int, both: bool
-    ) -> None:
-        if old is not None:
+    def _link(self, port: int, old: int, source: int, t_ns: int, up: LinkUp | None) -> None:
+        """One port's reaction to its light changing at t_ns (slots; -1: none): the link with `old` drops;
+        with `up` (its timing), the link with `source` lights."""
+        if old >= 0:
             self._link_down(port, old, t_ns)
-        if both and source is not None:
-            self._link_lit(port, source, t_ns)
+        if up is not None and source >= 0:
+            self._link_lit(port, source, up)
 
-    def _link_down(self, a: NicPort, b: NicPort, t_ns: int) -> None:
+    def _link_down(self, a: int, b: int, t_ns: int) -> None:
         """Light from b no longer reaches a: the a-b link drops at both ends; b's end only if its latest
         link is still the one with a (one change that lights b with c and a later one that takes b's light
         from a are reactions to the same re-patch: the later one must not cancel b-c coming up)."""
-        other = self.ports[b].link_peer
-        for port in (a, b) if other is None or other == a else (a,):
-            st = self.ports[port]
+        states = self._states
+        other = states[b].peer_slot
+        for slot in (a, b) if other < 0 or other == a else (a,):
+            st = states[slot]
             st.generation += 1
-            if st.transport:
-                self._transition(port, TRANSPORT, 0, t_ns)
+            if self.arrays.transport.item(slot):
+                self._transition_slot(slot, TRANSPORT, 0, t_ns)
             if st.firmware:
-                self._transition(port, Kind.LINK_FIRMWARE, 0, t_ns)
+                self._transition_slot(slot, Kind.LINK_FIRMWARE, 0, t_ns)
             if st.carrier:
                 self._schedule(
-                    port,
+                    slot,
                     st.generation,
                     Kind.CARRIER,
                     0,
                     t_ns + self.profile.draw_ns(self.rng, "carrier_down_after_loss_ms"),
                 )
 
-    def _link_lit(self, a: NicPort, b: NicPort, t_ns: int) -> None:
-        """Both directions of the a-b link carry light from t_ns: schedule the link-up sequence."""
-        t_fw = t_ns + self.profile.draw_ns(self.rng, "firmware_up_ms")
-        carrier_t = {}
-        self.ports[a].link_peer, self.ports[b].link_peer = b, a
-        for port in (a, b):
-            st = self.ports[port]
+    def _link_lit(self, a: int, b: int, up: LinkUp) -> None:
+        """Both directions of the a-b link carry light: schedule its link-up sequence, timed as drawn when
+        the light came (`_draw_links`)."""
+        t_fw, carrier_a, carrier_b, t_transport = up
+        states = self._states
+        states[a].peer_slot, states[b].peer_slot = b, a
+        for slot, carrier_t in ((a, carrier_a), (b, carrier_b)):
+            st = states[slot]
             st.generation += 1
-            self._schedule(port, st.generation, Kind.LINK_FIRMWARE, 1, t_fw)
-            carrier_t[port] = t_fw + self.profile.draw_ns(self.rng, "carrier_after_firmware_us")
-            self._schedule(port, st.generation, Kind.CARRIER, 1, carrier_t[port])
-        t_transport = max(carrier_t.values()) + self.profile.draw_ns(self.rng, "transport_after_carrier_ms")
-        for port in (a, b):
-            self._schedule(port, self.ports[port].generation, TRANSPORT, 1, t_transport)
+            self._schedule(slot, st.generation, Kind.LINK_FIRMWARE, 1, t_fw)
+            self._schedule(slot, st.generation, Kind.CARRIER, 1, carrier_t)
+        for slot in (a, b):
+            self._schedule(slot, states[slot].generation, TRANSPORT, 1, t_transport)
 
-    def _schedule(self, port: NicPort, generation: int, kind: str, value: int, t_ns: int) -> None:
-        pending = _Pending(t_ns, generation, kind, value)
-        pending.handle = self.timeline.at(t_ns, self._fire, port, pending)
-        self._pending.setdefault(port, []).append(pending)
+    def _schedule(self, slot: int, generation: int, kind: str, value: int, t_ns: int) -> None:
+        """A transition at model time t_ns, void if the port's link generation has moved on by then. (The
+        entry holds plain values: nothing per transition for the cyclic garbage collector to find.)"""
+        self.timeline.at(t_ns, self._fire, slot, generation, kind, value, t_ns)
 
-    def _fire(self, port: NicPort, pending: _Pending) -> None:
-        self._pending[port].remove(pending)
-        if self.ports[port].generation == pending.generation:
-            self._transition(port, pending.kind, pending.value, pending.t_ns)
+    def _fire(self, slot: int, generation: int, kind: str, value: int, t_ns: int) -> None:
+        if self._states[slot].generation == generation:
+            self._transition_slot(slot, kind, value, t_ns)
 
     def _transition(self, port: NicPort, kind: str, value: int, t_ns: int) -> None:
-        st = self.ports[port]
-        attr = "firmware" if kind == Kind.LINK_FIRMWARE else kind
-        if getattr(st, attr) == value:
-            return
-        setattr(st, attr, value)
-        if kind == TRANSPORT and value:
-            self.arrays.transport_t_ns[st.slot] = t_ns
+        """The port's firmware link, carrier or transport changes to `value` at t_ns, as told: a mirror of
+        the controller's model, which draws no link timing of its own, applies the model's transitions
+        through this (a transport up from t_ns, with the light as it has been since; down: none)."""
+        slot = self.slot[port]
+        if kind == TRANSPORT:
+            arrays = self.arrays
+            if value:
+                arrays.transport_up_ns[slot] = arrays.link_t_ns[slot] = t_ns
+            else:
+                arrays.transport_up_ns[slot] = NEVER
+        self._transition_slot(slot, kind, value, t_ns)
+
+    def _transition_slot(self, slot: int, kind: str, value: int, t_ns: int) -> None:
+        st = self._states[slot]
+        if kind == TRANSPORT:
+            arrays = self.arrays
+            if arrays.transport.item(slot) == bool(value):
+                return
+            arrays.transport[slot] = bool(value)
+        else:
+            attr = "firmware" if kind == Kind.LINK_FIRMWARE else kind
+            if getattr(st, attr) == value:
+                return
+            setattr(st, attr, value)
+        port = self.port_at[slot]
         for listener in self.listeners:
             listener(port, kind, value, t_ns)
 
     def cancel_pending(self) -> None:
         self.timeline.cancel_all()
-        self._pending.clear()
 
     # -- what probes read ------------------------------------------------------------------------------------
     def rx_power_mw(self, slots: np.ndarray, t_ns: int) -> np.ndarray:
@@ -381,27 +456,48 @@ class SimFabric:
         if slots.size <= SCALAR_SLOTS:
             return np.array(self._rx_power_mw_each(slots.tolist(), t_ns))
         a = self.arrays
-        t = np.full(slots.size, t_ns, np.int64)
-        update = a.update_ns[slots]
+        whole = self._whole(slots)  # every port in slot order (a poller of the whole lab): no gathers
+
+        def take(x: np.ndarray) -> np.ndarray:
+            return x if whole else x[slots]
+
+        update = take(a.update_ns)
         stale = update > 0
-        if stale.any():
+        any_stale = bool(stale.any())
+        t: np.ndarray | int = t_ns
+        if any_stale:
+            t = np.full(slots.size, t_ns, np.int64)
             period = update[stale]
-            t[stale] -= (t[stale] - a.update_phase_ns[slots][stale]) % period
-        since = t - a.light_t_ns[slots]
-        settle = a.settle_ns[slots]
+            t[stale] -= (t[stale] - take(a.update_phase_ns)[stale]) % period
+        since = t - take(a.light_t_ns)
+        settle = take(a.settle_ns)
         # A module's noise changes when its reading does: once per refresh (every read if it has none).
-        fresh = a.noise_t_ns[slots] != t
-        if fresh.any():
+        fresh = take(a.noise_t_ns) != t
+        if fresh.all():
+            a.noise_db[slots] = (self.noise.random(slots.size) - 0.5) * self.profile.rx_noise_db
+            a.noise_t_ns[slots] = t
+        elif fresh.any():
             renewed = slots[fresh]
             a.noise_db[renewed] = (self.noise.random(renewed.size) - 0.5) * self.profile.rx_noise_db
-            a.noise_t_ns[renewed] = t[fresh]
-        dbm = a.level_dbm[slots] + a.noise_db[slots]
+            a.noise_t_ns[renewed] = t[fresh] if isinstance(t, np.ndarray) else t
+        dbm = take(a.level_dbm) + take(a.noise_db)
         ramping = (since >= 0) & (since < settle)
         if ramping.any():
             dbm[ramping] -= DARK_RAMP_DB * (1 - since[ramping] / settle[ramping])
-        mw = np.where(a.lit_from[slots] >= 0, 10.0 ** (dbm / 10.0), 0.0)
-        mw = np.where(stale & (since < 0), a.before_mw[slots], mw)  # refreshed before the change
-        return np.minimum(np.rint(mw * 1e4), 0xFFFF) / 1e4
+        mw = np.where(take(a.lit_from) >= 0, 10.0 ** (dbm / 10.0), 0.0)
+        if any_stale:
+            mw = np.where(stale & (since < 0), take(a.before_mw), mw)  # refreshed before the change
+        out: np.ndarray = np.minimum(np.rint(mw * 1e4), 0xFFFF) / 1e4
+        return out
+
+    def _whole(self, slots: np.ndarray) -> bool:
+        """Whether `slots` is every port in slot order (remembered: a poller passes one array each tick)."""
+        seen = self._whole_of
+        if seen is not None and seen[0] is slots:
+            return seen[1]
+        whole = slots.size == len(self.port_at) and bool(np.array_equal(slots, np.arange(slots.size)))
+        self._whole_of = (slots, whole)
+        return whole
 
     def _rx_power_mw_each(self, slots: list[int], t_ns: int) -> list[float]:
         """`rx_power_mw` one slot at a time, for a few ports (an agent's host): the same model, without a
@@ -451,60 +547,45 @@ class SimFabric:
             timeline.run_due(t_ns)
 
     def sync_links(self, t_ns: int) -> None:
-        """`sync_optics`, then the link reactions due by t_ns (a link's transport coming up or going down):
-        a ping at t_ns must see the link as the model has it then, not as the loop got round to it (a busy
-        host ran the fabric's timeline tens of ms late, and pings failed on a link that was up)."""
+        """What a ping at t_ns must see of the model: its optics at t_ns (`sync_optics`), which carry each
+        link's transport time from the light change that lit it. None of the link reactions: a busy host
+        runs the fabric's timeline late (pings once failed on a link that was up, and catching the
+        reactions up inside a sampler's tick stalled it for 10 ms at 512 ports; decision 0052)."""
         self.sync_optics(t_ns)
-        self.timeline.run_due(t_ns)
 
     def traffic_ok(self, slots: np.ndarray, peer_slots: np.ndarray, t_ns: int | None = None) -> np.ndarray:
         """Whether a ping-pong from each port to its peer (by slot) gets through at t_ns (default: now).
 
-        Both ends must have transport up on the link between them (decision 0044). The optics and the link
-        reactions are caught up to t_ns here (`sync_links`); a link batch still yields between slices, so
-        a transport flag is only trusted while neither end's light has changed since that transport came
-        up (any change of a lit port's light drops its link, `_link_down`), and each end is lit by the
-        other."""
+        Both ends must have transport up on the link between them at t_ns (decision 0044): each end lit by
+        the other, neither end's light changed since their link lit, and its transport up by t_ns."""
         t = now_ns() if t_ns is None else t_ns
         self.sync_links(t)
         a = self.arrays
+        up = (a.transport_up_ns <= t) & (a.light_t_ns <= a.link_t_ns)  # every port's end of its link
+        lit_from = a.lit_from
         ok: np.ndarray = (
-            a.transport[slots]
-            & a.transport[peer_slots]
-            & (a.lit_from[slots] == peer_slots)
-            & (a.lit_from[peer_slots] == slots)
-            & (a.light_t_ns[slots] <= a.transport_t_ns[slots])
-            & (a.light_t_ns[peer_slots] <= a.transport_t_ns[peer_slots])
+            up[slots] & up[peer_slots] & (lit_from[slots] == peer_slots) & (lit_from[peer_slots] == slots)
         )
         return ok
 
     def passes(self, slot: int, peer_slot: int, t_ns: int) -> bool:
         """`traffic_ok` for one packet from one port to another: plain scalar reads (per packet, not per
         tick, so no array round trip)."""
-        self.sync_links(t_ns)
-        a = self.arrays
-        return bool(
-            a.transport[slot]
-            and a.transport[peer_slot]
-            and a.lit_from[slot] == peer_slot
-            and a.lit_from[peer_slot] == slot
-            and a.light_t_ns[slot] <= a.transport_t_ns[slot]
-            and a.light_t_ns[peer_slot] <= a.transport_t_ns[peer_slot]
-        )
+        return self.passes_each([(slot, peer_slot)], t_ns)[0]
 
     def passes_each(self, pairs: list[tuple[int, int]], t_ns: int) -> list[bool]:
         """`passes` for a few (slot, peer slot) pairs at one instant: the model caught up once."""
         self.sync_links(t_ns)
         a = self.arrays
-        transport, lit_from, light_t, up_t = a.transport, a.lit_from, a.light_t_ns, a.transport_t_ns
+        lit_from, light_t, link_t, up = a.lit_from, a.light_t_ns, a.link_t_ns, a.transport_up_ns
         return [
             bool(
-                transport.item(s)
-                and transport.item(d)
-                and lit_from.item(s) == d
+                lit_from.item(s) == d
                 and lit_from.item(d) == s
-                and light_t.item(s) <= up_t.item(s)
-                and light_t.item(d) <= up_t.item(d)
+                and up.item(s) <= t_ns
+                and up.item(d) <= t_ns
+                and light_t.item(s) <= link_t.item(s)
+                and light_t.item(d) <= link_t.item(d)
             )
             for s, d in pairs
         ]

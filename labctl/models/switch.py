@@ -105,9 +105,10 @@ class SwitchModel:
         """Schedule light changes (egress now lit by ingress, None: dark) at their model times."""
         if not egresses:
             return
-        for t_ns, egress, ingress in zip(times, egresses, ingresses, strict=True):
-            for listener in self.schedule_listeners:
-                listener(egress, ingress, t_ns)
+        if self.schedule_listeners:
+            for t_ns, egress, ingress in zip(times, egresses, ingresses, strict=True):
+                for listener in self.schedule_listeners:
+                    listener(egress, ingress, t_ns)
         order = np.argsort(np.asarray(times, np.int64), kind="stable")
         batch = _LightBatch(
             np.asarray(times, np.int64)[order],
@@ -117,10 +118,16 @@ class SwitchModel:
         self.timeline.at(int(batch.t_ns[0]), self._light, batch)
 
     def _light(self, batch: _LightBatch) -> None:
-        """Apply the batch's changes due by the time the timeline is being run to; the rest stay scheduled
-        at their own times."""
+        """Apply the batch's changes due by the time the timeline is being run to, and before any other
+        entry's (a command sent while an earlier one's light is still moving: a reader catching the model
+        up over both applies their changes in model-time order, not one command's after the other's); the
+        rest stay scheduled at their own times."""
         start = batch.next
-        end = int(np.searchsorted(batch.t_ns, self.timeline.horizon_ns, side="right"))
+        horizon, other = self.timeline.horizon_ns, self.timeline.next_due_ns()
+        if other is not None and other <= horizon:
+            end = int(np.searchsorted(batch.t_ns, other, side="left"))
+        else:
+            end = int(np.searchsorted(batch.t_ns, horizon, side="right"))
         end = max(end, start + 1)  # this entry was due: at least its first change is
         batch.next = end
         times, egresses, ingresses = batch.t_ns[start:end], batch.egress[start:end], batch.ingress[start:end]
@@ -243,6 +250,14 @@ class SwitchModel:
         """Each change's model time: as announced (`_take_armed`), else drawn now from `delay` after the
         command's arrival (one draw for all the new paths of a command: they light up together when
         switching is done)."""
+        if not self._armed:  # nothing announced (no agents' mirrors): the same draws, without a call per port
+            if not egresses:
+                return []
+            if ingresses[0] is None and all(ingress is None for ingress in ingresses):
+                lost: list[int] = (t_cmd + _draws_ns(self.profile, self.rng, delay, len(egresses))).tolist()
+                return lost
+            if all(ingress is not None for ingress in ingresses):
+                return [t_cmd + self.profile.draw_ns(self.rng, delay)] * len(egresses)
         times: list[int] = []
         shared: int | None = None
         for egress, ingress in zip(egresses, ingresses, strict=True):
@@ -276,6 +291,18 @@ class SwitchModel:
 
     def ports_lit(self) -> Iterable[int]:
         return self.lit.keys()
+
+
+def _draws_ns(profile: Profile, rng: random.Random, name: str, n: int) -> np.ndarray:
+    """`Profile.draw_many_ns` as an array: the same stream of draws and the same values (random.uniform(a,
+    b) is a + (b - a) * random(); round() and rint both round half to even), with one Python call a draw
+    instead of three."""
+    low, high = getattr(profile, name)
+    unit = 1_000 if name.endswith("_us") else 1_000_000
+    draw = rng.random
+    r = np.array([draw() for _ in range(n)])
+    ns: np.ndarray = np.rint((low + (high - low) * r) * unit).astype(np.int64)
+    return ns
 
 
 class _LightBatch:

@@ -49,6 +49,9 @@ class Timeline:
         self.horizon_ns = 0
         """The model time the timeline is being run to (an entry may apply everything of its own due by
         then: a batch of changes at their own times)."""
+        self.slice_end_ns: int | None = None
+        """When the run in progress must give the loop back (its own timer's slice; None: a reader catching
+        the model up, which needs everything due). An entry that works through a batch stops there too."""
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -73,7 +76,8 @@ class Timeline:
         self._timer = self._timer_t = None
         # The loop runs a timer up to its clock resolution early: whatever it was armed for is due.
         now = max(round(asyncio.get_running_loop().time() * 1e9), armed)
-        self.run_due(now, deadline_ns=slice_deadline())
+        late = now - self._heap[0][0] if self._heap else 0
+        self.run_due(now, deadline_ns=slice_deadline(late))
         if self._timer is not None:  # armed by an entry scheduled meanwhile: re-armed below for the earliest
             self._timer.cancel()
             self._timer = self._timer_t = None
@@ -90,12 +94,16 @@ class Timeline:
         given): a reader that must see the model as it is at t_ns catches it up first."""
         heap = self._heap
         self.horizon_ns = t_ns
-        while heap and heap[0][0] <= t_ns:
-            entry = heapq.heappop(heap)[2]
-            if not entry.cancelled:
-                entry.callback(*entry.args)
-                if deadline_ns is not None and now_ns() >= deadline_ns:
-                    break
+        outer, self.slice_end_ns = self.slice_end_ns, deadline_ns
+        try:
+            while heap and heap[0][0] <= t_ns:
+                entry = heapq.heappop(heap)[2]
+                if not entry.cancelled:
+                    entry.callback(*entry.args)
+                    if deadline_ns is not None and now_ns() >= deadline_ns:
+                        break
+        finally:
+            self.slice_end_ns = outer
         while heap and heap[0][2].cancelled:
             heapq.heappop(heap)
 

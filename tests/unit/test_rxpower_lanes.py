@@ -16,7 +16,7 @@ from labctl.core.events import Event
 from labctl.inventory.profiles import resolve_profile
 from labctl.inventory.schema import load_inventory
 from labctl.models import fabric as fabric_mod
-from labctl.models.fabric import SimFabric
+from labctl.models.fabric import NEVER, SimFabric
 from labctl.models.module_eeprom import EmulatedQsfp28
 from labctl.models.switch import SwitchModel
 from labctl.probes import model as model_probes
@@ -119,7 +119,8 @@ def _scramble(fabric: SimFabric, rng: random.Random, t: int) -> None:
         a.update_phase_ns[slot] = rng.randint(0, 5 * MS)
         a.before_mw[slot] = rng.choice([0.0, 0.3])
         a.transport[slot] = rng.random() < 0.7
-        a.transport_t_ns[slot] = t - rng.randint(-MS, 4 * MS)
+        a.link_t_ns[slot] = t - rng.randint(-MS, 4 * MS)
+        a.transport_up_ns[slot] = rng.choice([NEVER, a.link_t_ns[slot] + rng.randint(0, 2 * MS)])
 
 
 @pytest.mark.parametrize("seed", range(4))

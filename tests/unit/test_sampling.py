@@ -150,3 +150,19 @@ def test_the_middle_generation_waits_out_a_burst_and_is_collected_after_it() -> 
         assert collections and collections[-1] >= 1  # collected once the burst is over
     finally:
         gc.callbacks.remove(seen)
+
+
+def test_work_that_is_itself_late_gets_a_longer_slice_unless_a_sampler_is_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A model's timeline LATE_NS behind works LATE_SLICE_NS at a go (its readers need it caught up; events
+    waiting to be recorded keep their stamps); a sampler behind its schedule still shortens every slice."""
+    from labctl.linux import looplag
+
+    monkeypatch.setattr(looplag, "now_ns", lambda: 10**12)
+    monkeypatch.setattr(looplag, "_behind_until_ns", 0)
+    assert looplag.slice_deadline() == 10**12 + looplag.SLICE_NS
+    assert looplag.slice_deadline(looplag.LATE_NS - 1) == 10**12 + looplag.SLICE_NS
+    assert looplag.slice_deadline(looplag.LATE_NS) == 10**12 + looplag.LATE_SLICE_NS
+    looplag.sampler_behind(10**12 + 1)
+    assert looplag.slice_deadline(looplag.LATE_NS) == 10**12 + looplag.BEHIND_SLICE_NS

@@ -229,10 +229,9 @@ async def test_a_batch_of_link_reactions_interleaves_in_model_time_with_other_en
     model = SwitchModel("ocs1", inv.switches["ocs1"].space, FAST, random.Random(1))
     fabric = SimFabric(inv, {"ocs1": model}, FAST, random.Random(1))
     order: list[tuple[str, int]] = []
-    fabric._link = lambda port, was, source, t_ns, both: order.append(("link", t_ns))  # type: ignore[method-assign]
+    fabric._link = lambda port, was, source, t_ns, up: order.append(("link", t_ns))  # type: ignore[method-assign]
     base = 10**15  # far in the future: nothing else of the model is due
-    port = inv.ports[0]
-    batch = _LinkBatch([(base + 10, port, None, None, True), (base + 30, port, None, None, True)])
+    batch = _LinkBatch([(base + 10, 0, -1, -1, None), (base + 30, 0, -1, -1, None)])
     fabric.timeline.at(base + 10, fabric._link_batch, batch)
     fabric.timeline.at(base + 20, lambda: order.append(("other", base + 20)))
     fabric.timeline.run_due(base + 40)
