@@ -122,6 +122,7 @@ class EventLog:
         self.timebase = timebase
         self.reconfig: int | None = None
         self._seq = 0
+        self._wall_offset_ns = timebase.wall_of(0)  # wall = t + offset (Timebase.wall_of), per event
         self._batch = batch
         self._pending: list[Event] = []
         self._subscribers: list[Subscriber] = []
@@ -139,14 +140,16 @@ class EventLog:
         event.seq = self._seq
         self._seq += 1
         if event.wall_ns is None:
-            event.wall_ns = self.timebase.wall_of(event.t_ns)
+            event.wall_ns = event.t_ns + self._wall_offset_ns
         if event.reconfig is None:
             event.reconfig = self.reconfig
-        self._pending.append(event)
-        if len(self._pending) >= self._batch:
+        pending = self._pending
+        pending.append(event)
+        if len(pending) >= self._batch:
             self._write_pending()
-        for callback in self._subscribers:
-            callback(event)
+        if self._subscribers:
+            for callback in self._subscribers:
+                callback(event)
         return event
 
     def emit(
@@ -269,6 +272,25 @@ class EventQueue:
         items = list(self._items)
         self._items.clear()
         return items
+
+    def pop(self, n: int) -> list[Event]:
+        """Up to `n` of the oldest events, oldest first (a consumer taking a burst a few at a time)."""
+        items = self._items
+        if len(items) <= n:
+            out = list(items)
+            items.clear()
+            return out
+        popleft = items.popleft
+        return [popleft() for _ in range(n)]
+
+    async def wait(self) -> bool:
+        """Wait until an event is queued (True) or the queue is closed and empty (False)."""
+        while not self._items:
+            if self._closed:
+                return False
+            self._ready.clear()
+            await self._ready.wait()
+        return True
 
     async def __aiter__(self) -> AsyncIterator[Event]:
         while True:

@@ -37,6 +37,8 @@ from labctl.run.steps import ProgressSink, Stage
 log = logging.getLogger("labctl.run.engine")
 
 FLUSH_INTERVAL_S = 0.5
+PUMP_BATCH = 16
+"""Events a pump takes from a probe's queue between looks at the clock (a few µs of recording)."""
 
 
 class NullProgress:
@@ -72,11 +74,16 @@ class RunEngine:
         self._moved_cache: dict[tuple[int, Mapping, Mapping], list[tuple[NicPort, NicPort | None]]] = {}
         self._affected_cache: dict[tuple[tuple[int, Mapping, Mapping], ...], list[dict[str, Any]]] = {}
         self._circuits_cache: dict[tuple[int, Mapping], dict[str, str | None]] = {}
+        self._scopes: dict[int, frozenset[int]] = {}
+        self._sources_cache: dict[tuple[int, Mapping, Mapping], list[str]] = {}
         self._restoring = False
         self._abandon_restore = False
         self._connected: list[Any] = []
         self._force_restore = False  # a write was cut short: what the switches hold is not known here
         self._gpu: Any = None
+        self._roles: _ProbeRoles | None = None
+        """The lab's probes by role, once they have started (each role is an isinstance check against a
+        runtime Protocol, tens of µs a probe: not at every reconfiguration)."""
 
     @property
     def current(self) -> dict[int, Mapping]:
@@ -141,21 +148,26 @@ class RunEngine:
         return circuits
 
     async def _apply_rail(self, rp: RailPhase) -> None:
-        await self.rails.write(
-            rp.rail, rp.mapping, scope=rail_scope(self.inventory, rp.rail), context={"rail": rp.rail}
-        )
+        scope = self._scopes.get(rp.rail)
+        if scope is None:  # the rail's switch ports: worked out once (hundreds of ports, each time the same)
+            scope = self._scopes[rp.rail] = frozenset(rail_scope(self.inventory, rp.rail))
+        await self.rails.write(rp.rail, rp.mapping, scope=scope, context={"rail": rp.rail})
 
     async def _retarget(self, rail: int, before: Mapping, after: Mapping) -> None:
         """A rail changed (the switch acknowledged): tell the probes what moved, and re-target traffic
         only now, so the old circuit is probed until it is gone and the moment its traffic stops is
         measured too."""
-        moved = [port.source for port, _ in self._moved(rail, before, after)]
-        for aware in self.lab.switch_aware_probes:
+        key = (rail, before, after)
+        moved = self._sources_cache.get(key)
+        if moved is None:
+            moved = self._sources_cache[key] = [port.source for port, _ in self._moved(rail, before, after)]
+        roles = self._probe_roles()
+        for aware in roles.switch_aware:
             aware.switched(moved)
         if len(moved) > YIELD_ABOVE_PORTS:  # hundreds: the other rail's acknowledgement and samplers between
             await asyncio.sleep(0)
         circuits = self._circuits(rail, after)
-        for probe in self.lab.circuit_probes:
+        for probe in roles.circuit:
             probe.set_circuits(dict(circuits))  # a copy: the remembered one stays as it is
 
     async def reconfigure(
@@ -197,7 +209,8 @@ class RunEngine:
         )
         unsubscribe = self.events.subscribe(tracker)
         pending: list[str] = []
-        for probe in self.lab.window_probes:
+        roles = self._probe_roles()
+        for probe in roles.window:
             probe.open_window([p["source"] for p in ports])
         self.loop_lag.open_window()
         await asyncio.sleep(0)  # let samplers due now run before the rails' commands are worked out
@@ -221,7 +234,7 @@ class RunEngine:
                         )
 
         finally:
-            for probe in self.lab.window_probes:
+            for probe in roles.window:
                 probe.close_window()
             unsubscribe()
             # How late the loop ran in this window: context for every mark observed in it.
@@ -233,19 +246,32 @@ class RunEngine:
         self.progress.reconfig_done(stage, pending)
         return pending
 
+    def _probe_roles(self) -> _ProbeRoles:
+        return self._roles if self._roles is not None else _ProbeRoles(self.lab)
+
     # -- the whole run ---------------------------------------------------------------------------------
     async def _pump(self, probe: Any) -> None:
-        queue, deadline = getattr(probe, "queue", None), 0
-        async for event in probe.events():
-            if not deadline:  # the first event after the queue ran dry starts a slice
-                deadline = slice_deadline()
-            self.events.record(event)
-            # A burst (hundreds of ports reporting at once) is recorded a time slice per loop turn.
-            if queue is not None and not len(queue):
-                deadline = 0
-            elif now_ns() >= deadline:
-                await asyncio.sleep(0)
-                deadline = 0
+        """Record a probe's events as they come. A burst (hundreds of ports reporting at once) is recorded
+        a time slice per loop turn, taken from the queue a few events at a time (per event, an async
+        iterator's step and a clock read cost as much as recording it)."""
+        queue, record = getattr(probe, "queue", None), self.events.record
+        if not isinstance(queue, EventQueue):
+            deadline = 0
+            async for event in probe.events():
+                deadline = deadline or slice_deadline()
+                record(event)
+                if now_ns() >= deadline:
+                    await asyncio.sleep(0)
+                    deadline = 0
+            return
+        while await queue.wait():
+            deadline = slice_deadline()  # the first event after the queue ran dry starts a slice
+            while batch := queue.pop(PUMP_BATCH):
+                for event in batch:
+                    record(event)
+                if now_ns() >= deadline:
+                    await asyncio.sleep(0)
+                    deadline = slice_deadline()
 
     def _record_drops(self) -> None:
         for probe in self.lab.probes:
@@ -402,8 +428,13 @@ class RunEngine:
             stack.push_async_callback(sw.close)
             self._connected.append(sw)
         self.lab.probes.extend(self._switch_power_probes())
-        for aware in self.lab.switch_aware_probes:
+        self._roles = _ProbeRoles(self.lab)
+        for aware in self._roles.switch_aware:
             aware.expect_switch_acks()
+        # What is recorded so far, durably, before anything samples: the first fsync also starts the worker
+        # thread every later one runs in (its import and start cost milliseconds of loop time, which at the
+        # end of the first reconfiguration landed on the samplers' ticks).
+        await self.events.flush_durably()
         for probe in self.lab.probes:
             await stack.enter_async_context(probe)
             tasks.append(asyncio.create_task(self._pump(probe), name=f"pump:{probe.name}"))
@@ -462,6 +493,15 @@ class RunEngine:
         self._record_drops()
         self.lab.close()
         return status, error
+
+
+class _ProbeRoles:
+    """A lab's probes by what the engine tells them (`Lab.switch_aware_probes`, ...), looked up once."""
+
+    def __init__(self, lab: Lab) -> None:
+        self.switch_aware = lab.switch_aware_probes
+        self.circuit = lab.circuit_probes
+        self.window = lab.window_probes
 
 
 def _absorb_cancel() -> None:

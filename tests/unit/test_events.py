@@ -111,3 +111,22 @@ async def test_queue_consumer_wakes_on_put() -> None:
     q.close()
     await task
     assert got == [7]
+
+
+async def test_a_consumer_takes_a_burst_a_few_at_a_time_and_waits_for_more() -> None:
+    q = EventQueue(maxsize=100)
+    for i in range(10):
+        q.put(Event(t_ns=i, kind="x", source="s"))
+    assert await q.wait()  # events queued: no wait
+    assert [e.t_ns for e in q.pop(4)] == [0, 1, 2, 3]
+    assert [e.t_ns for e in q.pop(100)] == list(range(4, 10))
+    assert q.pop(4) == [] and len(q) == 0
+    waiting = asyncio.ensure_future(q.wait())
+    await asyncio.sleep(0)
+    assert not waiting.done()  # nothing queued: it waits
+    q.put(Event(t_ns=10, kind="x", source="s"))
+    assert await waiting is True
+    q.close()
+    assert await q.wait()  # closed, but one is still queued
+    assert [e.t_ns for e in q.pop(4)] == [10]
+    assert await q.wait() is False  # closed and empty: the stream is over
