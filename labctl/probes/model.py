@@ -16,14 +16,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from labctl.core.clock import now_ns
 from labctl.core.events import Event, Kind
 from labctl.inventory.schema import NicPort
-from labctl.models.fabric import SCALAR_SLOTS, SimFabric
+from labctl.models.fabric import SCALAR_SLOTS, PortState, SimFabric
 from labctl.models.module_eeprom import ModelDrivenQsfp28
 from labctl.probes.base import PortSite, ProbeContext, ProbeKind
 from labctl.probes.rdma import Deliver, RcTrafficProbe
@@ -50,26 +51,35 @@ class SimLinkProbe(QueueProbe):
         super().__init__()
         self.fabric = fabric
         self.ports = set(ports)
+        self._every = self.ports.issuperset(fabric.port_at)
+        """Watching every port of the model (the usual case): no port looked up per transition."""
+
+    @staticmethod
+    def _link_of(st: PortState) -> tuple[tuple[str, int], tuple[str, int]]:
+        return ((Kind.LINK_FIRMWARE, st.firmware), (Kind.CARRIER, st.carrier))
 
     def _on_transition(self, port: NicPort, kind: str, value: int, t_ns: int) -> None:
-        if port in self.ports and kind in (Kind.CARRIER, Kind.LINK_FIRMWARE):
-            self.queue.put(Event(t_ns=t_ns, kind=kind, source=port.source, host=port.host, value=value))
+        if (kind == Kind.CARRIER or kind == Kind.LINK_FIRMWARE) and (self._every or port in self.ports):
+            event = Event(t_ns=t_ns, kind=kind, source=port.source, host=port.host, value=value)
+            if self._backlog:  # behind what is still being put (the initial state): in order
+                self.report(iter((event,)), 1)
+            else:
+                self.queue.put(event)
 
     async def _run(self) -> None:
+        # The initial state as observed now, put a time slice per loop turn (`report`): at hundreds of
+        # ports the dump is a millisecond or two, and the other samplers are already ticking.
         t = now_ns()
-        for port in sorted(self.ports, key=lambda p: p.source):
-            st = self.fabric.state(port)
-            for kind, value in ((Kind.LINK_FIRMWARE, st.firmware), (Kind.CARRIER, st.carrier)):
-                self.queue.put(
-                    Event(
-                        t_ns=t,
-                        kind=kind,
-                        source=port.source,
-                        host=port.host,
-                        value=value,
-                        meta={"initial": True},
-                    )
-                )
+        ports = sorted(self.ports, key=lambda p: p.source)
+        state = [(p, self.fabric.state(p)) for p in ports]
+        initial = [(p, kind, value) for p, st in state for kind, value in self._link_of(st)]
+
+        def events() -> Iterator[Event]:
+            for port, kind, value in initial:
+                meta = {"initial": True}
+                yield Event(t_ns=t, kind=kind, source=port.source, host=port.host, value=value, meta=meta)
+
+        self.report(events(), len(initial))
         self.fabric.add_listener(self._on_transition)
         try:
             await _forever()
@@ -162,8 +172,8 @@ class SimTrafficProbe(QueueProbe):
         self._count[s] = 0
         self._reported_t[s] = t
         rtts = self.fabric.rtt_ns_many(int(good.sum()))
-        rows = zip(s.tolist(), d.tolist(), good.tolist(), counts.tolist(), prev[due].tolist(), strict=True)
-        self.report(self._events(t, list(rows), rtts), due.size)
+        # Rows made when the events are (`report`: a burst of hundreds in time slices), from arrays fixed now.
+        self.report(self._events(t, _rows(s, d, good, counts, prev[due]), rtts), due.size)
 
     def _ping_each(self, t: int) -> None:
         """`_ping_all` one circuit at a time, for a few (an agent's host): the same decisions without a
@@ -194,7 +204,7 @@ class SimTrafficProbe(QueueProbe):
     def _events(
         self,
         t: int,
-        rows: list[tuple[int, int, bool, int, int]],
+        rows: Iterable[tuple[int, int, bool, int, int]],
         rtts: list[int],
     ) -> Iterator[Event]:
         """The tick's reports, a (slot, peer slot, ok, pings, previous ping) row each (built when put:
@@ -215,6 +225,11 @@ class SimTrafficProbe(QueueProbe):
                 value=next(rtt) if ok else None,
                 meta=meta,
             )
+
+
+def _rows(*columns: np.ndarray) -> Iterator[tuple[Any, ...]]:
+    """The columns' rows, as Python values, once iterated."""
+    yield from zip(*(c.tolist() for c in columns), strict=True)
 
 
 class ModelCarrier:

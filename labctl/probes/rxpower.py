@@ -395,17 +395,29 @@ class RxPowerProbe(QueueProbe):
         # from its (dark) reading every tick, a report per tick of an unchanged dark lane
         moved = (lit != was_lit) | (above != (was_lit & (last >= self.threshold_dbm)))
         moved |= lit & (np.abs(dbm - np.where(last > -math.inf, last, 0.0)) >= self.deadband_db)
-        changed = read & (~lanes.reported | moved | lanes.force)
-        lanes.force &= ~read
-        # The dense window: while a port's light is being moved, report every window interval.
-        windowed = read & (lanes.window_until > 0)
-        done = windowed & ((t_ns >= lanes.window_until) | (above & lanes.seen_dark))
-        lanes.window_until[done] = 0
-        lanes.seen_dark[done] = False
-        windowed &= ~done
-        lanes.seen_dark |= windowed & ~above
-        lanes.dark_seen |= lanes.moving & read & ~above
-        interval = np.where(windowed, self.window_interval_ns, lanes.heartbeat_ns)
+        # What no lane has (no report forced, no window open, no light moving: most ticks) is skipped: a
+        # tick of hundreds of lanes is a few dozen array operations, each a microsecond or two.
+        if not lanes.all_reported:
+            moved |= ~lanes.reported
+        if lanes.any_force:
+            moved |= lanes.force
+            lanes.force &= ~read
+            lanes.any_force = bool(lanes.force.any())
+        changed = read & moved
+        if lanes.any_window:
+            # The dense window: while a port's light is being moved, report every window interval.
+            windowed = read & (lanes.window_until > 0)
+            done = windowed & ((t_ns >= lanes.window_until) | (above & lanes.seen_dark))
+            lanes.window_until[done] = 0
+            lanes.seen_dark[done] = False
+            windowed &= ~done
+            lanes.seen_dark |= windowed & ~above
+            interval = np.where(windowed, self.window_interval_ns, lanes.heartbeat_ns)
+            lanes.any_window = bool(lanes.window_until.any())
+        else:
+            interval = lanes.heartbeat_ns
+        if lanes.any_moving:
+            lanes.dark_seen |= lanes.moving & read & ~above
         due = changed | (read & (t_ns - lanes.reported_t >= interval))
         # Module update interval: how often the value changes while the light is steady.
         steady = read & lit & (lanes.last_mw > 0) & (lanes.sampled_t > 0)
@@ -428,6 +440,8 @@ class RxPowerProbe(QueueProbe):
         lanes.reported[due] = True
         lanes.reported_t[due] = t_ns[due]
         last[due] = dbm[due]
+        if not lanes.all_reported:
+            lanes.all_reported = bool(lanes.reported.all())
         t = int(t_ns.max())
         if t - lanes.update_checked_t >= UPDATE_REPORT_NS:
             lanes.update_checked_t = t
@@ -607,6 +621,10 @@ class _Lanes:
         for p in polled:
             self.by_port[id(p)] = self.by_source[p.port.source] = np.arange(k, k + len(p.lanes))
             k += len(p.lanes)
+        self.one_lane: dict[str, int] | None = None
+        """Each port's row, where every port reports one lane (`rows_of` without an array a port)."""
+        if all(len(p.lanes) == 1 for p in polled):
+            self.one_lane = {source: int(rows[0]) for source, rows in self.by_source.items()}
         groups: dict[int, tuple[RxPowerBatch, list[int], list[int]]] = {}
         self.unbatched = [p for p in polled if not p.batched]
         for p in polled:
@@ -628,6 +646,12 @@ class _Lanes:
         self.seen_dark = np.zeros(n, bool)
         self.force = np.zeros(n, bool)  # report the next sample whatever it shows
         self.moving = np.zeros(n, bool)  # a reconfiguration is moving this lane's light (open_window)
+        # False only where the array is known to hold no True (no window open: window_until all 0; every
+        # lane reported once): what a tick can skip. Only `open_window` and `switched` set them.
+        self.any_force = False
+        self.any_window = False
+        self.any_moving = False
+        self.all_reported = False
         self.dark_seen = np.zeros(n, bool)  # ...and a sample has seen it below the threshold since
         self.steady_ns = np.zeros(n, np.int64)
         self.value_changes = np.zeros(n, np.int64)
@@ -639,6 +663,9 @@ class _Lanes:
         """The lane rows of these port sources (None: every row)."""
         if sources is None:
             return np.arange(self.n)
+        if self.one_lane is not None:  # a lane a port (a model's modules): one look-up a port
+            one = self.one_lane
+            return np.fromiter((one[s] for s in sources if s in one), np.int64)
         found = [self.by_source[s] for s in sources if s in self.by_source]
         return np.concatenate(found) if found else np.zeros(0, np.int64)
 
@@ -646,9 +673,11 @@ class _Lanes:
         at = self.rows_of(sources)
         self.moving[at] = True
         self.dark_seen[at] = False
+        self.any_moving = True
         if dense:
             self.window_until[at] = until_ns
             self.seen_dark[at] = False
+            self.any_window = True
 
     def switched(self, sources: Collection[str], *, reported_back_above: float | None = None) -> None:
         """Force the next sample of the moved lanes whose dark gap no sample saw (it fell between two):
@@ -658,7 +687,9 @@ class _Lanes:
         self.force[at] |= ~self.dark_seen[at]
         if reported_back_above is not None:
             self.force[at] |= self.last_dbm[at] >= reported_back_above
+        self.any_force = True
         self.moving[at] = False
+        self.any_moving = bool(self.moving.any())
         self.window_until[at] = 0
         self.seen_dark[at] = False
 

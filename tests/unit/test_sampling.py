@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import random
+from pathlib import Path
 
 import pytest
 
+from labctl.core.events import Event
 from labctl.probes import sampling
 from tests.helpers.sampling import _drain
 
@@ -166,3 +169,36 @@ def test_work_that_is_itself_late_gets_a_longer_slice_unless_a_sampler_is_behind
     assert looplag.slice_deadline(looplag.LATE_NS) == 10**12 + looplag.LATE_SLICE_NS
     looplag.sampler_behind(10**12 + 1)
     assert looplag.slice_deadline(looplag.LATE_NS) == 10**12 + looplag.BEHIND_SLICE_NS
+
+
+async def test_the_link_probes_initial_state_is_put_in_slices_and_transitions_come_after_it(
+    monkeypatch: pytest.MonkeyPatch, inventory_path: Path
+) -> None:
+    """The model link probe's initial dump (two events a port: hundreds at 512 ports) goes through
+    `report`, a slice per loop turn; a transition while it is still being put is queued after it."""
+    from labctl.core.events import Kind
+    from labctl.inventory.profiles import resolve_profile
+    from labctl.inventory.schema import load_inventory
+    from labctl.models.fabric import SimFabric
+    from labctl.models.switch import SwitchModel
+    from labctl.probes.model import SimLinkProbe
+
+    monkeypatch.setattr(sampling, "INLINE_REPORTS", 4)
+    inv = load_inventory(inventory_path)
+    fast, rng = resolve_profile("fast"), random.Random(1)
+    fabric = SimFabric(inv, {"ocs1": SwitchModel("ocs1", inv.switches["ocs1"].space, fast, rng)}, fast, rng)
+    probe = SimLinkProbe(fabric, inv.ports)
+    async with probe:
+        await asyncio.sleep(0)  # the probe's task put its first slice (or all of it)
+        fabric._transition(inv.ports[0], Kind.CARRIER, 1, 10**12)
+        got = await _drain_now(probe)
+    initial = [e for e in got if e.meta.get("initial")]
+    assert len(initial) == 2 * len(inv.ports)
+    assert got[: len(initial)] == initial and got[-1].t_ns == 10**12 and got[-1].value == 1
+
+
+async def _drain_now(probe: sampling.QueueProbe) -> list[Event]:
+    """Everything the probe puts until its backlog is empty (a loop turn at a time)."""
+    while probe._backlog:
+        await asyncio.sleep(0)
+    return probe.queue.drain()
