@@ -31,7 +31,7 @@ from labctl.core.clock import now_ns
 from labctl.core.events import Kind
 from labctl.inventory.profiles import Profile
 from labctl.inventory.schema import Inventory, NicPort
-from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
+from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel, _draws_ns
 from labctl.models.timeline import Timeline
 
 if TYPE_CHECKING:
@@ -290,7 +290,7 @@ class SimFabric:
         a.light_t_ns[slots] = times
         lit = sources >= 0
         settle = np.zeros(slots.size, np.int64)
-        settle[lit] = self.profile.draw_many_ns(self.rng, "optical_settle_ms", int(lit.sum()))
+        settle[lit] = _draws_ns(self.profile, self.rng, "optical_settle_ms", int(lit.sum()))
         a.settle_ns[slots] = settle
         # A link lights up when both directions carry light; where both ends changed in this batch, the
         # later one (in model-time order) completes it, as if the changes had come one at a time.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Iterable, Sequence
+from operator import itemgetter
 
 import numpy as np
 
@@ -157,7 +158,7 @@ class SwitchModel:
         self._armings += 1
         arming = self._armings
         self._arming_go[arming] = go_ns
-        removed = sorted(egress for _, egress in diff.remove)
+        removed = sorted([egress for _, egress in diff.remove])
         for egress in removed:
             t_ns = go_ns + self.profile.draw_ns(self.rng, "light_loss_ms")
             self._armed.setdefault(egress, []).append((t_ns, None, arming))
@@ -233,10 +234,10 @@ class SwitchModel:
         self.patches = apply_diff(self.patches, diff)
         # Each mirror loses its light at its own time; the new paths all light up when switching is done.
         # Delays drawn when the change was announced ahead (`arm`) count from the command's arrival too.
-        removed = sorted(egress for _, egress in diff.remove)
+        removed = sorted([egress for _, egress in diff.remove])
         lost = self._times(t_cmd, removed, [None] * len(removed), "light_loss_ms")
         self._at(lost, removed, [None] * len(removed))
-        added = sorted(diff.add, key=lambda patch: patch[1])
+        added = sorted(diff.add, key=itemgetter(1))  # by egress
         ingresses: list[int | None] = [ingress for ingress, _ in added]
         back = self._times(t_cmd, [egress for _, egress in added], ingresses, "switching_ms")
         t_done = max(back) if back else t_cmd + self.profile.draw_ns(self.rng, "switching_ms")

@@ -17,6 +17,7 @@ import asyncio
 import functools
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -114,7 +115,8 @@ class SimTrafficProbe(QueueProbe):
         self.timeout_ns = (timeout_us if timeout_us is not None else 2 * interval_us) * 1000
         self.report_interval_ns = report_interval_ns
         self._slot_of = {p.source: fabric.slot[p] for p in ports}
-        self._peer_slots: dict[int, int] = {}  # fabric slot of each pinging port → its peer's
+        self._slot_or_none: dict[str | None, int] = {None: -1}  # a peer's slot, -1 for none
+        self._slot_or_none.update(self._slot_of)
         self.pings = 0
         n = len(fabric.port_at)
         # Per fabric slot: the last outcome (-1: none yet), pings since it was reported, last report and ping.
@@ -124,24 +126,25 @@ class SimTrafficProbe(QueueProbe):
         self._pinged_t = np.full(n, -1, np.int64)
         self._src = self._dst = np.zeros(0, np.int64)
         self._pairs: list[tuple[int, int]] = []
+        self._peer_of = np.full(n, -1, np.int64)  # per fabric slot: its peer's slot (-1: not pinging)
         self._heartbeat_ns = staggered_heartbeats(report_interval_ns, n)
 
     def set_circuits(self, peers: dict[str, str | None]) -> None:
-        slot_of, peer_slots = self._slot_of, self._peer_slots
-        changed = []
-        for source, peer in peers.items():
-            slot = slot_of.get(source)
-            if slot is None:
-                continue
-            changed.append(slot)
-            if peer is None:
-                peer_slots.pop(slot, None)
-            else:
-                peer_slots[slot] = slot_of[peer]
-        self._reported_t[changed] = np.iinfo(np.int64).min // 2  # report each one's next ping
-        self._src = np.fromiter(peer_slots.keys(), np.int64, len(peer_slots))
-        self._dst = np.fromiter(peer_slots.values(), np.int64, len(peer_slots))
-        self._pairs = list(peer_slots.items())
+        """Looked up a column at a time (every port of a rail at once: hundreds of ports, at the moment a
+        switch acknowledged, beside the samplers)."""
+        n = len(peers)
+        slots = np.fromiter(map(self._slot_of.get, peers.keys(), repeat(-1)), np.int64, n)
+        peer_slots = np.fromiter(map(self._slot_or_none.get, peers.values(), repeat(-2)), np.int64, n)
+        known = slots >= 0  # a source this probe does not ping: left alone
+        if (peer_slots[known] == -2).any():
+            unknown = [p for p, k, q in zip(peers.values(), known, peer_slots, strict=True) if k and q == -2]
+            raise KeyError(unknown[0])
+        slots = slots[known]
+        self._peer_of[slots] = peer_slots[known]
+        self._reported_t[slots] = np.iinfo(np.int64).min // 2  # report each one's next ping
+        self._src = np.flatnonzero(self._peer_of >= 0)
+        self._dst = self._peer_of[self._src]
+        self._pairs = list(zip(self._src.tolist(), self._dst.tolist(), strict=True))
 
     async def _run(self) -> None:
         if self.schedule is not None:  # pings at the schedule's instants, in step with the other samplers

@@ -27,6 +27,7 @@ import functools
 import math
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from types import TracebackType
 from typing import Self
 
@@ -663,9 +664,9 @@ class _Lanes:
         """The lane rows of these port sources (None: every row)."""
         if sources is None:
             return np.arange(self.n)
-        if self.one_lane is not None:  # a lane a port (a model's modules): one look-up a port
-            one = self.one_lane
-            return np.fromiter((one[s] for s in sources if s in one), np.int64)
+        if self.one_lane is not None:  # a lane a port (a model's modules): one look-up a port, in C
+            rows = np.fromiter(map(self.one_lane.get, sources, repeat(-1)), np.int64, len(sources))
+            return rows[rows >= 0]
         found = [self.by_source[s] for s in sources if s in self.by_source]
         return np.concatenate(found) if found else np.zeros(0, np.int64)
 

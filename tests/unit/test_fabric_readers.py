@@ -140,3 +140,29 @@ def test_a_reader_catching_up_over_two_commands_moves_their_light_in_model_time_
     model.timeline.run_due(T + 10)
     assert seen == [(5, 1, T + 1), (5, None, T + 2), (6, None, T + 3), (7, 2, T + 4)]
     assert 5 not in model.lit and model.lit[7] == 2
+
+
+def test_the_model_traffic_probes_circuits_are_set_a_rail_at_a_time(inventory_path: Path) -> None:
+    """SimTrafficProbe.set_circuits looks a whole rail up at once: a source it does not ping is left
+    alone, None stops a port's pings, a peer it does not know is an error, and each port told its circuit
+    reports its next ping."""
+    from labctl.probes.model import SimTrafficProbe
+
+    _model, fabric = _pulled_lab(inventory_path, 1)
+    inv = load_inventory(inventory_path)
+    a, b, c = inv.ports[:3]
+    probe = SimTrafficProbe(fabric, inv.ports, report_interval_ns=10**12)
+    slot = fabric.slot
+    probe.set_circuits({a.source: b.source, b.source: a.source, "nic:elsewhere/x": a.source})
+    assert sorted(probe._pairs) == sorted([(slot[a], slot[b]), (slot[b], slot[a])])
+    probe._ping_all(T)
+    assert len(probe.queue) == 2  # each one's first ping is reported
+    probe.queue.drain()
+    probe._ping_all(T + MS)
+    assert len(probe.queue) == 0  # unchanged, no heartbeat due
+    probe.set_circuits({a.source: None, c.source: b.source})
+    assert sorted(probe._pairs) == sorted([(slot[b], slot[a]), (slot[c], slot[b])])
+    probe._ping_all(T + 2 * MS)
+    assert sorted(e.source for e in probe.queue.drain()) == [c.source]  # b's circuit did not change
+    with pytest.raises(KeyError, match="nic:nowhere/y"):
+        probe.set_circuits({a.source: "nic:nowhere/y"})
