@@ -227,7 +227,8 @@ async def converge(
     """Apply-with-verify, shared by every driver. Emits `ocs.command`, `ocs.complete`, `ocs.error`."""
     desired = validate_mapping(mapping, space, switch=name)
     scope_ports = ports_of(desired) | set(scope or ())
-    outside = sorted(p for p in scope_ports if p not in space.all_ports)
+    ports = space.all_ports  # a property making a range: not once per port (hundreds, before every t0)
+    outside = sorted(p for p in scope_ports if p not in ports)
     if outside:
         raise MappingError(
             f"{name}: port(s) {outside} out of range 1..{space.all_ports.stop - 1} ({space} switch)"
