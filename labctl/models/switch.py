@@ -254,10 +254,10 @@ class SwitchModel:
         if not self._armed:  # nothing announced (no agents' mirrors): the same draws, without a call per port
             if not egresses:
                 return []
-            if ingresses[0] is None and all(ingress is None for ingress in ingresses):
+            if ingresses.count(None) == len(ingresses):
                 lost: list[int] = (t_cmd + _draws_ns(self.profile, self.rng, delay, len(egresses))).tolist()
                 return lost
-            if all(ingress is not None for ingress in ingresses):
+            if None not in ingresses:
                 return [t_cmd + self.profile.draw_ns(self.rng, delay)] * len(egresses)
         times: list[int] = []
         shared: int | None = None

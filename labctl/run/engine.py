@@ -75,6 +75,7 @@ class RunEngine:
         self._affected_cache: dict[tuple[tuple[int, Mapping, Mapping], ...], list[dict[str, Any]]] = {}
         self._circuits_cache: dict[tuple[int, Mapping], dict[str, str | None]] = {}
         self._scopes: dict[int, frozenset[int]] = {}
+        self._sources_of: dict[tuple[tuple[int, Mapping, Mapping], ...], list[str]] = {}
         self._sources_cache: dict[tuple[int, Mapping, Mapping], list[str]] = {}
         self._restoring = False
         self._abandon_restore = False
@@ -112,6 +113,14 @@ class RunEngine:
                 for port, peer in self._moved(rail, current[rail], rp.mapping)
             ]
         return affected
+
+    def _affected_sources(self, target: dict[int, RailPhase]) -> list[str]:
+        """The sources of `_affected(target)` (remembered likewise)."""
+        key = tuple((rail, self.current[rail], rp.mapping) for rail, rp in target.items())
+        sources = self._sources_of.get(key)
+        if sources is None:
+            sources = self._sources_of[key] = [p["source"] for p in self._affected(target)]
+        return sources
 
     def _work_out_plan(self) -> None:
         """Work out every change the plan makes (moved ports, circuits) before anything samples: at
@@ -210,8 +219,10 @@ class RunEngine:
         unsubscribe = self.events.subscribe(tracker)
         pending: list[str] = []
         roles = self._probe_roles()
-        for probe in roles.window:
-            probe.open_window([p["source"] for p in ports])
+        if roles.window:
+            sources = self._affected_sources(target)
+            for probe in roles.window:
+                probe.open_window(sources)
         self.loop_lag.open_window()
         await asyncio.sleep(0)  # let samplers due now run before the rails' commands are worked out
         try:
