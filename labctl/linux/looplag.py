@@ -43,11 +43,10 @@ LATE_SLICE_NS = 400_000
 """The slice of work that is itself this late (`slice_deadline(late_ns)`): a behaviour model's timeline whose
 transitions are due LATE_NS ago or more. A loop turn holds a slice of every burst at once (the event pumps,
 the probes' reports, the model), so a model given the same slice as each of them fell tens of ms behind in
-a 512-port link-up burst; its readers then had to catch it up inside a sampler's tick
-(labctl.models.fabric.SimFabric.sync_links). Events that wait longer to be recorded keep the stamp of their
-observation, so the model goes first; a sampler behind its schedule still gets the loop back sooner."""
-
-_behind_until_ns = 0
+a 512-port link-up burst. Its transitions keep their model time, but what waits on them is late by as much:
+the agents' mirrors (0046) hear of each transport change that much closer to, or past, their lag. Events
+that wait longer to be recorded keep the stamp of their observation, so the model goes first; a sampler
+behind its schedule still gets the loop back sooner."""
 
 
 def sampler_behind(until_ns: int) -> None:
