@@ -48,6 +48,8 @@ the agents' mirrors (0046) hear of each transport change that much closer to, or
 that wait longer to be recorded keep the stamp of their observation, so the model goes first; a sampler
 behind its schedule still gets the loop back sooner."""
 
+_behind_until_ns = 0
+
 
 def sampler_behind(until_ns: int) -> None:
     """A sampler's tick ran late: until `until_ns`, burst work yields after `BEHIND_SLICE_NS`, so loop turns

@@ -60,8 +60,9 @@ POLL_SEQ = 2
 _IFINDEX = struct.Struct("=i")
 RECV_SLOT = 65536
 """Room kept free in the receive buffer for the next datagram: a dump reply packs links into up to ~32 KiB."""
-RECV_BUFFER = 16 * RECV_SLOT
-"""Datagrams read before any is parsed: at least 16 of any size, several hundred ~1.5 KiB notifications."""
+RECV_BUFFER = 4 * RECV_SLOT
+"""Read before any is parsed: at least 4 datagrams of any size, ~170 notifications of ~1.5 KiB (a burst of
+64 ports is 64 with the filter); a larger backlog is parsed and read again in rounds."""
 
 
 @dataclass(frozen=True, slots=True)
