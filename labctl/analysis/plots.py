@@ -13,11 +13,13 @@ summarized per rail), `rx-rail-R` (a rail's Rx traces), `cdf-PHASE` (a phase's C
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.cbook import pts_to_poststep
+from matplotlib.collections import PolyCollection
+from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
@@ -53,6 +58,8 @@ FLAGS = ("impossible", "unresolved")
 PHASE_NAMES = frozenset(c.removesuffix("_ns") for c in DURATIONS)
 STYLE_ENV = "LABCTL_MPLSTYLE"
 DEFAULT_STYLE = Path(__file__).parent / "styles" / "labctl.mplstyle"
+RASTER_FORMATS = frozenset({"png"})
+"""Formats savefig rasterises at savefig.dpi (with Agg): their layout is worked out once (_render)."""
 LANES = (
     (Kind.LINK_FIRMWARE, "firmware link", "#9467bd"),
     (Kind.CARRIER, "carrier", "#2ca02c"),
@@ -240,11 +247,52 @@ def _ns_values(rows: pd.DataFrame, col: str) -> np.ndarray:
 
 
 def _save(fig: Any, out: Path, formats: Sequence[str] = DEFAULT_FORMATS) -> list[Path]:
-    paths = [out.with_suffix("." + fmt) for fmt in formats]
-    for path in paths:
+    return write_files(out, render_files(fig, formats))
+
+
+def render_files(fig: Any, formats: Sequence[str]) -> dict[str, bytes]:
+    """The figure as each format's file holds it (what savefig writes), in memory."""
+    return {fmt: _render(fig, fmt) for fmt in formats}
+
+
+def write_files(out: Path, files: dict[str, bytes]) -> list[Path]:
+    """Write render_files' output beside `out` (`out.FORMAT`, each atomically); returns the paths."""
+    paths = []
+    for fmt, blob in files.items():
+        path = out.with_suffix("." + fmt)
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=path.suffix.removeprefix("."))
+            tmp.write_bytes(blob)
+        paths.append(path)
     return paths
+
+
+def _render(fig: Any, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    engine = fig.get_layout_engine()
+    if fmt not in RASTER_FORMATS or not isinstance(engine, ConstrainedLayoutEngine) or _rc_layout():
+        fig.savefig(buf, format=fmt)
+        return buf.getvalue()
+    # savefig lays a figure out inside a draw of its own, rendering nothing, before the draw it writes: a
+    # quarter of a PNG's time. Laid out here instead, at the dpi it is saved at (text is measured in
+    # pixels), then saved without the engine, it is the same file.
+    dpi = plt.rcParams["savefig.dpi"]
+    figure_dpi = fig.dpi
+    fig.set_dpi(figure_dpi if dpi == "figure" else float(dpi))
+    try:
+        engine.execute(fig)
+    finally:
+        fig.set_dpi(figure_dpi)
+    fig.set_layout_engine(None)
+    try:
+        fig.savefig(buf, format=fmt)
+    finally:
+        fig.set_layout_engine(engine)  # a vector format lays it out again, at its own dpi
+    return buf.getvalue()
+
+
+def _rc_layout() -> bool:
+    """Whether a style asks every figure for a layout engine (then a figure cannot be left without one)."""
+    return bool(plt.rcParams["figure.autolayout"] or plt.rcParams["figure.constrained_layout.use"])
 
 
 # --- timeline ------------------------------------------------------------------------------------------
@@ -286,13 +334,77 @@ def timeline_figure(
         return _draw_timeline(index, frame, reconfig, threshold_dbm)
 
 
-def _draw_timeline(index: EventIndex, frame: pd.DataFrame, reconfig: int, threshold_dbm: float | None) -> Any:
+TIMELINE_COLUMNS = (
+    "phase",
+    "rail",
+    "source",
+    "host",
+    "port",
+    "t0_command_ns",
+    *(mark[0] for mark in MARKS),
+    "total_ns",
+)
+"""The breakdown columns a timeline draws from (of its reconfiguration's rows)."""
+
+
+@dataclass(frozen=True, eq=False)
+class TimelineData:
+    """Everything the timeline figure of one reconfiguration shows, worked out from the run's events and
+    breakdown (timeline_data). The figure is a function of it and of the style alone, so two that are
+    `same_as` each other draw the same figure: a timeline drawn while the run goes on is kept at its end
+    when the data it was drawn from came out the same (labctl.analysis.pool)."""
+
+    reconfig: int
+    rows: pd.DataFrame
+    """The reconfiguration's port rows (TIMELINE_COLUMNS), by rail in the experiment's order."""
+    t0: int
+    span_ns: int
+    threshold: float
+    traces: dict[str, tuple[np.ndarray, np.ndarray]]
+    """Per port: its Rx-power trace over the window drawn."""
+    lanes: list[list[tuple[np.ndarray, np.ndarray] | None]]
+    """Per row (port, or rail) and lane: see _lane_spans."""
+
+    def same_as(self, other: TimelineData) -> bool:
+        return (
+            (self.reconfig, self.t0, self.span_ns, self.threshold)
+            == (other.reconfig, other.t0, other.span_ns, other.threshold)
+            and self.rows.equals(other.rows)
+            and self.traces.keys() == other.traces.keys()
+            and all(_same_arrays(self.traces[s], other.traces[s]) for s in self.traces)
+            and len(self.lanes) == len(other.lanes)
+            and all(
+                len(a) == len(b) and all(_same_arrays(x, y) for x, y in zip(a, b, strict=True))
+                for a, b in zip(self.lanes, other.lanes, strict=True)
+            )
+        )
+
+
+def _same_arrays(a: tuple[np.ndarray, np.ndarray] | None, b: tuple[np.ndarray, np.ndarray] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return all(np.array_equal(x, y, equal_nan=x.dtype.kind == "f") for x, y in zip(a, b, strict=True))
+
+
+def timeline_reconfig(frame: pd.DataFrame) -> int:
+    """The reconfiguration a run's timeline.png shows: the first after the baseline (the baseline if it is
+    all the run has)."""
+    measured = sorted(int(r) for r in frame["reconfig"].dropna().unique())
+    return next((r for r in measured if r > 0), measured[0])
+
+
+def timeline_data(
+    index: EventIndex, frame: pd.DataFrame, reconfig: int, threshold_dbm: float | None = None
+) -> TimelineData:
+    """What the timeline of `reconfig` shows (see timeline_figure). It never reaches past the next
+    reconfiguration's command, so once that is on record, later events change nothing of it."""
     rows = frame[frame["reconfig"] == reconfig]
     if rows.empty:
         known = sorted({int(r) for r in frame["reconfig"].dropna()})
         raise InputError(f"reconfiguration {reconfig} has no affected ports in this run (have: {known})")
     threshold = threshold_of(index) if threshold_dbm is None else float(threshold_dbm)
     rows = rows.sort_values("rail", kind="stable", na_position="last")  # by rail, in the experiment's order
+    rows = rows[[c for c in TIMELINE_COLUMNS if c in rows.columns]].reset_index(drop=True)
     t0 = int(rows["t0_command_ns"].dropna().min()) if rows["t0_command_ns"].notna().any() else None
     if t0 is None:  # the command was never sent (a run stopped right there): draw from the phase start
         phase_t = [e.t_ns for e in index.control if e.kind == Kind.PHASE and e.reconfig == reconfig]
@@ -308,13 +420,40 @@ def _draw_timeline(index: EventIndex, frame: pd.DataFrame, reconfig: int, thresh
     later = frame.loc[frame["reconfig"] > reconfig, "t0_command_ns"].dropna()
     if not later.empty:  # never draw into the next reconfiguration
         span_ns = max(min(span_ns, int(later.min()) - t0), 1)
-    start, end = t0 - span_ns // 50, t0 + span_ns
+    start, end = _window(t0, span_ns)
+    sources = [str(s) for s in rows["source"]]
+    rails = list(dict.fromkeys(rows["rail"].tolist()))
+    per_rail = len(sources) > MAX_PORT_ROWS
+    return TimelineData(
+        reconfig=reconfig,
+        rows=rows,
+        t0=t0,
+        span_ns=span_ns,
+        threshold=threshold,
+        traces={s: _held_trace(index.series(s, Kind.RX_POWER), start, end) for s in sources},
+        lanes=_lane_spans(index, rows, sources, rails, per_rail, start, end),
+    )
+
+
+def _window(t0: int, span_ns: int) -> tuple[int, int]:
+    """[start, end) of the events a timeline draws: from a little before the command to its span."""
+    return t0 - span_ns // 50, t0 + span_ns
+
+
+def _draw_timeline(index: EventIndex, frame: pd.DataFrame, reconfig: int, threshold_dbm: float | None) -> Any:
+    return render_timeline(timeline_data(index, frame, reconfig, threshold_dbm))
+
+
+def render_timeline(data: TimelineData) -> Any:
+    """The timeline figure of `data`, in the style in effect (see timeline_figure); the caller closes it."""
+    rows, t0, span_ns, reconfig = data.rows, data.t0, data.span_ns, data.reconfig
     zoom_s = min(ZOOM_S, span_ns / 4e9)
     sources = [str(s) for s in rows["source"]]
     rails = list(dict.fromkeys(rows["rail"].tolist()))
     colours = _rail_colours(rails)
     per_rail = len(sources) > MAX_PORT_ROWS
     n_rows = len(rails) if per_rail else len(sources)
+    recovered = rows["total_ns"].dropna()
 
     font_in = float(plt.rcParams["font.size"]) / 72
     row_in = max(0.3, 3.2 * font_in) * (1.6 if per_rail else 1.0)
@@ -331,8 +470,6 @@ def _draw_timeline(index: EventIndex, frame: pd.DataFrame, reconfig: int, thresh
     n_rails = f"{len(rails)} rail" + ("s" if len(rails) != 1 else "")
     fig.suptitle(f"Reconfiguration {reconfig} → {phase}: {len(sources)} ports on {n_rails}, {outcome}")
 
-    traces = {s: _held_trace(index.series(s, Kind.RX_POWER), start, end) for s in sources}
-    lanes = _lane_spans(index, rows, sources, rails, per_rail, start, end)
     for col, (limit, title) in enumerate(
         ((span_ns / 1e9, "full reconfiguration"), (zoom_s, f"zoom: first {zoom_s:.3g} s"))
     ):
@@ -341,8 +478,8 @@ def _draw_timeline(index: EventIndex, frame: pd.DataFrame, reconfig: int, thresh
             ax.set_gid(f"{name}-{('full', 'zoom')[col]}")
         ax_ocs.set_title(title)
         _draw_switch(ax_ocs, rows, rails, colours, t0)
-        _draw_rx(ax_rx, rows, traces, colours, t0, threshold, legend=col == 0)
-        _draw_lanes(ax_lanes, lanes, t0)
+        _draw_rx(ax_rx, rows, data.traces, colours, t0, data.threshold, legend=col == 0)
+        _draw_lanes(ax_lanes, data.lanes, t0)
         if per_rail:
             _draw_rail_marks(ax_lanes, rows, rails, t0)
             _label_rows(
@@ -402,30 +539,41 @@ def _lane_spans(
 
 def _draw_lanes(ax: Any, lanes: list[list[tuple[np.ndarray, np.ndarray] | None]], t0: int) -> None:
     """Each row group: three lanes (firmware, carrier, traffic), pale where down, filled where up (for a
-    rail: filled to the share of its ports that are up), centred on the row's tick."""
+    rail: filled to the share of its ports that are up), centred on the row's tick. One collection per lane
+    and state (gid lane-down-J, lane-up-J), holding one band per row that observed the signal: the
+    polygons ax.fill_between would draw, without its per-call cost (~2 ms each, 6 per port row)."""
     n = len(lanes)
+    down: list[list[np.ndarray]] = [[] for _ in LANES]
+    up: list[list[np.ndarray]] = [[] for _ in LANES]
     for i, row in enumerate(lanes):
         y = n - 1 - i
         for j, step in enumerate(row):
             if step is None:
                 continue
-            colour = LANES[j][2]
             t, share = step
             x = (t - t0) / 1e9
             lo = y + LANE_OFFSET * (1 - j) - LANE_HEIGHT / 2
-            ax.fill_between(
-                [x[0], x[-1]],
-                lo,
-                lo + LANE_HEIGHT,
-                color=colour,
-                alpha=DOWN_ALPHA,
-                lw=0,
-                gid=f"lane-down-{j}",
-            )
+            down[j].append(_band(np.array([x[0], x[-1]]), lo, np.full(2, lo + LANE_HEIGHT)))
             if share.max(initial=0) > 0:
-                ax.fill_between(
-                    x, lo, lo + LANE_HEIGHT * share, step="post", color=colour, lw=0, gid=f"lane-up-{j}"
+                up[j].append(_band(*pts_to_poststep(x, np.full(x.size, lo), lo + LANE_HEIGHT * share)))
+    for j, (_kind, _name, colour) in enumerate(LANES):
+        for bands, alpha, state in ((down[j], DOWN_ALPHA, "down"), (up[j], None, "up")):
+            if bands:
+                ax.add_collection(
+                    PolyCollection(bands, color=colour, alpha=alpha, lw=0, gid=f"lane-{state}-{j}"),
+                    autolim=False,
                 )
+
+
+def _band(x: np.ndarray, lo: np.ndarray | float, hi: np.ndarray) -> np.ndarray:
+    """The polygon fill_between(x, lo, hi) draws: along the bottom, then back along the top."""
+    n = x.size
+    pts = np.empty((2 * n + 2, 2))
+    pts[0] = x[0], hi[0]
+    pts[1 : n + 1, 0], pts[1 : n + 1, 1] = x, lo
+    pts[n + 1] = x[-1], hi[-1]
+    pts[n + 2 :, 0], pts[n + 2 :, 1] = x[::-1], hi[::-1]
+    return pts
 
 
 def _label_rows(ax: Any, labels: list[str], rails: list[Any], colours: dict[Any, str]) -> None:
@@ -601,8 +749,23 @@ def distributions_figure(frame: pd.DataFrame, *, style: str | os.PathLike[str] |
         return _draw_distributions(frame)
 
 
-def _draw_distributions(frame: pd.DataFrame) -> Any:
+DISTRIBUTION_COLUMNS = ("run_id", "reconfig", "rail", "peer", *DURATIONS, *FLAGS)
+"""The breakdown columns the distributions draw from (of the measured reconfigurations' rows)."""
+
+
+def distributions_data(frame: pd.DataFrame) -> pd.DataFrame:
+    """What the distributions figure shows: the measured reconfigurations' rows (not the baseline's), in
+    the columns it reads (DISTRIBUTION_COLUMNS)."""
     measured = frame[frame["reconfig"] > 0]
+    return measured[[c for c in DISTRIBUTION_COLUMNS if c in measured.columns]].reset_index(drop=True)
+
+
+def _draw_distributions(frame: pd.DataFrame) -> Any:
+    return render_distributions(distributions_data(frame))
+
+
+def render_distributions(measured: pd.DataFrame) -> Any:
+    """The distributions figure of distributions_data, in the style in effect; the caller closes it."""
     left_out = dict.fromkeys(FLAGS, 0)
     names, data = [], []
     for col in DURATIONS:
@@ -709,6 +872,7 @@ def plot_run(
     threshold_dbm: float | None = None,
     formats: Sequence[str] = DEFAULT_FORMATS,
     figures: Sequence[str] = FIGURES,
+    drawn: Sequence[DrawnFigure] = (),
 ) -> list[Path]:
     """Without `reconfig`: timeline.<format> of the first reconfiguration after the baseline, and
     distributions.<format>, in each of `formats` (png by default; svg, pdf); `figures` picks which of the
@@ -716,7 +880,9 @@ def plot_run(
     timeline-reconfig-N.<format> only, so each reconfiguration keeps its own. Written into `out_dir`
     (default: the run directory). `style`: a matplotlib style name or
     .mplstyle path applied over labctl's (default: $LABCTL_MPLSTYLE); a bad one is an InputError.
-    `threshold_dbm`: the Rx-power threshold line (default: the run's, from its run.start event)."""
+    `threshold_dbm`: the Rx-power threshold line (default: the run's, from its run.start event).
+    `drawn`: figures draw_ahead rendered earlier (while the run went on): one's files are written if it
+    shows the same data in the same style and formats as the figure due, else that figure is drawn again."""
     resolve_style(style)  # a bad style fails before the events are read
     index = index or EventIndex.from_file(run_dir / "events.jsonl")
     frame = frame if frame is not None else compute_breakdown(index, threshold_dbm)
@@ -727,13 +893,94 @@ def plot_run(
     if reconfig is not None:
         return plot_timeline(index, frame, reconfig, out_dir / f"timeline-reconfig-{reconfig}", **options)
     paths: list[Path] = []
-    if "timeline" in figures:
-        measured = sorted(int(r) for r in frame["reconfig"].dropna().unique())
-        first = next((r for r in measured if r > 0), measured[0])
-        paths += plot_timeline(index, frame, first, out_dir / "timeline", **options)
-    if "distributions" in figures:
-        paths += plot_distributions(frame, out_dir / "distributions", style=style, formats=formats)
+    for figure in (f for f in FIGURES if f in figures):
+        due = _drawn(figure, _figure_data(figure, index, frame, threshold_dbm), style, formats, render=False)
+        ahead = next((d for d in drawn if d.shows(due)), None)
+        if ahead is not None:
+            ahead.kept = True
+        else:
+            ahead = _drawn(figure, due.data, style, formats)
+        paths += write_files(out_dir / figure, ahead.files)
     return paths
+
+
+# --- figures drawn ahead (labctl.analysis.pool) --------------------------------------------------------
+
+
+@dataclass(eq=False)
+class DrawnFigure:
+    """One of a run's figures (FIGURES) rendered in memory with the data it shows (draw_ahead), for
+    plot_run to write later if the figure due then shows the same. Each figure is a function of its data
+    (timeline_data, distributions_data), the style and the format alone, so the files are the same."""
+
+    figure: str
+    data: TimelineData | pd.DataFrame
+    looks: tuple[tuple[str, ...], tuple[str, ...]]
+    """The styles and the formats it was rendered in."""
+    files: dict[str, bytes]
+    """Per format, the file's bytes."""
+    kept: bool = False
+    """Set by plot_run when it wrote these files rather than draw the figure again."""
+
+    def shows(self, other: DrawnFigure) -> bool:
+        """Whether `other` would be drawn the same: the same figure, looks and data."""
+        if (self.figure, self.looks) != (other.figure, other.looks):
+            return False
+        if isinstance(self.data, TimelineData):
+            return isinstance(other.data, TimelineData) and self.data.same_as(other.data)
+        return isinstance(other.data, pd.DataFrame) and self.data.equals(other.data)
+
+
+def draw_ahead(
+    figure: str,
+    index: EventIndex,
+    frame: pd.DataFrame,
+    *,
+    threshold_dbm: float | None = None,
+    style: str | os.PathLike[str] | None = None,
+    formats: Sequence[str] = DEFAULT_FORMATS,
+) -> DrawnFigure | None:
+    """One of the run's figures as plot_run would write it from these events, in memory, once what it shows
+    is on record; None before then (the timeline: once a later reconfiguration's command is, as it draws
+    nothing past it; the distributions: any time, so ask once the last reconfiguration is done)."""
+    if frame.empty or (figure == "timeline" and not _timeline_on_record(frame)):
+        return None
+    return _drawn(figure, _figure_data(figure, index, frame, threshold_dbm), style, formats)
+
+
+def _timeline_on_record(frame: pd.DataFrame) -> bool:
+    later = frame.loc[frame["reconfig"] > timeline_reconfig(frame), "t0_command_ns"]
+    return bool(later.notna().any())
+
+
+def _figure_data(
+    figure: str, index: EventIndex, frame: pd.DataFrame, threshold_dbm: float | None
+) -> TimelineData | pd.DataFrame:
+    if figure == "timeline":
+        return timeline_data(index, frame, timeline_reconfig(frame), threshold_dbm)
+    if figure == "distributions":
+        return distributions_data(frame)
+    raise ValueError(f"no figure {figure!r} (have: {', '.join(FIGURES)})")
+
+
+def _drawn(
+    figure: str,
+    data: TimelineData | pd.DataFrame,
+    style: str | os.PathLike[str] | None,
+    formats: Sequence[str],
+    *,
+    render: bool = True,
+) -> DrawnFigure:
+    """The figure of `data`, rendered in each format (with render=False: only what it would show)."""
+    files: dict[str, bytes] = {}
+    if render:
+        with styled(style):
+            fig = render_timeline(data) if isinstance(data, TimelineData) else render_distributions(data)
+            try:
+                files = render_files(fig, formats)
+            finally:
+                plt.close(fig)
+    return DrawnFigure(figure, data, (tuple(resolve_style(style)), tuple(formats)), files)
 
 
 # --- step time vs switching delay (Opus Figure 10; labctl.workload.sweep) ------------------------------

@@ -18,6 +18,7 @@ from labctl.analysis.plots import (
     ALL_FORMATS,
     STYLE_ENV,
     distributions_figure,
+    draw_ahead,
     plot_run,
     timeline_figure,
 )
@@ -168,9 +169,18 @@ def test_timeline_marks_t1_to_t5_per_port(small: tuple[EventIndex, pd.DataFrame]
         labels = [t.get_text() for t in lanes.get_yticklabels()]
         assert len(labels) == len(rows) == 8 and labels[0] == "h0/r0p0"
         assert sorted(ticks) == list(range(8))
-        # the zoom's rows are filled: every lane is drawn (pale while down) across the window
+        # the zoom's rows are filled: every lane is drawn (pale while down) across the window, one band per
+        # port and lane, in one collection per lane (gid lane-down-J)
         zoom = axis(fig, "lanes-zoom")
-        assert len([c for c in zoom.collections if (c.get_gid() or "").startswith("lane-down")]) == 3 * 8
+        down = [c for c in zoom.collections if (c.get_gid() or "").startswith("lane-down")]
+        assert sorted(c.get_gid() for c in down) == ["lane-down-0", "lane-down-1", "lane-down-2"]
+        assert [len(c.get_paths()) for c in down] == [8, 8, 8]
+        up = {
+            c.get_gid(): len(c.get_paths())
+            for c in zoom.collections
+            if (c.get_gid() or "").startswith("lane-up")
+        }
+        assert up == {"lane-up-0": 8, "lane-up-1": 8, "lane-up-2": 8}  # every port's lanes came back up
         # the legend below names the marks
         legend_texts = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
         assert all(any(t.startswith(f"t{k} ") for t in legend_texts) for k in range(1, 6))
@@ -282,6 +292,61 @@ def test_a_reconfiguration_nothing_recovered_from_still_plots(tmp_path: Path) ->
         assert not [a for a in fig.axes if (a.get_gid() or "").startswith("cdf-")]
     finally:
         plt.close(fig)
+
+
+def _written(tmp_path: Path, name: str, events: list[Event], **options: Any) -> dict[str, bytes]:
+    """The files plot_run writes of these events (with `options`) into a directory of their own."""
+    out = tmp_path / name
+    out.mkdir()
+    index = EventIndex.from_events(events)
+    paths = plot_run(out, frame=compute_breakdown(index), index=index, out_dir=out, **options)
+    return {p.name: p.read_bytes() for p in paths}
+
+
+def _ahead(figure: str, events: list[Event], formats: tuple[str, ...] = ("png",)) -> Any:
+    index = EventIndex.from_events(events)
+    return draw_ahead(figure, index, compute_breakdown(index), formats=formats)
+
+
+def test_figures_drawn_ahead_are_the_files_drawing_them_at_the_end_gives(tmp_path: Path) -> None:
+    """A figure drawn while the run goes on is written as it is if the whole run shows the same; if not
+    (an event that reached the file late), it is drawn again: either way the files are those drawn at the
+    end, byte for byte."""
+    events = synth_events(reconfigs=3)
+    reference = _written(tmp_path, "reference", events, formats=("png", "svg"))
+    # The timeline shows reconfiguration 1 up to reconfiguration 2's command: on record once that is.
+    command2 = next(i for i, e in enumerate(events) if e.kind == Kind.OCS_COMMAND and e.reconfig == 2)
+    assert _ahead("timeline", events[:command2]) is None, "not on record before the next command"
+    timeline = _ahead("timeline", events[: command2 + 1], ("png", "svg"))
+    distributions = _ahead("distributions", events, ("png", "svg"))
+    drawn = [timeline, distributions]
+    assert _written(tmp_path, "ahead", events, formats=("png", "svg"), drawn=drawn).keys() == reference.keys()
+    assert timeline.kept and distributions.kept
+    written = {p.name: p.read_bytes() for p in (tmp_path / "ahead").iterdir()}
+    assert written["timeline.png"] == reference["timeline.png"]
+    assert written["distributions.png"] == reference["distributions.png"]
+    # Drawn from a file that lacked one of reconfiguration 1's events, and one that lacked the last
+    # reconfiguration: both are drawn again at the end.
+    late = next(i for i, e in enumerate(events) if e.kind == Kind.TRAFFIC_OK and e.reconfig == 1)
+    timeline = _ahead("timeline", events[:late] + events[late + 1 : command2 + 1])
+    last = min(i for i, e in enumerate(events) if e.reconfig == 3)
+    distributions = _ahead("distributions", events[:last])
+    again = _written(tmp_path, "again", events, drawn=[timeline, distributions])
+    assert not timeline.kept and not distributions.kept
+    assert again == {name: reference[name] for name in ("timeline.png", "distributions.png")}
+    # Drawn in other formats or another style: drawn again.
+    timeline = _ahead("timeline", events, ("svg",))
+    assert _written(tmp_path, "formats", events, drawn=[timeline]).keys() == {
+        "timeline.png",
+        "distributions.png",
+    }
+    assert not timeline.kept
+
+
+def test_a_run_of_one_reconfiguration_has_no_timeline_ahead() -> None:
+    """Nothing follows its reconfiguration, so the end of the run is what bounds its timeline."""
+    assert _ahead("timeline", synth_events(reconfigs=1)) is None
+    assert _ahead("distributions", synth_events(reconfigs=1)) is not None
 
 
 def test_plot_run_writes_png_svg_and_pdf_with_real_fonts(
