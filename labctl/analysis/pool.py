@@ -4,12 +4,22 @@ matplotlib and pandas take ~0.7 s to import and the two PNGs ~1.3 s to draw on t
 it after the last reconfiguration, where the user waits. So `labctl run` starts two workers at the
 beginning of the run, niced, each importing the analysis and warming matplotlib's fonts on the other core
 while the experiment runs; at the end each computes the breakdown from events.jsonl (~0.1 s), one writes
-breakdown.csv/.parquet and summary.json and draws the timeline, the other draws the distributions, at the
+breakdown.csv/.parquet and summary.json and the timeline, the other draws the distributions, at the
 same time. The figures are exactly those `labctl.analysis.plots.plot_run` draws in one process.
 
+Neither figure needs the end of the run: the timeline shows the first reconfiguration after the baseline
+and nothing past the next one's command, the distributions the measured reconfigurations, all done before
+the last hold. So the run asks each worker to draw its figure ahead (`draw_ahead`: the timeline after the
+second reconfiguration, the distributions after the last), in memory, while the run goes on. At the end the
+worker works the figure's data out again from the whole run and writes what it drew if they are the same
+(`labctl.analysis.plots.DrawnFigure`), and draws it again if not (events that reached the file late): the
+file is the one drawing it at the end gives, either way, and nothing is written for a run that ends
+aborted.
+
 A worker that did not start, died, or failed is not trusted with anything: the run analyses in its own
-process instead, where an error surfaces as it always did. Workers read one job from stdin and exit; closing
-the pool (always, also for an aborted run that draws nothing) kills whatever is still running.
+process instead, where an error surfaces as it always did. Workers read their job from stdin (after any
+requests to draw ahead), answer one line and exit; closing the pool (always, also for an aborted run that
+draws nothing) kills whatever is still running, a figure being drawn ahead too.
 """
 
 from __future__ import annotations
@@ -22,11 +32,13 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from labctl.analysis.figures import FIGURES
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+if TYPE_CHECKING:
+    from labctl.analysis.plots import DrawnFigure
+
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 WORKER_TIMEOUT_S = 300.0
 """How long the run waits for its figures before it draws them itself (a figure of a long run is seconds)."""
@@ -38,6 +50,9 @@ class FigureWorkers:
     def __init__(self, command: tuple[str, ...] = (sys.executable, "-m", "labctl.analysis.pool")) -> None:
         self.command = command
         self._procs: list[asyncio.subprocess.Process] = []
+        self._ahead: set[str] = set()
+        self.replies: list[dict[str, Any]] = []
+        """What each worker answered to its job (`ahead`: what became of the figure it drew ahead)."""
 
     async def start(self) -> None:
         """Start both workers; they import while the run goes on (nothing here waits for them)."""
@@ -56,12 +71,38 @@ class FigureWorkers:
                 return  # no workers: the run draws its figures itself
             self._procs.append(proc)
 
+    def draw_ahead(
+        self, figure: str, run_dir: Path, threshold_dbm: float | None, formats: Sequence[str]
+    ) -> None:
+        """Ask the worker of `figure` to draw it now, from the events on record, and keep it in memory until
+        `analyse`. Returns at once (a progress callback calls it); once a figure; nothing without workers."""
+        if figure in self._ahead or len(self._procs) != len(FIGURES):
+            return
+        self._ahead.add(figure)
+        proc = self._procs[FIGURES.index(figure)]
+        if proc.stdin is None or proc.returncode is not None:
+            return
+        job = {
+            "ahead": figure,
+            "run_dir": str(run_dir),
+            "threshold_dbm": threshold_dbm,
+            "formats": list(formats),
+        }
+        with contextlib.suppress(OSError, RuntimeError):  # a worker gone: `analyse` finds out and draws
+            proc.stdin.write((json.dumps(job) + "\n").encode())
+
     async def analyse(
         self, run_dir: Path, threshold_dbm: float | None, formats: Sequence[str]
     ) -> dict[str, Any]:
         """The run's summary, its breakdown files and figures written by the workers; if any worker is
         missing or fails, everything is done again here (errors surface from this process, as before)."""
         if len(self._procs) == len(FIGURES):
+            # The run is over and waits on them: their priority back now, where allowed (a figure still being
+            # drawn ahead would finish niced otherwise; a worker raises it itself only on reading its job).
+            mine = os.getpriority(os.PRIO_PROCESS, 0)
+            for proc in self._procs:
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, proc.pid, mine)
             job = {"run_dir": str(run_dir), "threshold_dbm": threshold_dbm, "formats": list(formats)}
             asks = [
                 self._ask(proc, {**job, "figures": [figure], "write": n == 0})  # one writes the files
@@ -72,6 +113,7 @@ class FigureWorkers:
                     replies = await asyncio.gather(*asks)
             except TimeoutError:
                 replies = []
+            self.replies = list(replies)
             if replies and all(r.get("ok") for r in replies):
                 text = await asyncio.to_thread((run_dir / "summary.json").read_text)
                 summary: dict[str, Any] = json.loads(text)
@@ -127,14 +169,31 @@ _T_START = time.perf_counter()
 def _worker() -> int:
     with contextlib.suppress(OSError):
         os.nice(10)  # the experiment's own process comes first while both run
-    from labctl.analysis.summary import analyse, draw  # pandas, numpy, msgspec
+    from labctl.analysis.summary import analyse, draw, draw_ahead  # pandas, numpy, msgspec
 
     with contextlib.suppress(Exception):  # a broken style or font is the job's error, not the warm-up's
         _warm_up()
-    line = sys.stdin.readline()
-    if not line:
-        return 0  # no job: the run was aborted, or drew its figures itself
-    job = json.loads(line)
+    drawn: list[DrawnFigure] = []
+    ahead, ahead_s = "not asked", 0.0
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return 0  # no job: the run was aborted, or drew its figures itself
+        job = json.loads(line)
+        if "ahead" not in job:
+            break
+        t = time.perf_counter()
+        try:  # still niced: the run goes on
+            figure = draw_ahead(
+                Path(job["run_dir"]), job["threshold_dbm"], job["ahead"], plot_formats=job["formats"]
+            )
+        except Exception as e:  # drawn again at the end, where an error surfaces
+            ahead = f"failed: {type(e).__name__}: {e}"
+        else:
+            ahead = "not on record" if figure is None else "drawn"
+            if figure is not None:
+                drawn.append(figure)
+        ahead_s += time.perf_counter() - t
     t0 = time.perf_counter()
     with contextlib.suppress(OSError):  # now the run waits on this: back to its priority where allowed
         os.setpriority(os.PRIO_PROCESS, 0, _NICE_BEFORE)
@@ -142,15 +201,24 @@ def _worker() -> int:
         # One worker writes the breakdown, the summary and its figure; the other draws its figure only.
         compute = analyse if job["write"] else draw
         compute(
-            Path(job["run_dir"]), job["threshold_dbm"], plot_formats=job["formats"], figures=job["figures"]
+            Path(job["run_dir"]),
+            job["threshold_dbm"],
+            plot_formats=job["formats"],
+            figures=job["figures"],
+            drawn=drawn,
         )
     except Exception as e:  # the run does it again in its own process, where the error surfaces
         reply: dict[str, Any] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     else:
         reply = {"ok": True, "job_s": round(time.perf_counter() - t0, 3), "ready_s": round(t0 - _T_START, 3)}
+    if drawn:
+        ahead = "kept" if all(d.kept for d in drawn) else "drawn again"
+    reply.update(ahead=ahead, ahead_s=round(ahead_s, 3))
     sys.stdout.write(json.dumps(reply) + "\n")
     sys.stdout.flush()
-    return 0
+    # Done: the run waits for this process to end (FigureWorkers.close), and an interpreter holding
+    # matplotlib and pandas takes tens of ms to tear down. Every file it wrote is closed and renamed.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from labctl.analysis.breakdown import (
     EventIndex,
@@ -17,6 +17,9 @@ from labctl.analysis.breakdown import (
 from labctl.analysis.figures import FIGURES
 from labctl.analysis.store import read_run_json
 from labctl.core.fileio import write_json_atomic
+
+if TYPE_CHECKING:
+    from labctl.analysis.plots import DrawnFigure
 
 
 def _breakdown(run_dir: Path, threshold_dbm: float | None) -> tuple[EventIndex, dict[str, Any], Any]:
@@ -32,16 +35,24 @@ def analyse(
     *,
     plot_formats: Sequence[str] = ("png",),
     figures: Sequence[str] = FIGURES,
+    drawn: Sequence[DrawnFigure] = (),
 ) -> dict[str, Any]:
     """(Re)compute breakdown.csv/.parquet, summary.json and the plots (`figures` of plot_run's, in
-    `plot_formats`; none if empty) of a run from its events.jsonl."""
+    `plot_formats`; none if empty) of a run from its events.jsonl. `drawn`: see plot_run."""
     index, offsets, frame = _breakdown(run_dir, threshold_dbm)
     summary = summarize(frame)
     summary["clock_caveats"] = clock_caveats(frame, offsets)
     write_breakdown(frame, run_dir)
     write_json_atomic(run_dir / "summary.json", summary)
     if plot_formats:
-        draw(run_dir, threshold_dbm, plot_formats=plot_formats, figures=figures, computed=(index, frame))
+        draw(
+            run_dir,
+            threshold_dbm,
+            plot_formats=plot_formats,
+            figures=figures,
+            computed=(index, frame),
+            drawn=drawn,
+        )
     return summary
 
 
@@ -52,6 +63,7 @@ def draw(
     plot_formats: Sequence[str],
     figures: Sequence[str] = FIGURES,
     computed: tuple[EventIndex, Any] | None = None,
+    drawn: Sequence[DrawnFigure] = (),
 ) -> None:
     """Only the figures (no breakdown or summary file, no statistics): what a second process drawing the
     other figure does (labctl.analysis.pool). `computed`: the events and breakdown already at hand."""
@@ -61,4 +73,16 @@ def draw(
         index, _, frame = _breakdown(run_dir, threshold_dbm)
     else:
         index, frame = computed
-    plot_run(run_dir, frame=frame, index=index, formats=plot_formats, figures=figures)
+    plot_run(run_dir, frame=frame, index=index, formats=plot_formats, figures=figures, drawn=drawn)
+
+
+def draw_ahead(
+    run_dir: Path, threshold_dbm: float | None, figure: str, *, plot_formats: Sequence[str]
+) -> DrawnFigure | None:
+    """One of the run's figures from the events on record so far, rendered in memory, once what it shows
+    is on record (see labctl.analysis.plots.draw_ahead); None before. `analyse` and `draw` (`drawn=`)
+    write it at the end if the whole run's events give the same data, and draw it again otherwise."""
+    from labctl.analysis.plots import draw_ahead as draw_figure_ahead
+
+    index, _, frame = _breakdown(run_dir, threshold_dbm)
+    return draw_figure_ahead(figure, index, frame, threshold_dbm=threshold_dbm, formats=plot_formats)

@@ -27,9 +27,13 @@ from labctl.labs.base import LabContext
 from labctl.linux.timesync import clock_sync_state
 from labctl.run.engine import NullProgress, RunEngine
 from labctl.run.experiment import compile_experiment, experiment_kinds
-from labctl.run.steps import ProgressSink
+from labctl.run.steps import ProgressSink, Stage
 
 log = logging.getLogger("labctl.run")
+
+TIMELINE_AHEAD_AFTER = 3
+"""Reconfigurations done (the baseline's counted) after which the figure workers draw the timeline: it shows
+the first after the baseline and nothing past the next one's command, on record once that one is done."""
 
 
 @dataclass
@@ -41,6 +45,40 @@ class RunOutcome:
     events: int = 0
     kind: str = DEFAULT_EXPERIMENT_KIND
     """The experiment kind that ran (its entry prints its own lines: `ExperimentKind.summary_lines`)."""
+
+
+class _FiguresAhead:
+    """The progress sink the engine reports to: the caller's, which also asks the figure workers to draw
+    each figure once what it shows is on record (`ask`: FigureWorkers.draw_ahead): the timeline after
+    TIMELINE_AHEAD_AFTER reconfigurations, the distributions after the last step's (their events fsynced:
+    the engine reports a reconfiguration done after its flush)."""
+
+    def __init__(self, inner: ProgressSink, ask: Callable[[str], None]) -> None:
+        self.inner = inner
+        self.ask = ask
+        self.done = 0
+
+    def started(self, run_dir: Path, steps: int) -> None:
+        self.inner.started(run_dir, steps)
+
+    def reconfig_started(self, stage: Stage, expected: int) -> None:
+        self.inner.reconfig_started(stage, expected)
+
+    def port_recovered(self, stage: Stage, recovered: int, expected: int) -> None:
+        self.inner.port_recovered(stage, recovered, expected)
+
+    def reconfig_done(self, stage: Stage, timed_out: list[str]) -> None:
+        self.inner.reconfig_done(stage, timed_out)
+        if stage.kind == "restore":
+            return
+        self.done += 1
+        if self.done == TIMELINE_AHEAD_AFTER:
+            self.ask("timeline")
+        if stage.kind == "step" and stage.index == stage.of:
+            self.ask("distributions")
+
+    def message(self, text: str) -> None:
+        self.inner.message(text)
 
 
 def _git_describe() -> str | None:
@@ -135,10 +173,15 @@ async def run_experiment(
     for event in early:
         events.record(event)
     sink = events.record
-    engine = RunEngine(plan, inventory, lab, events, progress)
     formats = tuple(plot_formats or spec.analysis.plot_formats) if plots else ()
-    # Figures are drawn by processes that import matplotlib while the experiment runs (not after it).
+    threshold = spec.analysis.rx_power_threshold_dbm
+    # Figures are drawn by processes that import matplotlib while the experiment runs, each as soon as what
+    # it shows is on record (labctl.analysis.pool), not after the run.
     workers = FigureWorkers()
+    engine_progress = _FiguresAhead(
+        progress, lambda fig: workers.draw_ahead(fig, run.path, threshold, formats)
+    )
+    engine = RunEngine(plan, inventory, lab, events, engine_progress)
     try:
         if formats:
             await workers.start()
@@ -166,7 +209,6 @@ async def run_experiment(
         if sections:
             run.update(**sections)
         try:
-            threshold = spec.analysis.rx_power_threshold_dbm
             if formats and status != "aborted":
                 outcome.summary = await workers.analyse(run.path, threshold, formats)
             else:  # an aborted run stops now: no figures (`labctl plot RUN` draws them)

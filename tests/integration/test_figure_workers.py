@@ -1,11 +1,13 @@
 """A run's figures drawn by the two workers it started while it ran (labctl.analysis.pool): the same files
-as drawing them in the run's own process, a worker that fails is not trusted (the run draws them itself),
+as drawing them in the run's own process, also when drawn ahead while the run went on (kept, or drawn again
+when the whole run shows something else), a worker that fails is not trusted (the run draws them itself),
 and no worker outlives the run, drawn or aborted."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -13,9 +15,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from labctl.analysis.figures import FIGURES
 from labctl.analysis.pool import FigureWorkers
 from labctl.analysis.summary import analyse
+from labctl.core.events import Kind, read_events
+from labctl.run.engine import NullProgress
 from labctl.run.lifecycle import run_experiment
+from labctl.run.steps import Stage
 from tests.integration.test_run_records import SHORT
 
 FILES = ("summary.json", "breakdown.csv", "breakdown.parquet", "timeline.png", "distributions.png")
@@ -48,6 +54,8 @@ def _as_json(summary: dict[str, object]) -> str:
 def _same_results(a: Path, b: Path) -> None:
     for name in FILES:
         assert (a / name).stat().st_size > 0 and (b / name).stat().st_size > 0, name
+    for name in ("timeline.png", "distributions.png"):  # drawn the same, byte for byte
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
     assert json.loads((a / "summary.json").read_text()) == json.loads((b / "summary.json").read_text())
     pd.testing.assert_frame_equal(pd.read_csv(a / "breakdown.csv"), pd.read_csv(b / "breakdown.csv"))
 
@@ -84,3 +92,100 @@ async def test_workers_of_a_run_that_draws_nothing_are_gone_at_once() -> None:
     assert len(procs) == 2
     await workers.close()  # while they are still importing: killed, and waited for
     assert all(p.returncode is not None for p in procs) and workers._procs == []
+
+
+async def _analysed(workers: FigureWorkers, run: Path) -> dict[str, object]:
+    try:
+        return await workers.analyse(run, -10.0, ("png",))
+    finally:
+        await workers.close()
+
+
+async def test_figures_drawn_ahead_are_kept_when_the_run_shows_the_same(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    by_workers, in_process = _fresh(finished_run, tmp_path / "w"), _fresh(finished_run, tmp_path / "p")
+    workers = FigureWorkers()
+    await workers.start()
+    for figure in FIGURES:
+        workers.draw_ahead(figure, by_workers, -10.0, ("png",))
+    summary = await _analysed(workers, by_workers)
+    assert [r["ahead"] for r in workers.replies] == ["kept", "kept"]
+    assert _as_json(summary) == _as_json(analyse(in_process, -10.0, plot_formats=("png",)))
+    _same_results(by_workers, in_process)
+
+
+async def test_figures_drawn_ahead_of_events_that_came_late_are_drawn_again(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    """Drawn from a file that still lacked one of the timeline's events and the last reconfiguration (as
+    if they had reached it late): at the end both figures are drawn again, as the run's own process would."""
+    by_workers, in_process = _fresh(finished_run, tmp_path / "w"), _fresh(finished_run, tmp_path / "p")
+    early = _fresh(finished_run, tmp_path / "early")
+    lines = (early / "events.jsonl").read_bytes().splitlines(keepends=True)
+    events = list(read_events(early / "events.jsonl"))
+    command2 = next(i for i, e in enumerate(events) if e.kind == Kind.OCS_COMMAND and e.reconfig == 2)
+    late = next(i for i, e in enumerate(events) if e.kind == Kind.TRAFFIC_OK and e.reconfig == 1)
+    (early / "events.jsonl").write_bytes(b"".join(lines[:late] + lines[late + 1 : command2 + 1]))
+    workers = FigureWorkers()
+    await workers.start()
+    for figure in FIGURES:
+        workers.draw_ahead(figure, early, -10.0, ("png",))
+    await _analysed(workers, by_workers)
+    assert [r["ahead"] for r in workers.replies] == ["drawn again", "drawn again"]
+    analyse(in_process, -10.0, plot_formats=("png",))
+    _same_results(by_workers, in_process)
+
+
+def _workers_alive() -> list[int]:
+    """This process's children that are figure workers."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and b"labctl.analysis.pool" in cmdline:
+            alive.append(int(entry.name))
+    return alive
+
+
+class _StopAfter(NullProgress):
+    """Cancels the run once its step `index` is done (the figure workers were asked for the timeline)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.task: asyncio.Task[object] | None = None
+
+    def reconfig_done(self, stage: Stage, timed_out: list[str]) -> None:
+        if stage.kind == "step" and stage.index == self.index and self.task is not None:
+            self.task.cancel()
+
+
+async def test_a_run_drawn_ahead_writes_its_figures_and_an_aborted_one_none(tmp_path: Path) -> None:
+    inventory = Path(__file__).parents[2] / "inventory.yaml"
+    (tmp_path / "e.yaml").write_text(SHORT)
+    done = await run_experiment(
+        tmp_path / "e.yaml", inventory, profile="fast", out_dir=tmp_path / "a", seed=4
+    )
+    assert done.status == "completed" and not _workers_alive()
+    for name in FILES:
+        assert (done.run_dir / name).stat().st_size > 0, name
+    reference = _fresh(done.run_dir, tmp_path / "reference")
+    analyse(reference, -10.0, plot_formats=("png",))
+    _same_results(done.run_dir, reference)
+
+    (tmp_path / "long.yaml").write_text(SHORT.replace("cycle: [pp, dp]", "cycle: [pp, dp, pp, dp]"))
+    stop = _StopAfter(2)  # after the timeline was asked for
+    stop.task = asyncio.create_task(
+        run_experiment(
+            tmp_path / "long.yaml", inventory, profile="fast", out_dir=tmp_path / "b", seed=4, progress=stop
+        )
+    )
+    aborted = await stop.task
+    assert aborted.status == "aborted" and not _workers_alive()
+    assert not list(aborted.run_dir.glob("*.png")), "an aborted run draws no figure"
+    assert (aborted.run_dir / "summary.json").exists()
