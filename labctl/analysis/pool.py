@@ -9,12 +9,12 @@ same time. The figures are exactly those `labctl.analysis.plots.plot_run` draws 
 
 Neither figure needs the end of the run: the timeline shows the first reconfiguration after the baseline
 and nothing past the next one's command, the distributions the measured reconfigurations, all done before
-the last hold. So the run asks each worker to draw its figure ahead (`draw_ahead`: the timeline after the
-second reconfiguration, the distributions after the last), in memory, while the run goes on. At the end the
-worker works the figure's data out again from the whole run and writes what it drew if they are the same
-(`labctl.analysis.plots.DrawnFigure`), and draws it again if not (events that reached the file late): the
-file is the one drawing it at the end gives, either way, and nothing is written for a run that ends
-aborted.
+the last hold, and so is the summary. So the run asks the workers to work them out ahead (`ahead`: the
+timeline after the second reconfiguration, the distributions and the summary after the last), in memory,
+while the run goes on. At the end a worker works the data out again from the whole run and writes what it
+drew (`labctl.analysis.plots.DrawnFigure`) or summarized (`labctl.analysis.summary.Summarized`) if they are
+the same, and draws or summarizes again if not (events that reached the file late): the files are those
+working them out at the end gives, either way, and nothing is written for a run that ends aborted.
 
 A worker that did not start, died, or failed is not trusted with anything: the run analyses in its own
 process instead, where an error surfaces as it always did. Workers read their job from stdin (after any
@@ -38,8 +38,13 @@ from labctl.analysis.figures import FIGURES
 
 if TYPE_CHECKING:
     from labctl.analysis.plots import DrawnFigure
+    from labctl.analysis.summary import Summarized
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+WRITER = 0
+"""The worker that writes the breakdown and the summary besides its figure."""
+AHEAD = (*FIGURES, "summary")
+"""What the workers can work out ahead (`FigureWorkers.ahead`)."""
 WORKER_TIMEOUT_S = 300.0
 """How long the run waits for its figures before it draws them itself (a figure of a long run is seconds)."""
 
@@ -52,7 +57,8 @@ class FigureWorkers:
         self._procs: list[asyncio.subprocess.Process] = []
         self._ahead: set[str] = set()
         self.replies: list[dict[str, Any]] = []
-        """What each worker answered to its job (`ahead`: what became of the figure it drew ahead)."""
+        """What each worker answered to its job (`ahead`: what became of what it worked out ahead, by name:
+        kept, drawn again, worked out again, not on record, failed: ...)."""
 
     async def start(self) -> None:
         """Start both workers; they import while the run goes on (nothing here waits for them)."""
@@ -71,19 +77,18 @@ class FigureWorkers:
                 return  # no workers: the run draws its figures itself
             self._procs.append(proc)
 
-    def draw_ahead(
-        self, figure: str, run_dir: Path, threshold_dbm: float | None, formats: Sequence[str]
-    ) -> None:
-        """Ask the worker of `figure` to draw it now, from the events on record, and keep it in memory until
-        `analyse`. Returns at once (a progress callback calls it); once a figure; nothing without workers."""
-        if figure in self._ahead or len(self._procs) != len(FIGURES):
+    def ahead(self, what: str, run_dir: Path, threshold_dbm: float | None, formats: Sequence[str]) -> None:
+        """Ask a worker to work out `what` (one of AHEAD) now, from the events on record, and keep it in
+        memory until `analyse`: a figure, by its worker; the summary, by the worker that writes it.
+        Returns at once (a progress callback calls it); once each; nothing without workers."""
+        if what in self._ahead or len(self._procs) != len(FIGURES):
             return
-        self._ahead.add(figure)
-        proc = self._procs[FIGURES.index(figure)]
+        self._ahead.add(what)
+        proc = self._procs[FIGURES.index(what) if what in FIGURES else WRITER]
         if proc.stdin is None or proc.returncode is not None:
             return
         job = {
-            "ahead": figure,
+            "ahead": what,
             "run_dir": str(run_dir),
             "threshold_dbm": threshold_dbm,
             "formats": list(formats),
@@ -105,7 +110,7 @@ class FigureWorkers:
                     os.setpriority(os.PRIO_PROCESS, proc.pid, mine)
             job = {"run_dir": str(run_dir), "threshold_dbm": threshold_dbm, "formats": list(formats)}
             asks = [
-                self._ask(proc, {**job, "figures": [figure], "write": n == 0})  # one writes the files
+                self._ask(proc, {**job, "figures": [figure], "write": n == WRITER})  # one writes the files
                 for n, (proc, figure) in enumerate(zip(self._procs, FIGURES, strict=True))
             ]
             try:
@@ -182,12 +187,14 @@ _T_START = time.perf_counter()
 def _worker() -> int:
     with contextlib.suppress(OSError):
         os.nice(10)  # the experiment's own process comes first while both run
-    from labctl.analysis.summary import analyse, draw, draw_ahead  # pandas, numpy, msgspec
+    from labctl.analysis.summary import analyse, draw, draw_ahead, summarize_ahead  # pandas, numpy, msgspec
 
     with contextlib.suppress(Exception):  # a broken style or font is the job's error, not the warm-up's
         _warm_up()
     drawn: list[DrawnFigure] = []
-    ahead, ahead_s = "not asked", 0.0
+    summarized: Summarized | None = None
+    ahead: dict[str, str] = {}
+    ahead_s = 0.0
     while True:
         line = sys.stdin.readline()
         if not line:
@@ -196,36 +203,42 @@ def _worker() -> int:
         if "ahead" not in job:
             break
         t = time.perf_counter()
+        what, run_dir = job["ahead"], Path(job["run_dir"])
         try:  # still niced: the run goes on
-            figure = draw_ahead(
-                Path(job["run_dir"]), job["threshold_dbm"], job["ahead"], plot_formats=job["formats"]
-            )
-        except Exception as e:  # drawn again at the end, where an error surfaces
-            ahead = f"failed: {type(e).__name__}: {e}"
-        else:
-            ahead = "not on record" if figure is None else "drawn"
-            if figure is not None:
+            if what == "summary":
+                summarized = summarize_ahead(run_dir, job["threshold_dbm"])
+            elif figure := draw_ahead(run_dir, job["threshold_dbm"], what, plot_formats=job["formats"]):
                 drawn.append(figure)
+            else:
+                ahead[what] = "not on record"
+        except Exception as e:  # worked out again at the end, where an error surfaces
+            ahead[what] = f"failed: {type(e).__name__}: {e}"
         ahead_s += time.perf_counter() - t
     t0 = time.perf_counter()
     with contextlib.suppress(OSError):  # now the run waits on this: back to its priority where allowed
         os.setpriority(os.PRIO_PROCESS, 0, _NICE_BEFORE)
     try:
         # One worker writes the breakdown, the summary and its figure; the other draws its figure only.
-        compute = analyse if job["write"] else draw
-        compute(
-            Path(job["run_dir"]),
-            job["threshold_dbm"],
-            plot_formats=job["formats"],
-            figures=job["figures"],
-            drawn=drawn,
-        )
+        run_dir, threshold = Path(job["run_dir"]), job["threshold_dbm"]
+        if job["write"]:
+            analyse(
+                run_dir,
+                threshold,
+                plot_formats=job["formats"],
+                figures=job["figures"],
+                drawn=drawn,
+                summarized=summarized,
+            )
+        else:
+            draw(run_dir, threshold, plot_formats=job["formats"], figures=job["figures"], drawn=drawn)
     except Exception as e:  # the run does it again in its own process, where the error surfaces
         reply: dict[str, Any] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     else:
         reply = {"ok": True, "job_s": round(time.perf_counter() - t0, 3), "ready_s": round(t0 - _T_START, 3)}
-    if drawn:
-        ahead = "kept" if all(d.kept for d in drawn) else "drawn again"
+    for figure in drawn:
+        ahead[figure.figure] = "kept" if figure.kept else "drawn again"
+    if summarized is not None:
+        ahead["summary"] = "kept" if summarized.kept else "worked out again"
     reply.update(ahead=ahead, ahead_s=round(ahead_s, 3))
     sys.stdout.write(json.dumps(reply) + "\n")
     sys.stdout.flush()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,30 @@ def _breakdown(run_dir: Path, threshold_dbm: float | None) -> tuple[EventIndex, 
     return index, offsets, compute_breakdown(index, threshold_dbm, clock_uncertainties(offsets))
 
 
+@dataclass(eq=False)
+class Summarized:
+    """A run's summary worked out ahead, from the events on record (summarize_ahead), for analyse to use
+    if the whole run's breakdown and clock offsets are the same (the summary is a function of them)."""
+
+    frame: Any
+    offsets: dict[str, Any]
+    summary: dict[str, Any]
+    kept: bool = False
+    """Set by analyse when it used this summary rather than work it out again."""
+
+
+def summarize_ahead(run_dir: Path, threshold_dbm: float | None) -> Summarized:
+    """The summary of the events on record so far (ask once the last reconfiguration is done)."""
+    _, offsets, frame = _breakdown(run_dir, threshold_dbm)
+    return Summarized(frame, offsets, _summary(frame, offsets))
+
+
+def _summary(frame: Any, offsets: dict[str, Any]) -> dict[str, Any]:
+    summary = summarize(frame)
+    summary["clock_caveats"] = clock_caveats(frame, offsets)
+    return summary
+
+
 def analyse(
     run_dir: Path,
     threshold_dbm: float | None = None,
@@ -36,12 +61,17 @@ def analyse(
     plot_formats: Sequence[str] = ("png",),
     figures: Sequence[str] = FIGURES,
     drawn: Sequence[DrawnFigure] = (),
+    summarized: Summarized | None = None,
 ) -> dict[str, Any]:
     """(Re)compute breakdown.csv/.parquet, summary.json and the plots (`figures` of plot_run's, in
-    `plot_formats`; none if empty) of a run from its events.jsonl. `drawn`: see plot_run."""
+    `plot_formats`; none if empty) of a run from its events.jsonl. `drawn`: see plot_run; `summarized`:
+    a summary worked out ahead, used if the whole run gives the same breakdown."""
     index, offsets, frame = _breakdown(run_dir, threshold_dbm)
-    summary = summarize(frame)
-    summary["clock_caveats"] = clock_caveats(frame, offsets)
+    if summarized is not None and summarized.offsets == offsets and summarized.frame.equals(frame):
+        summarized.kept = True
+        summary = summarized.summary
+    else:
+        summary = _summary(frame, offsets)
     write_breakdown(frame, run_dir)
     write_json_atomic(run_dir / "summary.json", summary)
     if plot_formats:

@@ -48,10 +48,10 @@ class RunOutcome:
 
 
 class _FiguresAhead:
-    """The progress sink the engine reports to: the caller's, which also asks the figure workers to draw
-    each figure once what it shows is on record (`ask`: FigureWorkers.draw_ahead): the timeline after
-    TIMELINE_AHEAD_AFTER reconfigurations, the distributions after the last step's (their events fsynced:
-    the engine reports a reconfiguration done after its flush)."""
+    """The progress sink the engine reports to: the caller's, which also asks the figure workers to work
+    out what the run's end needs once it is on record (`ask`: FigureWorkers.ahead): the timeline after
+    TIMELINE_AHEAD_AFTER reconfigurations, the distributions and the summary after the last step's (their
+    events fsynced: the engine reports a reconfiguration done after its flush)."""
 
     def __init__(self, inner: ProgressSink, ask: Callable[[str], None]) -> None:
         self.inner = inner
@@ -76,6 +76,7 @@ class _FiguresAhead:
             self.ask("timeline")
         if stage.kind == "step" and stage.index == stage.of:
             self.ask("distributions")
+            self.ask("summary")
 
     def message(self, text: str) -> None:
         self.inner.message(text)
@@ -178,9 +179,7 @@ async def run_experiment(
     # Figures are drawn by processes that import matplotlib while the experiment runs, each as soon as what
     # it shows is on record (labctl.analysis.pool), not after the run.
     workers = FigureWorkers()
-    engine_progress = _FiguresAhead(
-        progress, lambda fig: workers.draw_ahead(fig, run.path, threshold, formats)
-    )
+    engine_progress = _FiguresAhead(progress, lambda what: workers.ahead(what, run.path, threshold, formats))
     engine = RunEngine(plan, inventory, lab, events, engine_progress)
     try:
         if formats:

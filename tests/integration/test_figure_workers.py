@@ -15,8 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from labctl.analysis.figures import FIGURES
-from labctl.analysis.pool import FigureWorkers
+from labctl.analysis.pool import AHEAD, FigureWorkers
 from labctl.analysis.summary import analyse
 from labctl.core.events import Kind, read_events
 from labctl.run.engine import NullProgress
@@ -101,16 +100,19 @@ async def _analysed(workers: FigureWorkers, run: Path) -> dict[str, object]:
         await workers.close()
 
 
-async def test_figures_drawn_ahead_are_kept_when_the_run_shows_the_same(
+async def test_what_is_worked_out_ahead_is_kept_when_the_run_shows_the_same(
     finished_run: Path, tmp_path: Path
 ) -> None:
     by_workers, in_process = _fresh(finished_run, tmp_path / "w"), _fresh(finished_run, tmp_path / "p")
     workers = FigureWorkers()
     await workers.start()
-    for figure in FIGURES:
-        workers.draw_ahead(figure, by_workers, -10.0, ("png",))
+    for what in AHEAD:
+        workers.ahead(what, by_workers, -10.0, ("png",))
     summary = await _analysed(workers, by_workers)
-    assert [r["ahead"] for r in workers.replies] == ["kept", "kept"]
+    assert [r["ahead"] for r in workers.replies] == [
+        {"timeline": "kept", "summary": "kept"},
+        {"distributions": "kept"},
+    ]
     assert _as_json(summary) == _as_json(analyse(in_process, -10.0, plot_formats=("png",)))
     _same_results(by_workers, in_process)
 
@@ -119,7 +121,8 @@ async def test_figures_drawn_ahead_of_events_that_came_late_are_drawn_again(
     finished_run: Path, tmp_path: Path
 ) -> None:
     """Drawn from a file that still lacked one of the timeline's events and the last reconfiguration (as
-    if they had reached it late): at the end both figures are drawn again, as the run's own process would."""
+    if they had reached it late): at the end both figures are drawn again and the summary worked out again,
+    as the run's own process would."""
     by_workers, in_process = _fresh(finished_run, tmp_path / "w"), _fresh(finished_run, tmp_path / "p")
     early = _fresh(finished_run, tmp_path / "early")
     lines = (early / "events.jsonl").read_bytes().splitlines(keepends=True)
@@ -129,10 +132,13 @@ async def test_figures_drawn_ahead_of_events_that_came_late_are_drawn_again(
     (early / "events.jsonl").write_bytes(b"".join(lines[:late] + lines[late + 1 : command2 + 1]))
     workers = FigureWorkers()
     await workers.start()
-    for figure in FIGURES:
-        workers.draw_ahead(figure, early, -10.0, ("png",))
+    for what in AHEAD:
+        workers.ahead(what, early, -10.0, ("png",))
     await _analysed(workers, by_workers)
-    assert [r["ahead"] for r in workers.replies] == ["drawn again", "drawn again"]
+    assert [r["ahead"] for r in workers.replies] == [
+        {"timeline": "drawn again", "summary": "worked out again"},
+        {"distributions": "drawn again"},
+    ]
     analyse(in_process, -10.0, plot_formats=("png",))
     _same_results(by_workers, in_process)
 

@@ -1,6 +1,6 @@
-"""When `labctl run` asks its figure workers to draw each figure ahead (labctl.run.lifecycle): the timeline
-once the reconfiguration after the one it shows is done, the distributions once the last step is; every
-report still reaches the caller's progress sink."""
+"""When `labctl run` asks its figure workers to work its files out ahead (labctl.run.lifecycle): the
+timeline once the reconfiguration after the one it shows is done, the distributions and the summary once
+the last step is; every report still reaches the caller's progress sink."""
 
 from __future__ import annotations
 
@@ -54,15 +54,16 @@ def test_the_timeline_after_the_next_reconfiguration_the_distributions_after_the
         "after reconfig 2/4 → dp",
         "after reconfig 3/4 → pp",
         "distributions",
+        "summary",
         "after reconfig 4/4 → dp",
     ]
     assert seen[0] == "started 5" and seen[-1] == "bye" and len(seen) == 2 + 3 * 5
 
 
-def test_one_step_asks_for_the_distributions_only_and_a_restore_for_nothing() -> None:
+def test_one_step_asks_for_no_timeline_and_a_restore_for_nothing() -> None:
     stages = [Stage("baseline", "dp"), Stage("step", "pp", 1, 1), Stage("restore", "dp")]
     _, asked = _run(stages)
-    assert [a for a in asked if not a.startswith("after")] == ["distributions"]
+    assert [a for a in asked if not a.startswith("after")] == ["distributions", "summary"]
     # An aborted run's restore is not a reconfiguration of the experiment's: it does not count.
     stages = [Stage("baseline", "dp"), Stage("step", "pp", 1, 8), Stage("restore", "dp")]
     _, asked = _run(stages)
