@@ -3,9 +3,17 @@ experiment's own time in the same run (its holds plus the recoveries it measured
 the baseline's included, from its `phase` event to the last moved port's first `traffic.ok`).
 
 The goal (issue 25) is at most 1.5 s beyond the experiment, median of 5, every run file present. Each run
-is a fresh `python3 -m labctl.cli run` process (start-up, imports, analysis and figures all count).
+is a fresh `python3 -m labctl.cli run` process (start-up, imports, analysis and figures all count). The
+summary gives the median (min-max) of each part beyond the experiment: start-up (process start to
+run.start), in the run (run.start to run.end beyond the experiment's own time) and after run.end, with the
+load average before and after (the parts move with the machine's load).
 
-    python3 bench/overhead.py --runs 5
+Where PYTHONDONTWRITEBYTECODE is set (as in the project's sandboxes) and labctl has no cached bytecode,
+every run compiles labctl's modules from source: ~0.15 s of start-up an installed labctl does not pay.
+`--bytecode` compiles them first (`python -m compileall labctl`, into labctl/__pycache__, git-ignored);
+the summary says which way it measured.
+
+    python3 bench/overhead.py --runs 5 [--bytecode]
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,13 +56,34 @@ def own_time_s(run_dir: Path) -> tuple[float, int, int]:
     return holds + sum(last_t5.values()) / 1e9, ends["run.start"], ends["run.end"]
 
 
+def spread(values: Sequence[float]) -> str:
+    return f"{statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})"
+
+
+def bytecode_cached() -> bool:
+    """Whether labctl's modules have bytecode the runs can load (else each run compiles them)."""
+    return all(
+        any((path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"))
+        for path in (REPO / "labctl").rglob("*.py")
+    )
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--experiment", default=str(REPO / "experiments/reconfig-timeline.yaml"))
+    ap.add_argument("--bytecode", action="store_true", help="compile labctl's modules first (see above)")
     args = ap.parse_args()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    beyond, walls, owns = [], [], []
+    if args.bytecode:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "labctl")], check=True, env=env)
+    cached = bytecode_cached()
+    load_before = load()
+    beyond, walls, owns, befores, afters, ins = [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for n in range(args.runs):
             out = Path(tmp) / str(n)
@@ -71,12 +101,18 @@ def main() -> None:
             beyond.append(wall - own)
             walls.append(wall)
             owns.append(own)
+            befores.append(before)
+            afters.append(after)
+            ins.append(span - own)
             print(f"run {n + 1}: wall {wall:.2f} s, experiment {own:.2f} s (run.start→end {span:.2f} s; start-up "
                   f"{before:.2f} s, after run.end {after:.2f} s), beyond {wall - own:.2f} s, exit {done.returncode}{', missing ' + ', '.join(missing) if missing else ''}",
                   flush=True)  # fmt: skip
     print(f"\nover {args.runs} runs: wall median {statistics.median(walls):.2f} s; experiment's own time median "
           f"{statistics.median(owns):.2f} s; beyond it median {statistics.median(beyond):.2f} s "
           f"(min {min(beyond):.2f}, max {max(beyond):.2f}); goal <= 1.5 s")  # fmt: skip
+    print(f"beyond it: start-up {spread(befores)}, in the run {spread(ins)}, after run.end {spread(afters)}; "
+          f"labctl bytecode {'cached' if cached else 'compiled in every run'}; "
+          f"load average {load_before} before, {load()} after")  # fmt: skip
     record("overhead", f"labctl run --profile fast wall time, median of {args.runs}", statistics.median(walls),
            "s", peer="the experiment's own time (holds + recoveries)", peer_value=statistics.median(owns))  # fmt: skip
     record("overhead", "beyond the experiment's own time, median", statistics.median(beyond), "s",
