@@ -118,7 +118,8 @@ def assert_breakdowns_match(one: pd.DataFrame, agents: pd.DataFrame, run_dir: Pa
         if e.kind == "ocs.command" and e.reconfig is not None:
             late[e.reconfig] = max(late.get(e.reconfig, 0), int(e.meta.get("late_ns", 0)))
     allowed = pd.Series(
-        [exact_ns + late.get(int(n), 0) for n in agents.index.get_level_values("reconfig")], index=agents.index
+        [exact_ns + late.get(int(n), 0) for n in agents.index.get_level_values("reconfig")],
+        index=agents.index,
     )
     for mark in ("t3_firmware_up_ns", "t4_carrier_up_ns"):
         excess = (since_t0(one, mark) - since_t0(agents, mark)).abs() - allowed
