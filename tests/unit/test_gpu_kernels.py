@@ -107,3 +107,25 @@ def test_cubin_sm_rejects_non_cubins() -> None:
     fake[0x12] = 62  # x86-64
     with pytest.raises(CompileError, match="e_machine 62"):
         cubin_sm(bytes(fake))
+
+
+@pytest.mark.parametrize(
+    ("abi_version", "e_flags", "sm"),
+    [
+        (7, 0x005A055A, 90),  # NVRTC 12.9 sm_90, read here
+        (8, 0x0A005A04, 90),  # NVRTC 13.0 sm_90, read on an H200
+        (8, 0x0A006404, 100),
+    ],
+)
+def test_cubin_sm_reads_both_elf_abi_layouts(abi_version: int, e_flags: int, sm: int) -> None:
+    import struct
+
+    from labctl.probes.gpu.nvrtc import cubin_sm
+
+    header = bytearray(64)
+    header[:4] = b"\x7fELF"
+    header[7] = 0x33 if abi_version == 7 else 0x41  # e_ident[OSABI] as each NVRTC writes it
+    header[8] = abi_version
+    struct.pack_into("<H", header, 0x12, 190)
+    struct.pack_into("<I", header, 0x30, e_flags)
+    assert cubin_sm(bytes(header)) == sm

@@ -18,6 +18,7 @@ from .kernels import SOURCE
 
 CUBIN_MAGIC = b"\x7fELF"
 EM_CUDA = 190
+ABI_SM_IN_SECOND_BYTE = 8  # e_ident[EI_ABIVERSION] from which e_flags carries the SM in bits 8-15
 
 
 def _nvrtc() -> Any:
@@ -124,14 +125,20 @@ def arch_for(capability: tuple[int, int], archs: list[int] | None = None) -> str
 
 
 def cubin_sm(cubin: bytes) -> int:
-    """The SM version a cubin was built for, from its ELF header (e_machine EM_CUDA, e_flags low byte)."""
+    """The SM version a cubin was built for, from its ELF header (e_machine EM_CUDA, then e_flags).
+
+    Where the SM sits in e_flags depends on the ELF ABI version (e_ident[8]): up to CUDA 12 (ABI 7) it is
+    the low byte (sm_90: 0x005a055a); CUDA 13's NVRTC writes ABI 8 with the SM in the second byte (sm_90:
+    0x0a005a04), which the low-byte reading took for "sm_4" on the first GPU run.
+    """
     if cubin[:4] != CUBIN_MAGIC:
         raise CompileError("not a cubin: no ELF magic")
     (machine,) = struct.unpack_from("<H", cubin, 0x12)
     if machine != EM_CUDA:
         raise CompileError(f"not a CUDA ELF: e_machine {machine}")
     (flags,) = struct.unpack_from("<I", cubin, 0x30)
-    return int(flags & 0xFF)
+    abi_version = cubin[8]
+    return int((flags >> 8) & 0xFF) if abi_version >= ABI_SM_IN_SECOND_BYTE else int(flags & 0xFF)
 
 
 def ptx_target(ptx: str) -> str | None:
