@@ -304,11 +304,15 @@ def compute_breakdown(
     completes: dict[tuple[int | None, Any], int] = {}
     timed_out: dict[int | None, set[str]] = defaultdict(set)
     for e in control:
-        key = (e.reconfig, e.meta.get("rail"))
-        if e.kind == Kind.OCS_COMMAND:
-            commands.setdefault(key, e.t_ns)
-        elif e.kind == Kind.OCS_COMPLETE:
-            completes[key] = e.t_ns  # the last acknowledgement (after any retry)
+        if e.kind == Kind.OCS_COMMAND or e.kind == Kind.OCS_COMPLETE:
+            # one command can carry several rails of one switch (`rails`, decision 0054)
+            rails = e.meta.get("rails") or [e.meta.get("rail")]
+            for rail in rails:
+                key = (e.reconfig, rail)
+                if e.kind == Kind.OCS_COMMAND:
+                    commands.setdefault(key, e.t_ns)
+                else:
+                    completes[key] = e.t_ns  # the last acknowledgement (after any retry)
         elif e.kind == Kind.RUN_TIMEOUT:
             timed_out[e.reconfig].update(e.meta.get("pending", ()))
 

@@ -132,3 +132,16 @@ class Alarm:
             self.fd = None
         if self._waiter is not None and not self._waiter.done():
             self._waiter.cancel()
+
+
+async def sleep_until(t_ns: int, alarm: Alarm | None = None) -> None:
+    """Sleep to the CLOCK_MONOTONIC instant t_ns (labctl.core.clock.now_ns) to within the kernel's timer
+    slack, where `asyncio.sleep` wakes up to a millisecond late. Without `alarm`, a one-shot timerfd is
+    made for this wait (a few syscalls, ~30 µs) and closed after it, also when the wait is cancelled."""
+    own = alarm is None
+    alarm = Alarm() if alarm is None else alarm
+    try:
+        await alarm.at(t_ns)
+    finally:
+        if own:
+            alarm.close()

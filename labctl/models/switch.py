@@ -18,6 +18,7 @@ from labctl.core.clock import now_ns
 from labctl.core.errors import HardwareError
 from labctl.inventory.mapping import Mapping, MappingDiff, PortSpace, apply_diff
 from labctl.inventory.profiles import Profile
+from labctl.linux.timerfd import Alarm, sleep_until
 from labctl.models.timeline import Timeline
 
 __all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
@@ -106,10 +107,20 @@ class SwitchModel:
         """Schedule light changes (egress now lit by ingress, None: dark) at their model times."""
         if not egresses:
             return
+        self._tell_schedule(times, egresses, ingresses)
+        self._on_timeline(times, egresses, ingresses)
+
+    def _tell_schedule(
+        self, times: Sequence[int], egresses: Sequence[int], ingresses: Sequence[int | None]
+    ) -> None:
         if self.schedule_listeners:
             for t_ns, egress, ingress in zip(times, egresses, ingresses, strict=True):
                 for listener in self.schedule_listeners:
                     listener(egress, ingress, t_ns)
+
+    def _on_timeline(
+        self, times: Sequence[int], egresses: Sequence[int], ingresses: Sequence[int | None]
+    ) -> None:
         order = np.argsort(np.asarray(times, np.int64), kind="stable")
         batch = _LightBatch(
             np.asarray(times, np.int64)[order],
@@ -239,13 +250,54 @@ class SwitchModel:
         self._at(lost, removed, [None] * len(removed))
         added = sorted(diff.add, key=itemgetter(1))  # by egress
         ingresses: list[int | None] = [ingress for ingress, _ in added]
-        back = self._times(t_cmd, [egress for _, egress in added], ingresses, "switching_ms")
+        egresses = [egress for _, egress in added]
+        back = self._times(t_cmd, egresses, ingresses, "switching_ms")
         t_done = max(back) if back else t_cmd + self.profile.draw_ns(self.rng, "switching_ms")
-        self._at(back, [egress for _, egress in added], ingresses)
-        delay_ns = t_done - now_ns()
-        if delay_ns > 0:  # a switch of 0 ms answers at once, as a driver whose reply is already in
-            await asyncio.sleep(delay_ns / 1e9)
+        if back and min(back) == t_done > now_ns() and not self.timeline.pull:
+            await self._acknowledge_then_light(t_done, back, egresses, ingresses)
+        else:
+            self._at(back, egresses, ingresses)
+            if t_done > now_ns():  # a switch of 0 ms answers at once, as a driver whose reply is already in
+                # to the microsecond, as a switch's own reply would: asyncio.sleep's whole-millisecond
+                # rounding (~0.5 ms late on average) would count as the controller's overhead
+                await sleep_until(t_done)
         return t_cmd, t_done
+
+    async def _acknowledge_then_light(
+        self, t_done: int, times: list[int], egresses: list[int], ingresses: list[int | None]
+    ) -> None:
+        """Wait to t_done (a timerfd, to the microsecond), the command's new paths lighting up then too:
+        the acknowledgement's turn first, the light's entry on the timeline a turn after it. In a real lab
+        the NICs react on other machines while the controller takes the switch's reply; in one loop the
+        fabric model's reactions to 2 x 16 ports (~0.3 ms) would run first and land in the control path
+        the controller times. Every reaction still carries its model time (t_done): the order in the loop
+        changes no stamp. Cancelled before t_done, the light is scheduled at once: it still comes."""
+        loop = asyncio.get_running_loop()
+        self._tell_schedule(times, egresses, ingresses)
+        waiter: asyncio.Future[None] = loop.create_future()
+        scheduled = fired = False
+
+        def light() -> None:
+            nonlocal scheduled
+            if not scheduled:
+                scheduled = True
+                self._on_timeline(times, egresses, ingresses)
+
+        def fire() -> None:
+            nonlocal fired
+            fired = True
+            if not waiter.done():
+                waiter.set_result(None)  # wakes the acknowledged command's task next turn ...
+            loop.call_soon(light)  # ... and the light comes after it
+
+        alarm = Alarm(on_fire=fire)
+        try:
+            alarm.arm(t_done)
+            await waiter
+        finally:
+            alarm.close()
+            if not fired:
+                light()
 
     def _times(self, t_cmd: int, egresses: list[int], ingresses: list[int | None], delay: str) -> list[int]:
         """Each change's model time: as announced (`_take_armed`), else drawn now from `delay` after the

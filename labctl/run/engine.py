@@ -30,7 +30,7 @@ from labctl.ocs.protocol import YIELD_ABOVE_PORTS
 from labctl.probes.base import ProbeContext, probe_kinds
 from labctl.probes.sampling import Probe
 from labctl.run.experiment import Plan, RailPhase
-from labctl.run.rails import RailWriter, moved_ports
+from labctl.run.rails import RailWrite, RailWriter, moved_ports
 from labctl.run.recovery import LinkWatch, RecoveryTracker
 from labctl.run.steps import ProgressSink, Stage
 
@@ -156,11 +156,19 @@ class RunEngine:
             }
         return circuits
 
-    async def _apply_rail(self, rp: RailPhase) -> None:
+    def _rail_write(self, rp: RailPhase) -> RailWrite:
         scope = self._scopes.get(rp.rail)
         if scope is None:  # the rail's switch ports: worked out once (hundreds of ports, each time the same)
             scope = self._scopes[rp.rail] = frozenset(rail_scope(self.inventory, rp.rail))
-        await self.rails.write(rp.rail, rp.mapping, scope=scope, context={"rail": rp.rail})
+        return RailWrite(rp.rail, rp.mapping, scope)
+
+    async def _apply_rails(self, target: dict[int, RailPhase]) -> None:
+        """Every rail of a phase at once (the rails of one switch as one command); the first rail's error,
+        once every switch has answered."""
+        outcomes = await self.rails.write_rails([self._rail_write(rp) for rp in target.values()])
+        for outcome in outcomes:
+            if isinstance(outcome, Exception):
+                raise outcome
 
     async def _retarget(self, rail: int, before: Mapping, after: Mapping) -> None:
         """A rail changed (the switch acknowledged): tell the probes what moved, and re-target traffic
@@ -227,7 +235,7 @@ class RunEngine:
         await asyncio.sleep(0)  # let samplers due now run before the rails' commands are worked out
         try:
             with middle_generation_deferred():
-                await asyncio.gather(*(self._apply_rail(rp) for rp in target.values()))
+                await self._apply_rails(target)
                 if wait:
                     try:
                         await asyncio.wait_for(tracker.done.wait(), max(t0 + timeout_ns - now_ns(), 0) / 1e9)

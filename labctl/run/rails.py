@@ -11,10 +11,11 @@ of a run to it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from labctl.core.tasks import concurrently
 from labctl.inventory.mapping import Mapping as Patches
 from labctl.inventory.mapping import MappingDiff, apply_diff, diff_mapping
 from labctl.inventory.schema import Inventory, NicPort
@@ -52,16 +53,69 @@ class RailWriter:
     ) -> Timed[ApplyResult]:
         """Make every port of `scope` on `rail`'s switch as `patches` says (the rest of the switch is left
         alone), verified; then remember the rail's new patches and tell `on_change`."""
-        before = self.current[rail]
-        self.touched = True
-        result = await send_mapping(
-            self.switches[rail], patches, scope=scope, context=context, timeout_s=timeout_s
+        return await self._send([RailWrite(rail, patches, scope)], context or {}, timeout_s)
+
+    async def write_rails(
+        self,
+        writes: Sequence[RailWrite],
+        *,
+        context: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> list[Timed[ApplyResult] | Exception]:
+        """Several rails at once, each rail's outcome in order (its result, or the Exception its switch
+        raised). Rails on one switch go as one command: their ports are disjoint, so the union of their
+        patches within the union of their scopes is the same change, and both rails' t0 and t1 are then the
+        switch's own (two commands would stamp the second rail a command's worth of work later, and leave
+        it waiting behind the first one's acknowledgement: decision 0054)."""
+        groups: dict[int, list[RailWrite]] = {}
+        for w in writes:
+            groups.setdefault(id(self.switches[w.rail]), []).append(w)
+        outcomes = await concurrently(
+            [self._send(group, dict(context or {}), timeout_s) for group in groups.values()]
         )
-        after = apply_diff(before, diff_mapping(before, frozenset(patches), scope))
-        self.current[rail] = after
+        by_rail: dict[int, Timed[ApplyResult] | Exception] = {}
+        for group, outcome in zip(groups.values(), outcomes, strict=True):
+            for w in group:
+                by_rail[w.rail] = outcome
+        return [by_rail[w.rail] for w in writes]
+
+    async def _send(
+        self, group: list[RailWrite], context: dict[str, Any], timeout_s: float | None
+    ) -> Timed[ApplyResult]:
+        """The one send of a run: rails of one switch as one verified command. Its events carry the
+        caller's context plus `rail` (one rail) or `rails` (several); what each rail holds is remembered
+        and `on_change` told, rail by rail, once the switch acknowledged."""
+        befores = [self.current[w.rail] for w in group]
+        self.touched = True
+        if len(group) == 1:
+            patches: Collection[tuple[int, int]] = group[0].patches
+            scope: Collection[int] = group[0].scope
+            context = {**context, "rail": group[0].rail}
+        else:
+            patches = frozenset(p for w in group for p in w.patches)
+            scope = frozenset(port for w in group for port in w.scope)
+            context = {**context, "rails": [w.rail for w in group]}
+        result = await send_mapping(
+            self.switches[group[0].rail], patches, scope=scope, context=context, timeout_s=timeout_s
+        )
+        afters = []
+        for w, before in zip(group, befores, strict=True):
+            after = apply_diff(before, diff_mapping(before, frozenset(w.patches), w.scope))
+            self.current[w.rail] = after
+            afters.append(after)
         if self.on_change is not None:
-            await self.on_change(rail, before, after)
+            for w, before, after in zip(group, befores, afters, strict=True):
+                await self.on_change(w.rail, before, after)
         return result
+
+
+@dataclass(frozen=True, slots=True)
+class RailWrite:
+    """One rail's part of `RailWriter.write_rails`: its patches within its scope (its ports on its switch)."""
+
+    rail: int
+    patches: Collection[tuple[int, int]]
+    scope: Collection[int]
 
 
 def moved_ports(

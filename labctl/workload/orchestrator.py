@@ -28,9 +28,8 @@ from typing import Any
 from labctl.core.clock import now_ns
 from labctl.core.errors import HardwareError
 from labctl.core.events import Event, Kind
-from labctl.core.tasks import concurrently
 from labctl.inventory.mapping import Mapping
-from labctl.run.rails import RailWriter
+from labctl.run.rails import RailWrite, RailWriter
 from labctl.workload.circuits import JobCircuits, TopoState, changed_stages, topo_id
 
 EventSink = Callable[[Event], object]
@@ -190,12 +189,11 @@ class RailOrchestrator:
     def mapping(self) -> Mapping:
         return self.circuits.rail_mapping(self.rail, self.state)
 
-    async def apply(
-        self, target: TopoState, stages: Sequence[int], timeout_s: float, context: dict[str, Any]
-    ) -> Any:
+    def change(self, target: TopoState, stages: Sequence[int]) -> RailWrite:
+        """This rail's part of a write of `target`'s `stages`: their circuits within their ports."""
         mapping = frozenset(p for s in stages for p in self.circuits.sub_mapping(self.rail, s, target[s]))
         scope = {p for s in stages for p in self.circuits.stage_ports(self.rail, s)}
-        return await self.writer.write(self.rail, mapping, scope=scope, context=context, timeout_s=timeout_s)
+        return RailWrite(self.rail, mapping, scope)
 
 
 class JobOrchestrator:
@@ -333,11 +331,11 @@ class JobOrchestrator:
         error: str | None = None
         while pending and tries <= self.retries:
             tries += 1
-            results = await concurrently(
-                [
-                    r.apply(target, stages, self.switch_timeout_s, {**ctx, "rail": r.rail, "try": tries})
-                    for r in pending
-                ]
+            # every pending rail at once, the rails of one switch as one command (decision 0054)
+            results = await self.rails[0].writer.write_rails(
+                [r.change(target, stages) for r in pending],
+                context={**ctx, "try": tries},
+                timeout_s=self.switch_timeout_s,
             )
             failed = []
             for r, res in zip(pending, results, strict=True):

@@ -29,6 +29,7 @@ from typing import Any, Literal, Protocol
 
 from labctl.core.clock import now_ns
 from labctl.core.events import Event, Kind
+from labctl.linux import timerfd
 from labctl.linux.timerfd import Alarm
 from labctl.workload.circuits import TopoState, after_op, topo_id
 from labctl.workload.orchestrator import JobOrchestrator, WriteResult
@@ -164,10 +165,7 @@ async def sleep_until(t_ns: int, alarm: Alarm | None = None) -> int:
     it wakes within tens of µs, where `asyncio.sleep` rounds up to the next millisecond: every replayed
     operation sleeps to its arrival and its end, so that millisecond would land in every step."""
     if t_ns > now_ns():
-        if alarm is not None:
-            await alarm.at(t_ns)
-        else:
-            await asyncio.sleep((t_ns - now_ns()) / 1e9)
+        await timerfd.sleep_until(t_ns, alarm)
     return max(0, now_ns() - t_ns)
 
 

@@ -219,18 +219,17 @@ async def test_an_unexpected_error_mid_run_restores_the_baseline_and_records_its
 ) -> None:
     from labctl.run.engine import RunEngine
 
-    apply_rail = RunEngine._apply_rail
+    apply_rails = RunEngine._apply_rails
     calls = 0
 
-    async def apply_then_overflow(self: RunEngine, rp: Any) -> None:
+    async def apply_then_overflow(self: RunEngine, target: Any) -> None:
         nonlocal calls
         calls += 1
-        n = calls  # rails are applied concurrently: take this call's number before awaiting
-        await apply_rail(self, rp)
-        if n == 3:  # the first step has moved rail 0's mirrors (baseline: calls 1 and 2)
+        await apply_rails(self, target)
+        if calls == 2:  # the first step has moved the rails' mirrors (the baseline was call 1)
             raise OverflowError("cannot convert float infinity to integer")
 
-    monkeypatch.setattr(RunEngine, "_apply_rail", apply_then_overflow)
+    monkeypatch.setattr(RunEngine, "_apply_rails", apply_then_overflow)
     outcome = await run_experiment(
         short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=3, plots=False
     )
@@ -290,8 +289,18 @@ async def test_steps_and_the_baseline_hold_before_the_next_reconfiguration(
     events = list(read_events(outcome.run_dir / "events.jsonl"))
     starts = [e.t_ns for e in events if e.kind == "phase"]
     for n in range(len(starts) - 1):
-        oks = [e.t_ns for e in events if e.kind == "traffic.ok" and e.reconfig == n and e.t_ns > starts[n]]
-        last_recovery = max(t for t in oks if t < starts[n + 1])
+        # Each port's recovery is its first traffic.ok after its last traffic.lost of the phase; later
+        # ones are heartbeats (one every report interval, staggered per port), which may fall in the hold.
+        recovered: dict[str, int | None] = {}
+        for e in events:
+            if e.reconfig != n or not starts[n] < e.t_ns < starts[n + 1]:
+                continue
+            if e.kind == "traffic.lost":
+                recovered[e.source] = None
+            elif e.kind == "traffic.ok" and e.source in recovered and recovered[e.source] is None:
+                recovered[e.source] = e.t_ns
+        assert recovered and None not in recovered.values(), n
+        last_recovery = max(t for t in recovered.values() if t is not None)
         # hold_s is 0.05: the next reconfiguration starts no sooner than that after full recovery.
         assert starts[n + 1] - last_recovery >= 45_000_000, n
 

@@ -2,7 +2,7 @@
 
 Each driver with an emulator drives its protocol's emulator over real sockets (or a pty) around the same
 switch model that lights the simulated NICs. Whatever the protocol, the controller must ask for the same
-changes in the same order (one diff per rail per reconfiguration, none retried) and every port must
+changes in the same order (one diff per switch per reconfiguration, its rails together, none retried) and every port must
 recover with every mark present. A driver registered with an emulator is enrolled with no edit here.
 """
 
@@ -55,7 +55,7 @@ async def _run(driver: str, tmp_path: Path) -> tuple[list[tuple[Any, ...]], Any]
     commands = [
         (
             e.reconfig,
-            e.meta.get("rail"),
+            tuple(e.meta.get("rails") or [e.meta.get("rail")]),
             tuple(map(tuple, e.meta["remove"])),
             tuple(map(tuple, e.meta["add"])),
         )
@@ -72,7 +72,8 @@ async def test_the_same_experiment_asks_the_same_changes_over_every_protocol(
     reference, _ = await _run("polatis-tl1", tmp_path / "tl1")
     commands, run = await _run(driver, tmp_path / driver)
     assert commands == reference  # same diffs, same order per reconfiguration and rail, no retries
-    assert [c[0] for c in reference] == [0, 0, 1, 1, 2, 2]  # baseline + 2 reconfigurations × 2 rails
+    # baseline + 2 reconfigurations, both rails of the one switch in each command (decision 0054)
+    assert [c[:2] for c in reference] == [(0, (0, 1)), (1, (0, 1)), (2, (0, 1))]
     measured = run.breakdown[run.breakdown["reconfig"] > 0]
     assert len(measured) == 2 * 16 and not measured["timed_out"].any()
     marks = ["t0_command_ns", "t1_switch_done_ns", "t2_rx_power_ns", "t4_carrier_up_ns", "t5_traffic_ns"]

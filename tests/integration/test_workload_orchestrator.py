@@ -116,8 +116,9 @@ async def test_retry_then_giant_ring_fallback() -> None:
     pp = after_op(dp, next(op for _, op in trace.rail_ops() if op.group == "pp"))
     await switches["ocs1"].connect()
     orch = JobOrchestrator(circuits, writer(circuits, switches, dp), dp, events.append, retries=1)
-    # Each apply's convergence tries 3 times; 2 rails x 2 tries x 3 = 12 refusals exhaust every try.
-    model.refusals = 12
+    # Both rails of ocs1 go as one command (decision 0054), and each apply's convergence tries 3 times:
+    # 2 tries x 3 = 6 refusals exhaust every try.
+    model.refusals = 6
     result = await orch.write(pp)
     assert result.fallback and orch.fallback is not None
     assert [e.value for e in events if e.kind == Kind.WORKLOAD_RETRY]
@@ -159,7 +160,7 @@ async def test_the_giant_ring_waits_for_operations_on_stages_the_failed_write_di
 
     op = asyncio.create_task(operation())
     await op_started.wait()
-    model.refusals = 6  # 2 rails x 3 commands of one try
+    model.refusals = 3  # the 3 commands of one try (both rails of ocs1 in each)
     result = await orch.write((DP, DARK))
     await op
     assert result.stages == (1,) and result.fallback and orch.fallback is not None
