@@ -488,7 +488,7 @@ def write_breakdown(frame: pd.DataFrame, run_dir: Path) -> None:
 STAT_NAMES = ("n", "min", "p5", "median", "p95", "max")
 
 UNITS: dict[str, str] = {
-    "switch_ns": "rail command",
+    "switch_ns": "switch command",
     "optical_ns": "port",
     "firmware_ns": "port",
     "carrier_ns": "port",
@@ -497,9 +497,10 @@ UNITS: dict[str, str] = {
     "carrier_down_ns": "port",
     "traffic_lost_ns": "port",
 }
-"""What one value of each phase is: a rail's switch command moves all its ports at once (one switching
-time per command, however many ports); optical, firmware and carrier are each port's own; transport and
-total are per end of a new circuit (a port going dark has none)."""
+"""What one value of each phase is: a switch command moves all its ports at once, the ports of every rail
+it carries (one switching time per command, however many ports or rails: decision 0054); optical,
+firmware and carrier are each port's own; transport and total are per end of a new circuit (a port going
+dark has none)."""
 
 BOOTSTRAP_RESAMPLES = 2000
 CI_LEVEL = 0.95
@@ -523,8 +524,12 @@ def _keep(rows: pd.DataFrame, column: str) -> pd.Series:
     """The rows that give one value of a phase over its own unit, flagged rows left out."""
     name = column.removesuffix("_ns")
     keep = rows[column].notna() & ~_flagged_for(rows, name)
-    if UNITS[column] == "rail command":
-        keep &= ~rows.duplicated(["run_id", "reconfig", "rail"] if "run_id" in rows else ["reconfig", "rail"])
+    if UNITS[column] == "switch command":
+        # a command is its (t0, t1): rails it carried together share them, separate commands never do
+        # (rows without the marks, as a hand-made frame may come: one command per rail, as before 0054)
+        marks = ["t0_command_ns", "t1_switch_done_ns"] if "t0_command_ns" in rows else ["rail"]
+        command = ["reconfig", *marks]
+        keep &= ~rows.duplicated(["run_id", *command] if "run_id" in rows else command)
     elif UNITS[column] == "circuit end":
         keep &= rows["peer"].fillna("") != ""
     return keep

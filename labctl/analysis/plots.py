@@ -749,7 +749,17 @@ def distributions_figure(frame: pd.DataFrame, *, style: str | os.PathLike[str] |
         return _draw_distributions(frame)
 
 
-DISTRIBUTION_COLUMNS = ("run_id", "reconfig", "rail", "peer", *DURATIONS, *FLAGS)
+# t0/t1 name a row's switch command: one switching time per command, however many rails it carried
+DISTRIBUTION_COLUMNS = (
+    "run_id",
+    "reconfig",
+    "rail",
+    "peer",
+    "t0_command_ns",
+    "t1_switch_done_ns",
+    *DURATIONS,
+    *FLAGS,
+)
 """The breakdown columns the distributions draw from (of the measured reconfigurations' rows)."""
 
 
@@ -773,7 +783,7 @@ def render_distributions(measured: pd.DataFrame) -> Any:
         for flag, rows in _left_out(measured, col.removesuffix("_ns")).items():
             left_out[flag] += int((keep & rows).sum())
             keep = keep & ~rows
-        # Each phase over its own unit, as summary.json counts it (one switching time per rail command).
+        # Each phase over its own unit, as summary.json counts it (one switching time per switch command).
         values = phase_values(measured[keep], col) / 1e6
         if values.size:
             names.append(col.removesuffix("_ns"))

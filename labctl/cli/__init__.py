@@ -27,6 +27,7 @@ COMMANDS = {
     **dict.fromkeys(("run", "report", "compare", "plot"), "run"),
     **dict.fromkeys(("serve", "submit", "queue", "cancel", "history"), "queue"),
     "agent": "agent",
+    "init": "init",  # plain commands before the groups: typer lists them so when all are built
     **{group: group for group in ("inventory", "lab", "ocs", "emulate", "probe", "dom", "bench", "plan")},
     "replay": "replay",
 }

@@ -21,15 +21,40 @@ if not out.is_terminal:  # a pipe or a CI log has no width to fit: rich's defaul
 err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 EXIT_ABORTED = 130
-DEFAULT_INVENTORY = Path("inventory.yaml")  # the built-in simulated Opus testbed, at the repository's top
+DEFAULT_INVENTORY = Path("inventory.yaml")  # this directory's, else the built-in simulated Opus testbed
 RUNS = Path("runs")
+
+
+def resolve_inventory(path: Path) -> Path:
+    """The default inventory where this directory has none is the built-in lab (labctl.core.shipped)."""
+    from labctl.core.shipped import resolve_inventory as resolve
+
+    return resolve(path)
+
+
+def resolve_experiment(path: Path) -> Path:
+    """An experiment file, or a built-in experiment by name (`reconfig-timeline`)."""
+    from labctl.core.shipped import resolve_experiment as resolve
+
+    return resolve(path)
+
 
 InventoryOpt = Annotated[
     Path,
     typer.Option(
         "--inventory",
         "-i",
-        help="Lab inventory: its kind, switches (driver, address), hosts, NIC ports, fibers.",
+        help="Lab inventory: its kind, switches (driver, address), hosts, NIC ports, fibers. Default: "
+        "./inventory.yaml, else the built-in simulated Opus testbed.",
+        callback=resolve_inventory,
+    ),
+]
+ExperimentArg = Annotated[
+    Path,
+    typer.Argument(
+        help="Experiment file, or a built-in experiment by name (reconfig-timeline, replay-opus-testbed, "
+        "fig10, gpu-pingpong...).",
+        callback=resolve_experiment,
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (for scripts).")]

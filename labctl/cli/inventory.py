@@ -7,14 +7,20 @@ from typing import Annotated
 
 import typer
 
-from labctl.cli.common import DEFAULT_INVENTORY, out
+from labctl.cli.common import DEFAULT_INVENTORY, out, resolve_inventory
 
 inventory_app = typer.Typer(help="Inspect and validate inventory files.", no_args_is_help=True)
 
 
 @inventory_app.command("check")
 def inventory_check(
-    file: Annotated[Path, typer.Argument(help="Inventory file to validate.")] = DEFAULT_INVENTORY,
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="Inventory file to validate (default: ./inventory.yaml, else the built-in lab).",
+            callback=resolve_inventory,
+        ),
+    ] = DEFAULT_INVENTORY,
 ) -> None:
     """Validate an inventory as `labctl run` will: schema, each switch against its driver's config, switch
     names, port ranges and directions, ports used twice, rails, and what its lab kind needs."""

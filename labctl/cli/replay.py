@@ -21,6 +21,7 @@ from labctl.cli.common import (
     err,
     fmt_ns,
     out,
+    resolve_experiment,
 )
 from labctl.core.errors import InputError
 
@@ -54,7 +55,12 @@ DelaysOpt = Annotated[
 
 @replay_app.command("sweep")
 def sweep(
-    experiment: Annotated[Path, typer.Argument(help="A replay experiment, e.g. experiments/fig10.yaml.")],
+    experiment: Annotated[
+        Path,
+        typer.Argument(
+            help="A replay experiment file, or a built-in one by name (fig10).", callback=resolve_experiment
+        ),
+    ],
     inventory: InventoryOpt = DEFAULT_INVENTORY,
     profile: ProfileOpt = None,
     out_dir: OutOpt = RUNS,

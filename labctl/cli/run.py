@@ -12,6 +12,7 @@ from labctl.cli.common import (
     DEFAULT_INVENTORY,
     EXIT_ABORTED,
     RUNS,
+    ExperimentArg,
     InventoryOpt,
     JsonOpt,
     NoPlotsOpt,
@@ -97,7 +98,7 @@ def _rate_label(key: str) -> str:
     return key.replace("_per_s_per_port", " per port").replace("_per_s", "").replace("_", " ")
 
 
-UNIT_LABELS = {"rail command": "rail cmd", "circuit end": "circ. end"}
+UNIT_LABELS = {"switch command": "sw cmd", "circuit end": "circ. end"}
 
 
 def _summary_table(summary: dict[str, Any], title: str) -> Table:
@@ -264,9 +265,7 @@ async def _run_with_signals(coro: Any, progress: RichProgress) -> Any:
 
 
 def run(
-    experiment: Annotated[
-        Path, typer.Argument(help="Experiment file, e.g. experiments/reconfig-timeline.yaml.")
-    ],
+    experiment: ExperimentArg,
     inventory: InventoryOpt = DEFAULT_INVENTORY,
     profile: ProfileOpt = None,
     out_dir: OutOpt = RUNS,

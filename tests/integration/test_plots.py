@@ -267,7 +267,8 @@ def test_flagged_phases_are_left_out_and_counted(small: tuple[EventIndex, pd.Dat
         assert n("firmware").startswith("firmware (n=12)")
         assert n("carrier").startswith("carrier (n=14)") and n("transport").startswith("transport (n=14)")
         assert n("total").startswith("total (n=15)")
-        assert n("switch").startswith("switch (n=4)")  # one per rail command: 2 rails x 2 reconfigurations
+        # one per switch command: 2 reconfigurations, each one command carrying both rails of ocs1
+        assert n("switch").startswith("switch (n=2)")
         # 3 firmware + 8 phases of the "yes" row; carrier and transport of one row
         assert fig.get_suptitle().endswith("; left out: 11 impossible and 2 unresolved phase values")
     finally:

@@ -12,6 +12,7 @@ def test_every_directory_of_modules_is_a_package(repo: Path) -> None:
         for d in (repo / "labctl").rglob("*")
         if d.is_dir()
         and "__pycache__" not in d.parts
+        and "data" not in d.relative_to(repo / "labctl").parts[:1]  # package data: files, never modules
         and any(d.glob("*.py"))
         and not (d / "__init__.py").exists()
     )

@@ -70,8 +70,8 @@ def test_flagged_rows_are_left_out_of_the_summary_and_counted() -> None:
     fw = summary["phases"]["firmware"]
     assert fw["n"] == 5 and fw["impossible"] + fw["unresolved"] == 1
     assert fw["min"] >= 0  # the flagged negative value is not a statistic
-    # Units: one switching time per rail command, not one per port.
-    assert summary["phases"]["switch"]["unit"] == "rail command" and summary["phases"]["switch"]["n"] == 3
+    # Units: one switching time per switch command, not one per port.
+    assert summary["phases"]["switch"]["unit"] == "switch command" and summary["phases"]["switch"]["n"] == 3
     assert summary["phases"]["optical"]["n"] == 6
     lo, hi = summary["phases"]["total"]["median_ci"]
     assert lo <= summary["phases"]["total"]["median"] <= hi
