@@ -18,7 +18,7 @@ import logging
 import queue
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,7 +191,7 @@ class NetconfConnection:
         session = self._session
         self.capabilities = tuple(str(c) for c in session.server_capabilities)
         self.session_id = str(session.id or "")
-        self.base = "1.1" if session._base == 2 else "1.0"  # ncclient's NetconfBase.BASE_11
+        self.base = negotiated_base(session.client_capabilities, session.server_capabilities)
 
     def _listener(self) -> Any:
         transport = require("ncclient.transport", "netconf", "the polatis-netconf driver")
@@ -280,6 +280,15 @@ class NetconfConnection:
             await self._worker.stop()
 
 
+BASE_11 = "urn:ietf:params:netconf:base:1.1"
+
+
+def negotiated_base(client: Iterable[object], server: Iterable[object]) -> str:
+    """The framing both ends use after the hello (RFC 6241 8.1): base:1.1 where both advertise it, else
+    1.0, from the session's public capabilities (the rule ncclient itself applies)."""
+    return "1.1" if BASE_11 in {str(c) for c in client} and BASE_11 in {str(c) for c in server} else "1.0"
+
+
 def frame(message: str, base: str) -> bytes:
     """RFC 6242 framing of one message: `]]>]]>` after it (base:1.0) or one chunk and the end-of-chunks
     marker (base:1.1)."""
@@ -294,6 +303,8 @@ def _write(session: Any, data: bytes) -> None:
     its queue only between 100 ms selects on the channel (its TICK), which would add up to 100 ms to every
     command's round trip; the session's reader thread is untouched, and paramiko channels take a send from
     one thread while another receives."""
+    # `_transport_write` is SSHSession's own private writer (ncclient 0.6.15-0.7.x, pinned below 0.8 in
+    # pyproject.toml; tests/unit/test_private_internals.py fails loudly if it goes)
     while data:
         sent = session._transport_write(data)
         if sent <= 0:

@@ -280,7 +280,10 @@ def _socket_of(resource: Any) -> socket.socket | None:
 
 
 def _buffered(resource: Any) -> bool:
-    """pyvisa-py read more than it returned (bytes wait in its session, not in the socket)."""
+    """pyvisa-py read more than it returned (bytes wait in its session, not in the socket). `sessions` and
+    `interface` are pyvisa-py's public attributes, `_pending_buffer` its TCPIPSocketSession's private one
+    (pyvisa-py 0.7-0.8, pinned below 0.9 in pyproject.toml; tests/unit/test_private_internals.py fails
+    loudly if it goes)."""
     session = getattr(getattr(resource, "visalib", None), "sessions", {}).get(resource.session)
     return bool(getattr(session, "_pending_buffer", b""))
 
