@@ -1,13 +1,14 @@
 """Test hygiene shared by every test: no asyncio task may outlive its test, and every run a test makes obeys
-causality (labctl.analysis.invariants: no traffic on a port whose link is down)."""
+causality (labctl.analysis.invariants: no traffic on a port whose link is down).
+
+The fixtures a lab's own tests get too (the task guard, a broker, a simulated lab, an emulator, a kernel
+fabric) are labctl's pytest plugin, labctl.testing.plugin; `pytest_configure` below registers it unless the
+installed `labctl` pytest11 entry point already has."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import os
-import shutil
-from collections.abc import AsyncIterator, Iterator
+import importlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,44 +16,19 @@ import pytest
 
 from labctl.analysis.invariants import check_file
 from labctl.core.events import EventLog
-from tests.mosquitto import Mosquitto
+from labctl.testing.mosquitto import Mosquitto
+from labctl.testing.support import IN_CI, require
+
+__all__ = ["IN_CI", "REPO", "require"]  # `from tests.conftest import require` still works
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-async def _task_guard() -> AsyncIterator[None]:
-    before = set(asyncio.all_tasks())
-    yield
-    await asyncio.sleep(0)  # let tasks that were just cancelled finish
-    current = asyncio.current_task()
-    leaked = [t for t in asyncio.all_tasks() if t is not current and t not in before and not t.done()]
-    if leaked:
-        names = ", ".join(sorted(t.get_name() for t in leaked))
-        for t in leaked:
-            t.cancel()
-        await asyncio.gather(*leaked, return_exceptions=True)
-        pytest.fail(f"test leaked {len(leaked)} asyncio task(s): {names}")
+PLUGIN = "labctl"
+"""The name of labctl's pytest plugin: its pytest11 entry point's, and the one registered here without it."""
 
 
 @pytest.fixture(autouse=True)
-def _no_leaked_tasks(request: pytest.FixtureRequest) -> None:
-    """Fail any async test that leaves an asyncio task running (ophyd-async does the same)."""
-    if inspect.iscoroutinefunction(request.function):
-        request.getfixturevalue("_task_guard")
-
-
-IN_CI = os.environ.get("LABCTL_CI") == "1"
-
-
-def require(condition: bool, reason: str) -> None:
-    """Skip a test whose prerequisite is missing on a developer machine; in CI (LABCTL_CI=1) fail instead,
-    so that nothing is skipped silently there."""
-    if condition:
-        return
-    if IN_CI:
-        pytest.fail(f"CI must run this test but: {reason}")
-    pytest.skip(reason)
+def _no_leaked_tasks(labctl_no_leaked_tasks: None) -> None:
+    """Fail any async test that leaves an asyncio task running (the plugin's guard, on every test here)."""
 
 
 @pytest.fixture
@@ -133,6 +109,11 @@ def _runs_are_causal(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # labctl's plugin, once: through its entry point where the installed labctl has one, else from here
+    # (registering it under the entry point's name, so that `-p no:labctl` still turns it off).
+    plugin = importlib.import_module("labctl.testing.plugin")
+    if not config.pluginmanager.is_registered(plugin) and not config.pluginmanager.is_blocked(PLUGIN):
+        config.pluginmanager.register(plugin, PLUGIN)
     config.addinivalue_line(
         "markers", "acausal(why): the test's events break causality on purpose (not checked by the invariant)"
     )
@@ -147,7 +128,16 @@ TIERS = {
 }
 """The marker each folder of tests/ gives its tests (pyproject.toml says what each tier holds), so that
 `pytest -m "not integration"` and the like select tiers."""
-ROOT_FIXTURES = frozenset({"netns", "fabric_prefix", "own_rehearsal_inventory", "chronyd_pair", "ptp4l_pair"})
+ROOT_FIXTURES = frozenset(
+    {
+        "netns",
+        "fabric_prefix",
+        "own_rehearsal_inventory",
+        "chronyd_pair",
+        "ptp4l_pair",
+        "labctl_kernel_fabric",
+    }
+)
 """Fixtures that need root (network namespaces, veth pairs, daemons run as root): their tests are `root`."""
 TESTS = Path(__file__).resolve().parent
 
@@ -187,12 +177,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @pytest.fixture(scope="session")
-def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
-    """One broker for the whole session; tests keep apart by lab name (their topics)."""
-    require(shutil.which("mosquitto") is not None, "mosquitto is not installed (apt-get install mosquitto)")
-    broker = Mosquitto(tmp_path_factory.mktemp("mosquitto"))
-    broker.start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
+def mosquitto(labctl_mosquitto: Mosquitto) -> Mosquitto:
+    """One broker for the whole session (the plugin's); tests keep apart by lab name (their topics)."""
+    return labctl_mosquitto

@@ -12,8 +12,10 @@ from pathlib import Path
 LABCTL = Path(__file__).resolve().parents[2] / "labctl"
 
 # Top to bottom. A module belongs to the first layer with a prefix of its name; labctl/__init__.py (the
-# public facade, which re-exports from several layers lazily) stands above them all.
+# public facade, which re-exports from several layers lazily) stands above them all. `testing` (the contract
+# suites and the pytest plugin, which import pytest) is the top layer: nothing else in labctl may import it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("testing", ("labctl.testing",)),
     ("cli", ("labctl.cli",)),
     ("scheduler", ("labctl.scheduler",)),
     ("run", ("labctl.run", "labctl.workload")),

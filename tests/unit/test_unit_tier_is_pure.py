@@ -37,7 +37,8 @@ SOCKET_CALLS = {
     "create_datagram_endpoint",
 }
 SLEEP_MODULES = {"asyncio", "time", "trio", "anyio"}
-BROKER_MODULE = "tests.mosquitto"
+BROKER_MODULES = {"tests.mosquitto", "labctl.testing.mosquitto"}
+BROKER_FIXTURES = {"mosquitto", "labctl_mosquitto"}  # the session's broker (tests/conftest.py, the plugin's)
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Impurities(ast.NodeVisitor):
         for alias in node.names:
             if alias.name.split(".")[0] in PROCESS_MODULES:
                 self.add("subprocess", node)
-            if alias.name == BROKER_MODULE:
+            if alias.name in BROKER_MODULES:
                 self.add("broker", node)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
@@ -75,7 +76,9 @@ class Impurities(ast.NodeVisitor):
         names = {a.name for a in node.names}
         if module.split(".")[0] in PROCESS_MODULES:
             self.add("subprocess", node)
-        if module == BROKER_MODULE or (module == "tests" and "mosquitto" in names):
+        if module in BROKER_MODULES or (
+            module in ("tests", "labctl.testing") and names & {"mosquitto", "Mosquitto"}
+        ):
             self.add("broker", node)
         if module in SLEEP_MODULES and "sleep" in names:
             self.sleep_names.update(a.asname or a.name for a in node.names if a.name == "sleep")
@@ -84,7 +87,7 @@ class Impurities(ast.NodeVisitor):
 
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         for arg in node.args.args + node.args.kwonlyargs:
-            if arg.arg == "mosquitto":  # the session's broker (tests/conftest.py)
+            if arg.arg in BROKER_FIXTURES:
                 self.scope.append(node.name)
                 self.add("broker", arg)
                 self.scope.pop()
