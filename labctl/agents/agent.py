@@ -452,6 +452,21 @@ class Agent:
             await client.publish(status, online, qos=1, retain=True)
             self._client = client
             self.connected.set()
+            # Where, never how: the broker's username, password and the signing key are not logged.
+            log.info(
+                "agent %s: connected to broker %s:%d%s",
+                self.host,
+                self.broker.hostname,
+                self.broker.port,
+                f" (reconnect {self.reconnects})" if self.reconnects else "",
+                extra={
+                    "host": self.host,
+                    "broker": f"{self.broker.hostname}:{self.broker.port}",
+                    "tls": self.broker.tls,
+                    "reconnects": self.reconnects,
+                    "incarnation": self.incarnation,
+                },
+            )
             try:
                 async for message in client.messages:
                     t_rx = self.now()
@@ -586,6 +601,16 @@ class Agent:
 
     async def _command(self, cmd: Command, t_rx: int) -> None:
         handler = self.COMMANDS.get(cmd.op)
+        if handler is not None:  # (one not allowed is logged as a rejection)
+            # Clock pings come several a second while a run goes: at debug; the other commands (a few per
+            # reconfiguration) at info. The operation and its id only: a start's arguments are its settings.
+            (log.debug if cmd.op == "ping" else log.info)(
+                "agent %s: command %s (id %d)",
+                self.host,
+                cmd.op,
+                cmd.id,
+                extra={"host": self.host, "op": cmd.op, "cmd_id": cmd.id},
+            )
         if handler is None:
             self.rejections.add("unauthorised", f"command {cmd.op!r} is not allowed", self._topics["cmd"])
             reply = Reply(host=self.host, id=cmd.id, op=cmd.op, ok=False, error="command not allowed")
@@ -661,12 +686,19 @@ class Agent:
             await probe.__aenter__()
             self._probes[name] = probe
             self._pumps[name] = asyncio.create_task(self._pump(probe), name=f"agent:{self.host}:{name}")
+        log.info(
+            "agent %s: probes started: %s",
+            self.host,
+            ", ".join(probes),
+            extra={"host": self.host, "probes": list(probes), "cmd_id": cmd.id, "seed": args.seed},
+        )
         sync = await asyncio.to_thread(clock_sync_state)
         return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True, seq=seq0, n=n0, data={"time_sync": sync})
 
     async def _stop_probes(self, names: list[str]) -> dict[str, Any]:
         """Stop these probes; what each did (its `stats()`: samples/s per port, drops, ...), by name."""
         stats: dict[str, Any] = {}
+        stopped: list[str] = []
         for name in names:
             probe = self._probes.pop(name, None)
             if probe is None:
@@ -674,9 +706,17 @@ class Agent:
             await probe.__aexit__(None, None, None)
             pump = self._pumps.pop(name)
             await pump  # ends once the probe's queue is closed and drained
+            stopped.append(name)
             probe_stats = getattr(probe, "stats", None)
             if probe_stats is not None:
                 stats[name] = probe_stats()
+        if stopped:
+            log.info(
+                "agent %s: probes stopped: %s",
+                self.host,
+                ", ".join(stopped),
+                extra={"host": self.host, "probes": stopped, "events_sent": self.sent_events},
+            )
         return stats
 
     async def _cmd_stop(self, cmd: Command, t_rx: int) -> Reply:

@@ -39,7 +39,7 @@ app = typer.Typer(
     "Start with `labctl run experiments/reconfig-timeline.yaml` (simulated Opus testbed, no root needed), "
     "then `labctl report runs/` and open the run's timeline.png.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 

@@ -2,11 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
-from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt, err
+from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt
+
+# The logging options of the long-running services (`agent`, `serve`); labctl.core.logs sets it up (imported
+# when a service starts: `labctl --help` imports this module, and not the logging package).
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["json", "text"]
+LogLevelOpt = Annotated[
+    LogLevel, typer.Option("--log-level", help="Log labctl's records from this level up, to stderr.")
+]
+LogFormatOpt = Annotated[
+    LogFormat | None,
+    typer.Option(
+        "--log-format",
+        show_default=False,
+        help="json: one object per line (ts, level, logger, msg and the record's fields), for journald or a "
+        "log shipper; text: for a person. Default: json when stderr is not a terminal, text when it is.",
+    ),
+]
+
+
+def start_logging(level: LogLevel, fmt: LogFormat | None) -> None:
+    """Set up a service's logging (labctl.core.logs) from its --log-level and --log-format."""
+    from labctl.core.logs import setup_logging
+
+    setup_logging(level, fmt)
 
 
 def agent(
@@ -32,6 +56,8 @@ def agent(
             help="Rehearsal only: and running this many parts per billion fast.",
         ),
     ] = 0,
+    log_level: LogLevelOpt = "info",
+    log_format: LogFormatOpt = None,
 ) -> None:
     """Run this host's probes for the controller, over MQTT, until Ctrl-C/SIGTERM.
 
@@ -43,6 +69,7 @@ def agent(
     """
     import asyncio
     import contextlib
+    import logging
     import signal
 
     from labctl.agents.agent import Agent
@@ -50,6 +77,8 @@ def agent(
     from labctl.inventory.schema import load_inventory
     from labctl.labs import check
 
+    start_logging(log_level, log_format)
+    log = logging.getLogger("labctl.agents")
     inv = load_inventory(inventory)
     check(inv, secrets=False)
     settings = BrokerSettings.from_inventory(inv, broker)
@@ -63,9 +92,25 @@ def agent(
         task = asyncio.ensure_future(node.run())
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, task.cancel)
-        err.print(f"agent {host}: {len(node.ports)} ports, broker {settings.hostname}:{settings.port}")
+        # Where it connects, never how it logs in: the broker's credentials and the signing key stay out.
+        log.info(
+            "agent %s: %d ports, broker %s:%d",
+            host,
+            len(node.ports),
+            settings.hostname,
+            settings.port,
+            extra={
+                "host": host,
+                "lab": settings.lab,
+                "ports": len(node.ports),
+                "broker": f"{settings.hostname}:{settings.port}",
+                "tls": settings.tls,
+                "signed": settings.auth_key is not None,
+            },
+        )
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        log.info("agent %s: stopped", host, extra={"host": host})
 
     asyncio.run(main())
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -36,6 +36,22 @@ DbOpt = Annotated[
     ),
 ]
 
+# `serve`'s logging options, as `labctl agent`'s (labctl/cli/agent.py; a test holds the two the same): not
+# imported from there, which would import that command's module for every queue command.
+LogLevelOpt = Annotated[
+    Literal["debug", "info", "warning", "error"],
+    typer.Option("--log-level", help="Log labctl's records from this level up, to stderr."),
+]
+LogFormatOpt = Annotated[
+    Literal["json", "text"] | None,
+    typer.Option(
+        "--log-format",
+        show_default=False,
+        help="json: one object per line (ts, level, logger, msg and the record's fields), for journald or a "
+        "log shipper; text: for a person. Default: json when stderr is not a terminal, text when it is.",
+    ),
+]
+
 
 def _queue_db(db: Path | None) -> Path:
     from labctl.scheduler.store import LEGACY_DB, resolve_db
@@ -55,6 +71,8 @@ def serve(
         typer.Option("--exit-when-idle", help="Exit once no run is queued or running and no schedule is on."),
     ] = False,
     poll_s: Annotated[float, typer.Option("--poll", help="Seconds between queue checks.", min=0.05)] = 0.5,
+    log_level: LogLevelOpt = "info",
+    log_format: LogFormatOpt = None,
 ) -> None:
     """Run the queue: start due runs by priority when their OCS ports and hosts are free; fire cron schedules.
 
@@ -65,10 +83,11 @@ def serve(
     """
     import asyncio
 
+    from labctl.core.logs import setup_logging
     from labctl.scheduler.service import serve_main
 
+    setup_logging(log_level, log_format)
     db = _queue_db(db)
-    err.print(f"serving queue {db} (runs in {out_dir}); Ctrl-C to stop")
     asyncio.run(serve_main(db, out_dir, plots=not no_plots, exit_when_idle=exit_when_idle, poll_s=poll_s))
 
 

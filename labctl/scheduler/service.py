@@ -62,6 +62,13 @@ async def restore_baseline(row: RunRow, events_path: Path) -> dict[str, Any]:
                 got = await sw.get_mapping()
                 scope = set(entry["scope"])
                 held[switch] = sorted([a, b] for a, b in got.value if a in scope or b in scope)
+                log.info(
+                    "run %d: baseline restored on switch %s (%d ports)",
+                    row.id,
+                    switch,
+                    len(scope),
+                    extra={"run_id": row.id, "switch": switch, "ports": len(scope), "held": held[switch]},
+                )
             finally:
                 await sw.close()
     finally:
@@ -193,7 +200,18 @@ class Scheduler:
 
         retry = await self.write(finish)
         log.warning(
-            "run %d interrupted (%s); baseline restored: %s; retry: %s", row.id, reason, recovery["ok"], retry
+            "run %d interrupted (%s); baseline restored: %s; retry: %s",
+            row.id,
+            reason,
+            recovery["ok"],
+            retry,
+            extra={
+                "run_id": row.id,
+                "status": "interrupted",
+                "error": reason,
+                "baseline_restored": recovery["ok"],
+                "retry_id": retry,
+            },
         )
 
     # -- running one row ------------------------------------------------------------------------------------
@@ -216,11 +234,29 @@ class Scheduler:
             await self.executor.start(row, on_started)
         except OSError as e:
             error = f"cannot start the worker: {e}"
+            log.error(
+                "run %d: %s", row.id, error, extra={"run_id": row.id, "status": "failed", "error": error}
+            )
             await self.write(
                 lambda: self.store.transition(row.id, "failed", finished_ns=self.clock.wall_ns(), error=error)
             )
             return False
         self._monitors[row.id] = asyncio.create_task(self._monitor(row.id), name=f"monitor:{row.id}")
+        log.info(
+            "run %d started: %s (%s)",
+            row.id,
+            row.name,
+            row.experiment,
+            extra={
+                "run_id": row.id,
+                "run_name": row.name,
+                "experiment": row.experiment,
+                "inventory": row.inventory,
+                "priority": row.priority,
+                "attempt": row.attempt,
+                "schedule_id": row.schedule_id,
+            },
+        )
         return True
 
     async def _monitor(self, run_id: int) -> None:
@@ -240,6 +276,18 @@ class Scheduler:
                         run_id, state, finished_ns=now, error=result.error, run_dir=result.run_dir
                     )
                 )
+                (log.info if state == "completed" else log.warning)(
+                    "run %d finished: %s%s",
+                    run_id,
+                    state,
+                    f" ({result.error})" if result.error else "",
+                    extra={
+                        "run_id": run_id,
+                        "status": state,
+                        "run_dir": result.run_dir,
+                        "error": result.error,
+                    },
+                )
         finally:
             self._monitors.pop(run_id, None)
             self._wake.set()
@@ -252,6 +300,7 @@ class Scheduler:
         for row in running:
             if row.cancel_requested and row.id not in self._stopping_ids and row.id in self._monitors:
                 self._stopping_ids.add(row.id)
+                log.info("run %d: cancelled, stopping it", row.id, extra={"run_id": row.id})
                 self.executor.stop(row.id)
         started = []
         for row in pick(self.store.due(now), running):
@@ -264,6 +313,12 @@ class Scheduler:
 
     async def serve(self, *, exit_when_idle: bool = False, ready: Callable[[], None] | None = None) -> None:
         writer = asyncio.create_task(self._writer(), name="queue-writer")
+        log.info(
+            "serving queue %s (runs in %s)",
+            self.db_path,
+            self.out_dir,
+            extra={"db": str(self.db_path), "out_dir": str(self.out_dir), "poll_s": self.poll_s},
+        )
         try:
             for row in self.store.runs("state='running'"):
                 await self.recover(row, "interrupted: serve stopped while the run was going")
@@ -294,6 +349,7 @@ class Scheduler:
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
             self.store.close()
+            log.info("serve stopped", extra={"db": str(self.db_path)})
 
 
 @contextlib.contextmanager

@@ -379,4 +379,17 @@ class QueueStore:
                         missed_fires=missed,
                     )
                 )
+            log.info(
+                "schedule c%d (%s) fired: run %d queued%s",
+                sched.id,
+                sched.name,
+                queued[-1],
+                f" ({missed} missed fire(s) folded in)" if missed else "",
+                extra={
+                    "schedule_id": sched.id,
+                    "schedule": sched.name,
+                    "run_id": queued[-1],
+                    "missed_fires": missed,
+                },
+            )
         return queued

@@ -151,7 +151,10 @@ def test_the_command_table_is_what_the_modules_register() -> None:
 def _eager_app() -> typer.Typer:
     """`app` as it was built before issue 25: every command module registered on one typer app."""
     eager = typer.Typer(
-        help=app.info.help, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False
+        help=app.info.help,
+        no_args_is_help=True,
+        add_completion=app._add_completion,
+        pretty_exceptions_enable=False,
     )
     assert app.registered_callback is not None and app.registered_callback.callback is not None
     eager.callback()(app.registered_callback.callback)
