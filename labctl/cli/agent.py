@@ -2,35 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 
-from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt
-
-# The logging options of the long-running services (`agent`, `serve`); labctl.core.logs sets it up (imported
-# when a service starts: `labctl --help` imports this module, and not the logging package).
-LogLevel = Literal["debug", "info", "warning", "error"]
-LogFormat = Literal["json", "text"]
-LogLevelOpt = Annotated[
-    LogLevel, typer.Option("--log-level", help="Log labctl's records from this level up, to stderr.")
-]
-LogFormatOpt = Annotated[
-    LogFormat | None,
-    typer.Option(
-        "--log-format",
-        show_default=False,
-        help="json: one object per line (ts, level, logger, msg and the record's fields), for journald or a "
-        "log shipper; text: for a person. Default: json when stderr is not a terminal, text when it is.",
-    ),
-]
-
-
-def start_logging(level: LogLevel, fmt: LogFormat | None) -> None:
-    """Set up a service's logging (labctl.core.logs) from its --log-level and --log-format."""
-    from labctl.core.logs import setup_logging
-
-    setup_logging(level, fmt)
+from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt, LogFormatOpt, LogLevelOpt, start_logging
 
 
 def agent(

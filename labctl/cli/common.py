@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -37,6 +37,31 @@ def resolve_experiment(path: Path) -> Path:
     from labctl.core.shipped import resolve_experiment as resolve
 
     return resolve(path)
+
+
+# The logging options of the long-running services (`agent`, `serve`); labctl.core.logs sets it up (imported
+# when a service starts: `labctl --help` does not import the logging package).
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["json", "text"]
+LogLevelOpt = Annotated[
+    LogLevel, typer.Option("--log-level", help="Log labctl's records from this level up, to stderr.")
+]
+LogFormatOpt = Annotated[
+    LogFormat | None,
+    typer.Option(
+        "--log-format",
+        show_default=False,
+        help="json: one object per line (ts, level, logger, msg and the record's fields), for journald or a "
+        "log shipper; text: for a person. Default: json when stderr is not a terminal, text when it is.",
+    ),
+]
+
+
+def start_logging(level: LogLevel, fmt: LogFormat | None) -> None:
+    """Set up a service's logging (labctl.core.logs) from its --log-level and --log-format."""
+    from labctl.core.logs import setup_logging
+
+    setup_logging(level, fmt)
 
 
 InventoryOpt = Annotated[

@@ -7,20 +7,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 
 from labctl.cli.common import (
     DEFAULT_INVENTORY,
     RUNS,
+    ExperimentArg,
     InventoryOpt,
     JsonOpt,
+    LogFormatOpt,
+    LogLevelOpt,
     NoPlotsOpt,
     OutOpt,
     ProfileOpt,
     err,
     out,
+    start_logging,
 )
 from labctl.core.errors import InputError
 
@@ -33,22 +37,6 @@ DbOpt = Annotated[
         help="The queue database (SQLite, WAL) that `serve` and the clients share. Default: "
         "$XDG_DATA_HOME/labctl/queue.sqlite, i.e. ~/.local/share/labctl/queue.sqlite of the user running "
         "labctl (under sudo: root's).",
-    ),
-]
-
-# `serve`'s logging options, as `labctl agent`'s (labctl/cli/agent.py; a test holds the two the same): not
-# imported from there, which would import that command's module for every queue command.
-LogLevelOpt = Annotated[
-    Literal["debug", "info", "warning", "error"],
-    typer.Option("--log-level", help="Log labctl's records from this level up, to stderr."),
-]
-LogFormatOpt = Annotated[
-    Literal["json", "text"] | None,
-    typer.Option(
-        "--log-format",
-        show_default=False,
-        help="json: one object per line (ts, level, logger, msg and the record's fields), for journald or a "
-        "log shipper; text: for a person. Default: json when stderr is not a terminal, text when it is.",
     ),
 ]
 
@@ -83,16 +71,15 @@ def serve(
     """
     import asyncio
 
-    from labctl.core.logs import setup_logging
     from labctl.scheduler.service import serve_main
 
-    setup_logging(log_level, log_format)
+    start_logging(log_level, log_format)
     db = _queue_db(db)
     asyncio.run(serve_main(db, out_dir, plots=not no_plots, exit_when_idle=exit_when_idle, poll_s=poll_s))
 
 
 def submit(
-    experiment: Annotated[Path, typer.Argument(help="Experiment file.")],
+    experiment: ExperimentArg,
     inventory: InventoryOpt = DEFAULT_INVENTORY,
     priority: Annotated[int, typer.Option(help="Higher runs first.", min=-1_000_000, max=1_000_000)] = 0,
     at: Annotated[
