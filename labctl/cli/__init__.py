@@ -27,7 +27,8 @@ COMMANDS = {
     **dict.fromkeys(("run", "report", "compare", "plot"), "run"),
     **dict.fromkeys(("serve", "submit", "queue", "cancel", "history"), "queue"),
     "agent": "agent",
-    "init": "init",  # plain commands before the groups: typer lists them so when all are built
+    # plain commands before the groups: typer lists them so when all are built
+    **{command: command for command in ("init", "plugins", "schema")},
     **{group: group for group in ("inventory", "lab", "ocs", "emulate", "probe", "dom", "bench", "plan")},
     "replay": "replay",
 }

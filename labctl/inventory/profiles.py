@@ -23,30 +23,44 @@ class Profile(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    description: str = ""
-    switching_ms: Range
-    """OCS command received → mirrors settled (light on the new circuit)."""
-    light_loss_ms: Range = (0.5, 2.0)
-    """OCS command received → light gone from the old circuit (mirrors start to move)."""
-    optical_settle_ms: Range = (0.5, 3.0)
-    """Mirrors settled → Rx power at its steady level (power meter/DOM ADC settling)."""
-    firmware_up_ms: Range
-    """Light back on both ends of a link → NIC firmware reports link-up (training, FEC lock, auto-neg)."""
-    carrier_after_firmware_us: Range = (70.0, 80.0)
-    """Firmware link-up → Linux netdev carrier on."""
-    transport_after_carrier_ms: Range
-    """Carrier on at both ends → first traffic through (RDMA retry timer, QP recovery)."""
-    carrier_down_after_loss_ms: Range = (0.2, 1.0)
-    """Light lost → carrier off (loss-of-signal detection)."""
-    rx_power_dbm: float = Field(default=-2.5, ge=-60, le=30)
-    """Received optical power on a lit port."""
-    rx_noise_db: float = Field(default=0.05, ge=0, le=30)
-    """Peak-to-peak noise on lit Rx power readings."""
-    rtt_us: Range = (8.0, 14.0)
-    """Ping-pong round trip on a working circuit."""
-    dom_update_ms: Range = (0.0, 0.0)
-    """How often each transceiver refreshes its DOM registers (one draw per module; 0: on every read).
-    Real modules refresh every few to ~100 ms; a poller faster than that reads the same value repeatedly."""
+    description: str = Field(default="", description="what the profile models, in a line")
+    switching_ms: Range = Field(
+        description="OCS command received → mirrors settled (light on the new circuit), ms"
+    )
+    light_loss_ms: Range = Field(
+        default=(0.5, 2.0),
+        description="OCS command received → light gone from the old circuit (mirrors start to move), ms",
+    )
+    optical_settle_ms: Range = Field(
+        default=(0.5, 3.0),
+        description="mirrors settled → Rx power at its steady level (power meter/DOM ADC settling), ms",
+    )
+    firmware_up_ms: Range = Field(
+        description="light back on both ends of a link → NIC firmware reports link-up (training, FEC lock, "
+        "auto-negotiation), ms"
+    )
+    carrier_after_firmware_us: Range = Field(
+        default=(70.0, 80.0), description="firmware link-up → Linux netdev carrier on, us"
+    )
+    transport_after_carrier_ms: Range = Field(
+        description="carrier on at both ends → first traffic through (RDMA retry timer, QP recovery), ms"
+    )
+    carrier_down_after_loss_ms: Range = Field(
+        default=(0.2, 1.0), description="light lost → carrier off (loss-of-signal detection), ms"
+    )
+    rx_power_dbm: float = Field(
+        default=-2.5, ge=-60, le=30, description="received optical power on a lit port, dBm"
+    )
+    rx_noise_db: float = Field(
+        default=0.05, ge=0, le=30, description="peak-to-peak noise on lit Rx power readings, dB"
+    )
+    rtt_us: Range = Field(default=(8.0, 14.0), description="ping-pong round trip on a working circuit, us")
+    dom_update_ms: Range = Field(
+        default=(0.0, 0.0),
+        description="how often each transceiver refreshes its DOM registers (one draw per module; 0: on "
+        "every read), ms. Real modules refresh every few to ~100 ms; a poller faster than that reads the "
+        "same value repeatedly",
+    )
 
     @model_validator(mode="after")
     def _ranges_ordered(self) -> Profile:

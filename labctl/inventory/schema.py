@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from labctl.core.errors import InputError
-from labctl.core.registry import DEFAULT_LAB_KIND, LAB_KINDS
+from labctl.core.registry import DEFAULT_LAB_KIND
+from labctl.core.registry import names as registered_names
 from labctl.core.yamlio import Loc, SourcedYaml, format_loc, load_yaml, pydantic_error_line
 from labctl.inventory.config import ConfigModel, SecretRef, SwitchConfig
 from labctl.inventory.profiles import DEFAULT_PROFILE, Profile, resolve_profile
@@ -37,8 +38,8 @@ __all__ = [  # the public surface (docs/architecture.md, "Public surface"); the 
 
 
 class GpuSpec(ConfigModel):
-    index: int = Field(ge=0, le=1023)
-    model: str = ""
+    index: int = Field(ge=0, le=1023, description="the GPU's index on its host; NIC ports name it in `gpu:`")
+    model: str = Field(default="", description="the GPU's model, e.g. L40 (informational)")
 
 
 class RdmaPortSpec(ConfigModel):
@@ -51,15 +52,24 @@ class RdmaPortSpec(ConfigModel):
 
 
 class NicPortSpec(ConfigModel):
-    ifname: str = Field(min_length=1, max_length=15)
-    rail: int = Field(ge=0, le=1023)
+    ifname: str = Field(
+        min_length=1, max_length=15, description="the port's Linux interface name, unique on its host"
+    )
+    rail: int = Field(
+        ge=0, le=1023, description="the rail this port is on; every port of one rail is on one switch"
+    )
     gpu: int | None = Field(default=None, ge=0, le=1023, description="GPU index this NIC serves")
-    switch: str
+    switch: str = Field(description="the switch (a key of `switches:`) both of this port's fibers land on")
     tx: int = Field(
         ge=1, le=8192, description="OCS ingress port that this NIC port's transmit fiber lands on"
     )
     rx: int = Field(ge=1, le=8192, description="OCS egress port that feeds this NIC port's receive fiber")
-    gbps: int = Field(default=100, gt=0, le=6400)
+    gbps: int = Field(
+        default=100,
+        gt=0,
+        le=6400,
+        description="the port's line rate in Gb/s; recorded with the run's inventory, read by no probe",
+    )
     address: str | None = Field(default=None, description="IPv4 address/prefix (emulated fabric)")
     rdma: RdmaPortSpec | None = Field(default=None, description="the port's RDMA device (pyverbs probe)")
     module: bool = Field(
@@ -72,9 +82,14 @@ class NicPortSpec(ConfigModel):
 
 
 class HostSpec(ConfigModel):
-    address: str | None = None
-    gpus: list[GpuSpec] = Field(default_factory=list)
-    nics: list[NicPortSpec] = Field(min_length=1)
+    address: str | None = Field(
+        default=None, description="the host's management address or name (informational)"
+    )
+    gpus: list[GpuSpec] = Field(
+        default_factory=list,
+        description="the host's GPUs (index, model); when listed, each NIC port's `gpu:` must name one",
+    )
+    nics: list[NicPortSpec] = Field(min_length=1, description="the host's NIC ports and their fibers")
 
 
 # One switch entry: the config model of the driver its `driver` field names (a discriminated union over
@@ -88,21 +103,23 @@ else:
 class BrokerTlsSpec(ConfigModel):
     """TLS to the MQTT broker: file paths only (keys stay on disk, never in the inventory)."""
 
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
+    ca_file: str | None = Field(
+        default=None, description="CA certificate file the broker's certificate is checked against"
+    )
+    cert_file: str | None = Field(default=None, description="client certificate file (mutual TLS)")
+    key_file: str | None = Field(default=None, description="the client certificate's private key file")
 
 
 class BrokerSpec(ConfigModel):
     """The MQTT broker between the controller and `labctl agent`s; without it everything is one process."""
 
     url: str = Field(default="mqtt://127.0.0.1:1883", description="mqtt://HOST:PORT or mqtts://HOST:PORT")
-    username: SecretRef | None = None
-    password: SecretRef | None = None
+    username: SecretRef | None = Field(default=None, description="broker user name, as ${ENV_VAR}")
+    password: SecretRef | None = Field(default=None, description="broker password, as ${ENV_VAR}")
     auth_key: SecretRef | None = Field(
         default=None, description="HMAC-SHA256 key: every labctl message is signed and checked with it"
     )
-    tls: BrokerTlsSpec | None = None
+    tls: BrokerTlsSpec | None = Field(default=None, description="TLS client settings (with mqtts://)")
     clock_sync_interval_s: float = Field(
         default=0.5,
         ge=0.05,
@@ -166,9 +183,9 @@ class PowerMeterChannelSpec(ConfigModel):
     egress port (`switch`, `port`), or the light arriving at a NIC port (`host`, `nic`: the fiber from its
     `rx` egress port, tapped)."""
 
-    switch: str | None = None
+    switch: str | None = Field(default=None, description="the switch whose egress port it taps (with `port`)")
     port: int | None = Field(default=None, ge=1, le=8192, description="the switch's egress port")
-    host: str | None = None
+    host: str | None = Field(default=None, description="the host of the NIC port it taps (with `nic`)")
     nic: str | None = Field(default=None, min_length=1, max_length=15, description="the NIC port's ifname")
 
     @model_validator(mode="after")
@@ -188,16 +205,23 @@ class PowerMeterSpec(ConfigModel):
     """A bench optical power meter (Keysight N77xx over SCPI, TCP port 5025) whose channels tap the fibers
     of switch egress or NIC ports: a second Rx-power source (labctl.probes.power_meter)."""
 
-    driver: Literal["keysight-n77xx"] = "keysight-n77xx"
+    driver: Literal["keysight-n77xx"] = Field(
+        default="keysight-n77xx", description="the meter's driver (Keysight N77xx over SCPI)"
+    )
     address: str | None = Field(default=None, description="host name or IP of the meter (not with emulate)")
-    port: int = Field(default=5025, ge=1, le=65535)
+    port: int = Field(default=5025, ge=1, le=65535, description="the meter's SCPI TCP port")
     emulate: bool = Field(
         default=False, description="poll an N77xx emulator that reads the lab's switch models instead"
     )
     averaging_time_ms: float = Field(
         default=1.0, ge=0.001, le=10_000, description="SENS:POW:ATIM (1 us .. 10 s); the device's is recorded"
     )
-    wavelength_nm: float = Field(default=1310.0, ge=1250, le=1625)
+    wavelength_nm: float = Field(
+        default=1310.0,
+        ge=1250,
+        le=1625,
+        description="SENS:POW:WAV: the wavelength the readings are calibrated for",
+    )
     poll_hz: float | None = Field(
         default=None,
         gt=0,
@@ -205,7 +229,9 @@ class PowerMeterSpec(ConfigModel):
         description="fetches a second (default: one per averaging time, <= 1 kHz)",
     )
     timeout_s: float = Field(default=2.0, gt=0, le=60, description="per SCPI query")
-    channels: dict[Annotated[int, Field(ge=1, le=8)], PowerMeterChannelSpec] = Field(min_length=1)
+    channels: dict[Annotated[int, Field(ge=1, le=8)], PowerMeterChannelSpec] = Field(
+        min_length=1, description="channel number (1-8) → the fiber it taps"
+    )
 
     @model_validator(mode="after")
     def _reachable(self) -> PowerMeterSpec:
@@ -215,14 +241,25 @@ class PowerMeterSpec(ConfigModel):
 
 
 class InventoryModel(ConfigModel):
-    lab: str = Field(min_length=1)
-    switches: dict[str, SwitchSpec] = Field(min_length=1)
+    lab: str = Field(min_length=1, description="the lab's name (recorded with every run)")
+    switches: dict[str, SwitchSpec] = Field(
+        min_length=1,
+        description="the optical circuit switches by name; each entry is its driver's config (`driver:`)",
+    )
     hosts: dict[str, HostSpec] = Field(
         default_factory=dict,
         description="hosts and their NIC ports (a switch-only inventory, for `labctl ocs`, has none)",
     )
-    profile: str = DEFAULT_PROFILE
-    profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    profile: str = Field(
+        default=DEFAULT_PROFILE,
+        description="the delay profile of a simulated or emulated lab: one of `profiles:` or a built-in "
+        "(`labctl run --profile` overrides it)",
+    )
+    profiles: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="more delay profiles by name: each sets profile fields, and may `extends:` another "
+        "profile (of these or a built-in) for the rest",
+    )
     kind: str = Field(
         default=DEFAULT_LAB_KIND,
         description="the kind of lab (labctl.core.registry.LAB_KINDS): simulated (in-process models), kernel "
@@ -238,8 +275,9 @@ class InventoryModel(ConfigModel):
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, value: str) -> str:
-        if value not in LAB_KINDS:
-            raise ValueError(f"unknown lab kind {value!r} (known: {', '.join(sorted(LAB_KINDS))})")
+        known = registered_names("labctl.lab_kinds")  # labctl's and every installed package's
+        if value not in known:
+            raise ValueError(f"unknown lab kind {value!r} (known: {', '.join(known)})")
         return value
 
     @model_validator(mode="before")

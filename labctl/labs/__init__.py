@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from labctl.core.registry import LAB_KINDS, Registry
+from labctl.core.registry import Registry
 from labctl.inventory.schema import Inventory, load_inventory
 from labctl.labs.base import Lab, LabContext, LabKind
 
-lab_kinds: Registry[LabKind] = Registry("lab kind", LAB_KINDS, LabKind)
+lab_kinds: Registry[LabKind] = Registry("lab kind", "labctl.lab_kinds", LabKind)
 
 
 def check(inventory: Inventory, *, secrets: bool = True) -> LabKind:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol, TypeVar, Union
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, Protocol, TypeVar, Union, cast
 
-from pydantic import Field
+from pydantic import Field, create_model, model_validator
 
 from labctl.core.errors import InputError
-from labctl.core.registry import SWITCH_DRIVERS, Registry
+from labctl.core.registry import Registry
 from labctl.inventory.config import SwitchConfig
 from labctl.inventory.mapping import Mapping as Patches
 from labctl.ocs.protocol import ApplyResult, EventSink, OpticalSwitch, Timed
@@ -100,13 +100,32 @@ class SwitchDriver(Generic[C]):
     for every port and the switch-power probe has nothing to sample."""
 
 
-switch_drivers: Registry[SwitchDriver[Any]] = Registry("switch driver", SWITCH_DRIVERS, SwitchDriver)
+switch_drivers: Registry[SwitchDriver[Any]] = Registry("switch driver", "labctl.switch_drivers", SwitchDriver)
 
 
 def config_union() -> Any:
-    """Every registered driver's config model, told apart by `driver` (a pydantic discriminated union)."""
-    models = tuple(entry.config for entry in switch_drivers.all().values())
-    return Annotated[Union[models], Field(discriminator="driver")]  # noqa: UP007 - a runtime tuple
+    """Every registered driver's config model, told apart by `driver` (a pydantic discriminated union). A
+    driver that does not load (a broken plugin, a name two packages claim) has a stand-in that refuses any
+    switch naming it with the registry's one line, so every other driver still loads."""
+    models: list[type[SwitchConfig]] = [entry.config for entry in switch_drivers.all().values()]
+    models += [_unusable(name, problem) for name, problem in switch_drivers.problems().items()]
+    return Annotated[Union[tuple(models)], Field(discriminator="driver")]  # noqa: UP007 - a runtime tuple
+
+
+def _unusable(name: str, problem: Exception) -> type[SwitchConfig]:
+    """A config model for `driver: NAME` whose validation fails with `problem`."""
+    message = str(problem)
+
+    def refuse(cls: type[SwitchConfig], data: Any) -> Any:
+        raise ValueError(message)
+
+    validator: Any = model_validator(mode="before")(classmethod(refuse))  # type: ignore[arg-type]
+    return create_model(
+        f"Unusable_{name}",
+        __base__=SwitchConfig,
+        __validators__={"_refuse": validator},
+        driver=(cast(Any, Literal)[name], ...),
+    )
 
 
 def open_switch(name: str, config: SwitchConfig, emit: EventSink) -> OpticalSwitch:

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from labctl.core.errors import InputError
-from labctl.core.registry import PROBES, Registry
+from labctl.core.registry import Registry
 from labctl.inventory.schema import MeterChannel, NicPort, PowerMeterSpec
 from labctl.models.fabric import SimFabric
 from labctl.ocs.protocol import OpticalSwitch
@@ -109,4 +109,4 @@ class ProbeKind:
     build: Callable[[ProbeContext], Probe]
 
 
-probe_kinds: Registry[ProbeKind] = Registry("probe", PROBES, ProbeKind)
+probe_kinds: Registry[ProbeKind] = Registry("probe", "labctl.probes", ProbeKind)

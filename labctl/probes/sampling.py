@@ -89,8 +89,12 @@ class ProbeSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    rx_power_hz: float = Field(default=1000.0, ge=0.1, le=100_000)
-    traffic_interval_us: int = Field(default=1000, ge=10, le=1_000_000)
+    rx_power_hz: float = Field(
+        default=1000.0, ge=0.1, le=100_000, description="Rx power (DOM) samples a second per port"
+    )
+    traffic_interval_us: int = Field(
+        default=1000, ge=10, le=1_000_000, description="one ping-pong per circuit this often"
+    )
     traffic_timeout_us: int | None = Field(
         default=None, ge=10, le=60_000_000, description="default: 2x the interval"
     )
@@ -100,7 +104,14 @@ class ProbeSettings(BaseModel):
         le=60_000,
         description="steady-state samples are written at most this often per port",
     )
-    rx_power_deadband_db: float = Field(default=0.5, ge=0, le=30)
+    rx_power_deadband_db: float = Field(
+        default=0.5,
+        ge=0,
+        le=30,
+        description="a lit port's Rx power is reported when it moves at least this far (dB) from the last "
+        "reported value; smaller changes wait for the heartbeat (threshold crossings and light lost or "
+        "back are always reported)",
+    )
     link_state_hz: float = Field(
         default=100.0,
         ge=0.1,
@@ -119,7 +130,9 @@ class ProbeSettings(BaseModel):
         default="udp",
         description="what carries the ping-pong that marks t5: UDP datagrams, or RDMA RC queue pairs",
     )
-    rdma: RdmaSettings = RdmaSettings()
+    rdma: RdmaSettings = Field(
+        default=RdmaSettings(), description="RC queue pair attributes, with transport: rdma"
+    )
     switch_power_hz: float = Field(
         default=0.0,
         ge=0,

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from labctl.core.errors import InputError
-from labctl.core.registry import DEFAULT_EXPERIMENT_KIND, EXPERIMENT_KINDS, Registry
+from labctl.core.registry import DEFAULT_EXPERIMENT_KIND, Registry
 from labctl.core.yamlio import SourcedYaml, format_loc, load_yaml, pydantic_error_line
 from labctl.inventory.mapping import Mapping
 from labctl.inventory.schema import Inventory
@@ -54,8 +54,16 @@ class _Model(BaseModel):
 class PhaseSpec(_Model):
     """Circuits of one phase on every rail of the experiment: exactly one of `pairs` or `ring`."""
 
-    pairs: list[list[str]] | None = None
-    ring: list[str] | None = None
+    pairs: list[list[str]] | None = Field(
+        default=None,
+        description="pairs of hosts, e.g. [[h1, h2], [h3, h4]]: port i of the first host ↔ port i of the "
+        "second, for each of their ports on the rail",
+    )
+    ring: list[str] | None = Field(
+        default=None,
+        description="hosts in ring order: port 2k+1 of each host ↔ port 2k of the next (the last wraps to "
+        "the first), for each port pair k on the rail",
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> PhaseSpec:
@@ -68,7 +76,13 @@ PlotFormat = Literal["png", "svg", "pdf"]  # labctl.analysis.figures.ALL_FORMATS
 
 
 class AnalysisSettings(_Model):
-    rx_power_threshold_dbm: float = Field(default=-10.0, ge=-60, le=30)
+    rx_power_threshold_dbm: float = Field(
+        default=-10.0,
+        ge=-60,
+        le=30,
+        description="Rx power at or above this counts as light back (t2); the Rx-power probes always report "
+        "its crossings",
+    )
     plot_formats: list[PlotFormat] = Field(
         default=["png"],
         min_length=1,
@@ -88,21 +102,32 @@ class GpuSettings(_Model):
     reconfiguration (labctl.probes.gpu.step; decision 0014). Needs the `[gpu]` extra and a CUDA GPU on the
     controller's machine; without one the step is skipped and recorded as a `gpu.skip` event."""
 
-    device: int = Field(default=0, ge=0, le=1023)
+    device: int = Field(default=0, ge=0, le=1023, description="CUDA device on the controller's machine")
     peer_device: int | None = Field(
         default=None,
         ge=0,
         le=1023,
         description="second GPU for inter-GPU ping-pong; default: first with peer access",
     )
-    inter_gpu: bool = True
-    stages: list[Literal["before", "after"]] = Field(default=["before", "after"], min_length=1)
-    iterations: int = Field(default=10_000, ge=10, le=10_000_000)
-    warmup: int = Field(default=2_000, ge=0, le=10_000_000)
-    variants: list[Literal["flip-volatile", "flip-atomic", "rwlr-volatile", "rwlr-atomic"]] = Field(
-        default=["flip-volatile", "flip-atomic", "rwlr-volatile", "rwlr-atomic"], min_length=1
+    inter_gpu: bool = Field(
+        default=True, description="also ping-pong between `device` and its peer, when there is one"
     )
-    pointer_chase: bool = True
+    stages: list[Literal["before", "after"]] = Field(
+        default=["before", "after"],
+        min_length=1,
+        description="when the benchmarks run: before the baseline set-up, after the last reconfiguration",
+    )
+    iterations: int = Field(default=10_000, ge=10, le=10_000_000, description="timed round trips per variant")
+    warmup: int = Field(default=2_000, ge=0, le=10_000_000, description="untimed round trips first")
+    variants: list[Literal["flip-volatile", "flip-atomic", "rwlr-volatile", "rwlr-atomic"]] = Field(
+        default=["flip-volatile", "flip-atomic", "rwlr-volatile", "rwlr-atomic"],
+        min_length=1,
+        description="the ping-pong variants: flip (one flag word both sides poll and write) or rwlr (remote "
+        "write, local read), with volatile or atomic (acquire/release) flag accesses",
+    )
+    pointer_chase: bool = Field(
+        default=True, description="also time pointer chasing (shared memory, L1, L2, HBM latency)"
+    )
 
 
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -113,7 +138,12 @@ class SpecBase(_Model):
     """The fields every experiment kind shares (a timeline's phases, a replay's trace come on top):
     `kind` names its entry in the experiment-kind registry (labctl.core.registry.EXPERIMENT_KINDS)."""
 
-    name: str = Field(min_length=1, max_length=80)
+    name: str = Field(
+        min_length=1,
+        max_length=80,
+        description="the experiment's name, part of each run directory's name: letters, digits, '.', '_' "
+        "and '-', starting with a letter or digit",
+    )
 
     @field_validator("name")
     @classmethod
@@ -123,25 +153,40 @@ class SpecBase(_Model):
             raise ValueError("use letters, digits, '.', '_' and '-', starting with a letter or digit")
         return name
 
-    description: str = ""
+    description: str = Field(default="", description="what the experiment measures, in a line")
     rails: list[Annotated[int, Field(ge=0, le=1023)]] | None = Field(
         default=None, description="default: every rail of the inventory"
     )
-    recovery_timeout_s: float = Field(default=30.0, gt=0, le=3600)
-    hold_s: float = Field(default=0.5, ge=0, le=3600)
-    probes: ProbeSettings = ProbeSettings()
-    analysis: AnalysisSettings = AnalysisSettings()
-    gpu: GpuSettings | None = None
+    recovery_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="per reconfiguration: a port not back by then is recorded as timed out",
+    )
+    hold_s: float = Field(
+        default=0.5, ge=0, le=3600, description="traffic keeps flowing this long after each full recovery"
+    )
+    probes: ProbeSettings = Field(default=ProbeSettings(), description="probe rates and reporting")
+    analysis: AnalysisSettings = Field(
+        default=AnalysisSettings(), description="how the run's events are analysed and plotted"
+    )
+    gpu: GpuSettings | None = Field(
+        default=None, description="GPU microbenchmarks before the baseline and after the last reconfiguration"
+    )
 
 
 class ExperimentSpec(SpecBase):
     """A timeline experiment: a baseline, then a cycle of phases repeated (the main job)."""
 
-    kind: Literal["timeline"] = Field(default="timeline", exclude=True)
-    phases: dict[str, PhaseSpec] = Field(min_length=1)
-    baseline: str
-    cycle: list[str] = Field(min_length=1)
-    repeat: int = Field(default=1, ge=1, le=MAX_RECONFIGURATIONS)
+    kind: Literal["timeline"] = Field(
+        default="timeline", exclude=True, description="the experiment kind (timeline when left out)"
+    )
+    phases: dict[str, PhaseSpec] = Field(min_length=1, description="circuit phases by name")
+    baseline: str = Field(description="the phase set up first (and restored at the end)")
+    cycle: list[str] = Field(
+        min_length=1, description="the phases reconfigured to, in order, after the baseline"
+    )
+    repeat: int = Field(default=1, ge=1, le=MAX_RECONFIGURATIONS, description="how many times the cycle runs")
 
     @model_validator(mode="after")
     def _probes_know_the_threshold(self) -> ExperimentSpec:
@@ -378,7 +423,9 @@ KIND = ExperimentKind(
     _compile_timeline,
     _describe_timeline,
 )
-experiment_kinds: Registry[ExperimentKind] = Registry("experiment kind", EXPERIMENT_KINDS, ExperimentKind)
+experiment_kinds: Registry[ExperimentKind] = Registry(
+    "experiment kind", "labctl.experiment_kinds", ExperimentKind
+)
 
 
 def experiment_kind(path: Path | str) -> ExperimentKind:

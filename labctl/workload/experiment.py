@@ -59,9 +59,11 @@ class ReplayFaults(_Model):
 class SweepSettings(_Model):
     """Figure 10: the same replay at each switching delay, on demand and with provisioning."""
 
-    switching_ms: list[Annotated[float, Field(ge=0, le=3_600_000)]] = Field(min_length=1, max_length=100)
+    switching_ms: list[Annotated[float, Field(ge=0, le=3_600_000)]] = Field(
+        min_length=1, max_length=100, description="the switching delays to replay at, ms"
+    )
     modes: list[Literal["provisioning", "on-demand"]] = Field(
-        default=["on-demand", "provisioning"], min_length=1
+        default=["on-demand", "provisioning"], min_length=1, description="the modes each delay is replayed in"
     )
 
 
@@ -69,19 +71,46 @@ class ReplaySpec(SpecBase):
     """A trace replay (the Figure 10 sweep is one with `sweep:`): the job's collectives and its topology
     writes, on the lab's rails."""
 
-    kind: Literal["replay"]
-    trace: str = Field(min_length=1, max_length=4096)
-    mode: Literal["provisioning", "on-demand"] = "provisioning"
-    switching_ms: float | None = Field(default=None, ge=0, le=3_600_000)
-    ready: Literal["switch", "link"] = "switch"
-    steps: int | None = Field(default=None, ge=1, le=100_000)
+    kind: Literal["replay"] = Field(description="the experiment kind")
+    trace: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="a built-in trace by name, or a trace file (relative to the experiment file first)",
+    )
+    mode: Literal["provisioning", "on-demand"] = Field(
+        default="provisioning",
+        description="provisioning: a topology change is asked for as soon as the phase before it ends "
+        "(hidden by up to its idle window); on-demand: when the operation that needs it arrives",
+    )
+    switching_ms: float | None = Field(
+        default=None,
+        ge=0,
+        le=3_600_000,
+        description="every switch takes exactly this long, ms (overrides the profile's switching_ms range)",
+    )
+    ready: Literal["switch", "link"] = Field(
+        default="switch",
+        description="when an operation may start: switch, once the orchestrators acknowledged its circuits; "
+        "link, once every moved port carries traffic again (the NIC firmware link-up counts)",
+    )
+    steps: int | None = Field(
+        default=None, ge=1, le=100_000, description="steps to replay (default: the trace's)"
+    )
     learn_steps: int = Field(
         default=0, ge=0, le=100_000, description="steps replayed on demand first (O1's table)"
     )
     time_scale: float = Field(default=1.0, gt=0, le=1000, description="multiply every trace time by this")
-    retries: int = Field(default=2, ge=0, le=100)
-    switch_timeout_s: float = Field(default=10.0, gt=0, le=3600)
-    faults: ReplayFaults | None = None
+    retries: int = Field(
+        default=2,
+        ge=0,
+        le=100,
+        description="a failed topology change is retried this many times before the job falls back to the "
+        "giant ring",
+    )
+    switch_timeout_s: float = Field(
+        default=10.0, gt=0, le=3600, description="deadline for one topology change on the switches"
+    )
+    faults: ReplayFaults | None = Field(default=None, description="switch failures to inject (simulated lab)")
     sweep: SweepSettings | None = Field(default=None, description="run with `labctl replay sweep`")
     gpu: GpuSettings | None = Field(
         default=None, description="GPU microbenchmarks before the baseline and after the replay"

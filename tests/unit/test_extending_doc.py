@@ -199,10 +199,18 @@ def registry_lines() -> dict[str, dict[str, tuple[str, str]]]:
 @pytest.fixture
 def registered(monkeypatch: pytest.MonkeyPatch, example: dict[str, ModuleType]) -> None:
     """The examples registered as the page's registry lines say (for this test only)."""
+    registries = {
+        "SWITCH_DRIVERS": switch_drivers,
+        "PROBES": probe_kinds,
+        "LAB_KINDS": lab_kinds,
+        "EXPERIMENT_KINDS": experiment_kinds,
+    }
     for table, name in NEW_NAMES.items():
         module, attribute = registry_lines()[table][name]
         assert module.startswith("labctl."), module
-        monkeypatch.setitem(TABLES[table], name, f"{example_module(module)}:{attribute}")  # type: ignore[index]
+        # labctl's own entries plus the example's, in place of its entry points (labctl.core.registry)
+        own = {**TABLES[table], name: f"{example_module(module)}:{attribute}"}
+        monkeypatch.setattr(registries[table], "table", own)
     for loaded in (switch_drivers, probe_kinds, lab_kinds, experiment_kinds):
         monkeypatch.setattr(loaded, "_loaded", dict(loaded._loaded))  # forget what this test loads
 
