@@ -360,7 +360,8 @@ def test_every_cited_path_exists(doc: str) -> None:
 
 @pytest.mark.parametrize("doc", DOCS)
 def test_every_cited_labctl_name_resolves(doc: str, index: Index) -> None:
-    cited = set(LABCTL_NAME.findall(DOCS[doc].read_text()))
+    # an entry-point group (`labctl.switch_drivers`) is a name of its own, and must be one labctl reads
+    cited = set(LABCTL_NAME.findall(DOCS[doc].read_text())) - set(registry.GROUPS)
     assert len(cited) > 20, "the pattern must find the page's names"
     problems = sorted(f"{name}: {why}" for name in cited if (why := resolve(name, index)) is not None)
     assert not problems, f"{doc}.md cites names that do not exist:\n" + "\n".join(problems)
