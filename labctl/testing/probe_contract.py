@@ -53,6 +53,7 @@ from labctl.testing.harnesses import (
     Rig,
     namespaces_left,
 )
+from labctl.testing.support import names_of
 
 __all__ = [
     "FIRST_EVENT_S",
@@ -160,15 +161,6 @@ def work_done(probe: Probe, rig: Rig) -> dict[str, int]:
     return out
 
 
-def _names(value: object) -> tuple[str, ...] | None:
-    """`probe` as the class gives it: a name or names (None: a `name` fixture supplies it)."""
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, tuple | list) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    return None
-
-
 class ProbeContract:
     """The suite: subclass it, name the probe (`probe = "my-probe"`) and its harness (`harness = ...`), and
     pytest runs every case on it. Every case takes the probe's registry `name` (and most the `rig` its
@@ -186,7 +178,7 @@ class ProbeContract:
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         """Each case once per named probe (a pytest hook: pytest calls it on the class); a case that runs the
         probe in a root harness is marked `emulated` (it runs in network namespaces)."""
-        names = _names(getattr(type(self), "probe", None))
+        names = names_of(getattr(type(self), "probe", None))
         if names is None or "name" not in metafunc.fixturenames:
             return  # a `name` fixture of the subclass supplies it (or the case takes none)
         runs = "rig" in metafunc.fixturenames

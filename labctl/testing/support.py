@@ -39,3 +39,13 @@ async def fail_on_leaked_tasks(before: set[asyncio.Task[object]]) -> None:
             t.cancel()
         await asyncio.gather(*leaked, return_exceptions=True)
         pytest.fail(f"test leaked {len(leaked)} asyncio task(s): {names}")
+
+
+def names_of(value: object) -> tuple[str, ...] | None:
+    """A contract class's `driver` or `probe` as the subclass gives it: a name or names (None: a fixture of
+    that name supplies it)."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, tuple | list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    return None

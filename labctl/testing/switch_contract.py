@@ -41,6 +41,7 @@ from labctl.inventory.profiles import Profile, resolve_profile
 from labctl.models.switch import ChangeRefused, SwitchModel
 from labctl.ocs.protocol import ApplyResult, OpticalSwitch, Timed
 from labctl.ocs.switches import emulate_switch, open_switch, switch_drivers
+from labctl.testing.support import names_of
 
 __all__ = [
     "FAST",
@@ -152,15 +153,6 @@ def serving_servers() -> set[int]:
     return {id(o) for o in gc.get_objects() if isinstance(o, asyncio.AbstractServer) and o.is_serving()}
 
 
-def _names(value: object) -> tuple[str, ...] | None:
-    """`driver` as the class gives it: a name or names (None: a fixture of that name supplies it)."""
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, tuple | list) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    return None
-
-
 class SwitchContract:
     """The suite: subclass it, name the driver (`driver = "my-driver"`), and pytest runs every case on it.
 
@@ -175,7 +167,7 @@ class SwitchContract:
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         """Each case once per named driver (a pytest hook: pytest calls it on the class)."""
-        names = _names(getattr(type(self), "driver", None))
+        names = names_of(getattr(type(self), "driver", None))
         if names is None or "driver" not in metafunc.fixturenames:
             return  # a `driver` fixture of the subclass supplies it (or the case takes none)
         if metafunc.function.__name__ in self.NETWORK_ONLY:
