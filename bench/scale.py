@@ -1,6 +1,6 @@
 """How the controller's cost grows with ports: 16 → 64 → 256 → 512 → 576 NIC ports on one controller.
 
-    python bench/scale.py [--ports 16,64,256,512,576] [--rounds 3] [--kernel 16,32]
+    python bench/scale.py [--ports 16,64,256,512,576] [--rounds 3] [--kernel 16,32] [--rt-priority N]
 
 Part 1, full runs: the simulated lab (fast profile) of `ports / 4` hosts × 2 rails × 2 ports on one
 ports×ports switch, one DP → PP → DP swap with every port moving, each run in a fresh process running what
@@ -119,7 +119,7 @@ def floor(seconds: float) -> dict[str, Any]:
     }
 
 
-def one_run(ports: int, kind: str) -> dict[str, Any]:
+def one_run(ports: int, kind: str, rt_priority: int | None = None) -> dict[str, Any]:
     from labctl.run.lifecycle import run_experiment
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,7 +128,14 @@ def one_run(ports: int, kind: str) -> dict[str, Any]:
         machine = cpu_times()
         t0 = time.monotonic()
         outcome = asyncio.run(
-            run_experiment(experiment, inventory, out_dir=Path(tmp) / "runs", plots=False, seed=1)
+            run_experiment(
+                experiment,
+                inventory,
+                out_dir=Path(tmp) / "runs",
+                plots=False,
+                seed=1,
+                rt_priority=rt_priority,
+            )
         )
         wall = time.monotonic() - t0
         after = resource.getrusage(resource.RUSAGE_SELF)
@@ -266,13 +273,19 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kernel", default="", help="also run the kernel netns fabric at these sizes (root)")
+    parser.add_argument(
+        "--rt-priority",
+        type=int,
+        help="run each controller as `labctl run --rt-priority N` does (SCHED_FIFO while the experiment runs; "
+        "root): the machine's other processes then cannot delay a sampler's tick",
+    )
     parser.add_argument("--one", nargs=2, metavar=("KIND", "PORTS"), help=argparse.SUPPRESS)
     parser.add_argument("--sampler", nargs=2, metavar=("DESIGN", "PORTS"), help=argparse.SUPPRESS)
     parser.add_argument("--floor", type=float, metavar="SECONDS", help=argparse.SUPPRESS)
     parser.add_argument("--verbose", action="store_true", help="print every round of part 1")
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one_run(int(args.one[1]), args.one[0])))
+        print(json.dumps(one_run(int(args.one[1]), args.one[0], args.rt_priority)))
         return
     if args.sampler:
         print(json.dumps(sampler_only(int(args.sampler[1]), args.sampler[0])))
@@ -284,7 +297,8 @@ def main() -> None:
     plan = [("simulated", n) for n in sizes] + [("kernel", int(n)) for n in args.kernel.split(",") if n]
     if any(kind == "kernel" for kind, _ in plan) and os.geteuid() != 0:
         raise SystemExit("--kernel needs root (network namespaces)")
-    print(f"full runs, {args.rounds} rounds each; fast profile, DP -> PP -> DP, every port moves")
+    rt = f"; controller at SCHED_FIFO {args.rt_priority} (--rt-priority)" if args.rt_priority else ""
+    print(f"full runs, {args.rounds} rounds each; fast profile, DP -> PP -> DP, every port moves{rt}")
     print(
         "samples/s/port, skipped, lag p99: median (worst); optical, t2 res: medians; goals: rounds with "
         ">= 1,000 samples/s/port, 0 skipped ticks and lag p99 <= 2 ms"
@@ -300,7 +314,8 @@ def main() -> None:
     for kind, n in plan:
         rows, floors = [], []
         for k in range(args.rounds):
-            rows.append(child(["--one", kind, str(n)]))
+            rt = ["--rt-priority", str(args.rt_priority)] if args.rt_priority else []
+            rows.append(child(["--one", kind, str(n), *rt]))
             # The machine's own stall rate right after the round, as long as a run samples (the floor).
             floors.append(child(["--floor", str(rows[-1].get("sampling_s") or 1.8)]))
             if args.verbose:

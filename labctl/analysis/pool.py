@@ -185,6 +185,9 @@ _T_START = time.perf_counter()
 
 
 def _worker() -> int:
+    from labctl.core.sched import ordinary
+
+    ordinary()  # a figure never runs real-time, whatever started it (labctl.core.sched)
     with contextlib.suppress(OSError):
         os.nice(10)  # the experiment's own process comes first while both run
     from labctl.analysis.summary import analyse, draw, draw_ahead, summarize_ahead  # pandas, numpy, msgspec

@@ -281,6 +281,17 @@ def run(
     ] = None,
     no_plots: NoPlotsOpt = False,
     plot_format: PlotFormatOpt = None,
+    rt_priority: Annotated[
+        int | None,
+        typer.Option(
+            "--rt-priority",
+            min=1,
+            max=99,
+            help="Run the controller's event loop at SCHED_FIFO priority N while the experiment runs (root "
+            "or CAP_SYS_NICE): its samplers' ticks then never wait for another process on their core. "
+            "Figures and analysis keep ordinary scheduling. Recorded in run.json (`scheduling`).",
+        ),
+    ] = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -319,6 +330,7 @@ def run(
                     progress=progress,
                     plots=not no_plots,
                     plot_formats=formats,
+                    rt_priority=rt_priority,
                 ),
                 progress,
             )

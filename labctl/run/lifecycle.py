@@ -18,6 +18,7 @@ from typing import Any
 
 from labctl.analysis.pool import FigureWorkers
 from labctl.analysis.store import RunDir, new_run_id, versions
+from labctl.core import sched
 from labctl.core.clock import Timebase, now_ns
 from labctl.core.events import Event, EventLog, Kind
 from labctl.core.fileio import write_json_atomic
@@ -109,11 +110,16 @@ async def run_experiment(
     progress: ProgressSink | None = None,
     plots: bool = True,
     plot_formats: Sequence[str] | None = None,
+    rt_priority: int | None = None,
 ) -> RunOutcome:
     """Everything `labctl run` does: validate, run, analyse, plot. InputErrors surface before any I/O.
     `plot_formats`: what to draw the figures in (default: the experiment's `analysis.plot_formats`, png).
-    An aborted run draws none: it stops now, and `labctl plot RUN` draws them on request."""
+    An aborted run draws none: it stops now, and `labctl plot RUN` draws them on request. `rt_priority`:
+    the event loop's thread at SCHED_FIFO while the experiment runs (labctl.core.sched; refused before
+    anything is written where not permitted)."""
     progress = progress or NullProgress()
+    if rt_priority is not None:
+        sched.permitted(rt_priority)
     inventory = load(inventory_path)
     plan = compile_experiment(experiment, inventory)
     kind = experiment_kinds.get(plan.kind)
@@ -188,7 +194,10 @@ async def run_experiment(
         status: str = "failed"
         error: str | None = "the run engine did not finish"
         try:
-            status, error = await engine.run()
+            with sched.realtime(rt_priority) as scheduling:
+                if scheduling is not None:
+                    run.update(scheduling=scheduling)
+                status, error = await engine.run()
         finally:
             events.emit(now_ns(), Kind.RUN_END, "controller", status, meta={"error": error})
             events.close()
