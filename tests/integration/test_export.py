@@ -1,0 +1,60 @@
+"""`labctl export RUN --format perfetto` on a real run: every measured row's recovery is a slice on its
+port's track at its own stamps, every switch command is one, nothing is negative, and the CLI refuses an
+unknown format in one line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from labctl.analysis.store import load_run
+from labctl.run.lifecycle import run_experiment
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_perfetto_trace_is_the_run(tmp_path: Path) -> None:
+    experiment = REPO / "experiments" / "reconfig-timeline.yaml"
+    outcome = asyncio.run(
+        run_experiment(
+            experiment,
+            REPO / "inventory.yaml",
+            profile="fast",
+            out_dir=tmp_path / "runs",
+            seed=5,
+            plots=False,
+        )
+    )
+    assert outcome.status == "completed"
+    done = subprocess.run(
+        [sys.executable, "-m", "labctl.cli", "export", str(outcome.run_dir)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    trace = json.loads((outcome.run_dir / "trace.perfetto.json").read_text())["traceEvents"]
+    run = load_run(outcome.run_dir)
+    origin = run.meta["timebase"]["mono0_ns"]
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace if e["name"] == "thread_name"}
+    hosts = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
+    recoveries = {
+        (hosts[e["pid"]], tracks[(e["pid"], e["tid"])], e["args"]["reconfig"]): e
+        for e in trace
+        if e["ph"] == "X" and e["cat"] == "recovery"
+    }
+    rows = run.breakdown.dropna(subset=["t0_command_ns", "t5_traffic_ns"])
+    assert len(rows) == 9 * 16  # the baseline and 8 reconfigurations, 16 ports each
+    for row in rows.itertuples():
+        e = recoveries[(row.host, row.port, row.reconfig)]
+        assert e["ts"] == (row.t0_command_ns - origin) / 1e3
+        assert e["dur"] == (row.t5_traffic_ns - row.t0_command_ns) / 1e3
+    assert all(e["dur"] >= 0 for e in trace if e["ph"] == "X")
+    completes = run.events[run.events["kind"] == "ocs.complete"]
+    assert len([e for e in trace if e["ph"] == "X" and e["cat"] == "switch"]) == len(completes) == 9
+    bad = subprocess.run(
+        [sys.executable, "-m", "labctl.cli", "export", str(outcome.run_dir), "--format", "vcd"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --format vcd: not one of perfetto"
