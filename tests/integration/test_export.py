@@ -53,8 +53,54 @@ def test_the_perfetto_trace_is_the_run(tmp_path: Path) -> None:
     completes = run.events[run.events["kind"] == "ocs.complete"]
     assert len([e for e in trace if e["ph"] == "X" and e["cat"] == "switch"]) == len(completes) == 9
     bad = subprocess.run(
+        [sys.executable, "-m", "labctl.cli", "export", str(outcome.run_dir), "--format", "svg"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --format svg: not one of perfetto, vcd"
+
+
+def test_the_vcd_is_well_formed_and_follows_the_run(tmp_path: Path) -> None:
+    experiment = REPO / "experiments" / "reconfig-timeline.yaml"
+    outcome = asyncio.run(
+        run_experiment(
+            experiment,
+            REPO / "inventory.yaml",
+            profile="fast",
+            out_dir=tmp_path / "runs",
+            seed=6,
+            plots=False,
+        )
+    )
+    done = subprocess.run(
         [sys.executable, "-m", "labctl.cli", "export", str(outcome.run_dir), "--format", "vcd"],
         capture_output=True,
         text=True,
     )
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: --format vcd: not one of perfetto"
+    assert done.returncode == 0, done.stderr
+    lines = (outcome.run_dir / "timeline.vcd").read_text(encoding="ascii").splitlines()
+    end = lines.index("$enddefinitions $end")
+    declared, depth, scopes = {}, 0, []
+    for line in lines[:end]:
+        words = line.split()
+        if words[0] == "$scope":
+            depth += 1
+            scopes.append(words[2])
+        elif words[0] == "$upscope":
+            depth -= 1
+            scopes.pop()
+        elif words[0] == "$var":
+            assert words[1:3] == ["wire", "1"] and words[-1] == "$end"
+            declared[words[3]] = (scopes[-2], scopes[-1], words[4])
+    assert depth == 0 and len(declared) == 16 * 4  # 16 ports x light, firmware, carrier, traffic
+    times, levels = [], {}
+    for line in lines[end + 1 :]:
+        if line.startswith("#"):
+            times.append(int(line[1:]))
+        elif line[0] in "01x" and line[1:] in declared:
+            levels[declared[line[1:]]] = line[0]
+        else:
+            assert line in ("$dumpvars", "$end"), line
+    assert times == sorted(times) and len(set(times)) == len(times)  # time moves forward, once per stamp
+    # After the last reconfiguration every port carries light, link, carrier and traffic again.
+    assert set(levels.values()) == {"1"} and len(levels) == 64
