@@ -20,14 +20,9 @@ from typing import Any
 
 import pandas as pd
 
-MARKS = (
-    "t0_command_ns",
-    "t1_switch_done_ns",
-    "t2_rx_power_ns",
-    "t3_firmware_up_ns",
-    "t4_carrier_up_ns",
-    "t5_traffic_ns",
-)
+from labctl.analysis.breakdown import COLUMNS
+
+MARKS = tuple(COLUMNS[COLUMNS.index("t0_command_ns") : COLUMNS.index("t5_traffic_ns") + 1])
 PHASES = (  # name, start mark, end mark: as labctl.analysis.breakdown defines them
     ("optical", "t0_command_ns", "t2_rx_power_ns"),
     ("firmware", "t2_rx_power_ns", "t3_firmware_up_ns"),

@@ -10,25 +10,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from labctl.analysis.store import load_run
-from labctl.run.lifecycle import run_experiment
+from labctl.run.lifecycle import RunOutcome, run_experiment
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_perfetto_trace_is_the_run(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory: pytest.TempPathFactory) -> RunOutcome:
+    """One fast run of the main experiment, exported both ways."""
     experiment = REPO / "experiments" / "reconfig-timeline.yaml"
-    outcome = asyncio.run(
-        run_experiment(
-            experiment,
-            REPO / "inventory.yaml",
-            profile="fast",
-            out_dir=tmp_path / "runs",
-            seed=5,
-            plots=False,
-        )
+    out = tmp_path_factory.mktemp("export") / "runs"
+    done = asyncio.run(
+        run_experiment(experiment, REPO / "inventory.yaml", profile="fast", out_dir=out, seed=5, plots=False)
     )
-    assert outcome.status == "completed"
+    assert done.status == "completed"
+    return done
+
+
+def test_the_perfetto_trace_is_the_run(outcome: RunOutcome) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "labctl.cli", "export", str(outcome.run_dir)], capture_output=True, text=True
     )
@@ -60,18 +62,7 @@ def test_the_perfetto_trace_is_the_run(tmp_path: Path) -> None:
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --format svg: not one of perfetto, vcd"
 
 
-def test_the_vcd_is_well_formed_and_follows_the_run(tmp_path: Path) -> None:
-    experiment = REPO / "experiments" / "reconfig-timeline.yaml"
-    outcome = asyncio.run(
-        run_experiment(
-            experiment,
-            REPO / "inventory.yaml",
-            profile="fast",
-            out_dir=tmp_path / "runs",
-            seed=6,
-            plots=False,
-        )
-    )
+def test_the_vcd_is_well_formed_and_follows_the_run(outcome: RunOutcome) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "labctl.cli", "export", str(outcome.run_dir), "--format", "vcd"],
         capture_output=True,
