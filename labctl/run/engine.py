@@ -380,7 +380,10 @@ class RunEngine:
 
     async def restore_baseline(self) -> None:
         baseline = self.plan.phases[self.plan.baseline]
-        if self._force_restore or any(self.current[rail] != rp.mapping for rail, rp in baseline.items()):
+        unsure = (
+            self._force_restore or self.rails.unsure
+        )  # a write cut short: what the switches hold is unknown
+        if unsure or any(self.current[rail] != rp.mapping for rail, rp in baseline.items()):
             phase = self.plan.baseline
             await self.reconfigure(phase, None, measured=False, wait=False, stage=Stage("restore", phase))
 

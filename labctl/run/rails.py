@@ -41,6 +41,9 @@ class RailWriter:
         self.on_change = on_change
         self.touched = False
         """A switch was told to change: a run that fails from here on must restore its baseline."""
+        self.unsure = False
+        """A write was cut short (failed, timed out, cancelled): its switch may hold part of it while
+        `current` still says what it held before, so a restore must not be skipped as "nothing moved"."""
 
     async def write(
         self,
@@ -95,9 +98,13 @@ class RailWriter:
             patches = frozenset(p for w in group for p in w.patches)
             scope = frozenset(port for w in group for port in w.scope)
             context = {**context, "rails": [w.rail for w in group]}
-        result = await send_mapping(
-            self.switches[group[0].rail], patches, scope=scope, context=context, timeout_s=timeout_s
-        )
+        try:
+            result = await send_mapping(
+                self.switches[group[0].rail], patches, scope=scope, context=context, timeout_s=timeout_s
+            )
+        except BaseException:
+            self.unsure = True
+            raise
         afters = []
         for w, before in zip(group, befores, strict=True):
             after = apply_diff(before, diff_mapping(before, frozenset(w.patches), w.scope))

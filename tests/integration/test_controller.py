@@ -150,12 +150,15 @@ async def test_cancel_restores_baseline_and_marks_aborted(
         )
     )
     runs = tmp_path / "runs"
-    # Cancel once the first PP reconfiguration has started.
+    # Cancel once the first PP reconfiguration's command is out (the baseline's was the first): the switch
+    # has moved, or may have (a write cut short), so the baseline must be restored. Cancelled between its
+    # phase event and its command, nothing would have moved and there would be nothing to restore.
     for _ in range(400):
         await asyncio.sleep(0.01)
         if runs.exists() and any(runs.iterdir()):
             path = next(runs.iterdir()) / "events.jsonl"
-            if path.exists() and b'"value":"pp"' in path.read_bytes():
+            text = path.read_bytes() if path.exists() else b""
+            if b'"value":"pp"' in text and text.count(b'"kind":"ocs.command"') >= 2:
                 break
     task.cancel()
     outcome = await task
