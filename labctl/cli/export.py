@@ -16,7 +16,7 @@ FORMATS = {"perfetto": "trace.perfetto.json", "vcd": "timeline.vcd"}
 
 def export(
     run: Annotated[Path, typer.Argument(help="A run directory (or runs/ for the newest run).")],
-    format: Annotated[
+    fmt: Annotated[
         str,
         typer.Option(
             "--format",
@@ -37,13 +37,13 @@ def export(
     host and NIC port, each switch's commands, Rx power and loop lag as counters; times in µs from the run's
     start, to the nanosecond. vcd: a scope per host and port, wires light/firmware/carrier/traffic, 1 ns
     timescale."""
-    if format not in FORMATS:
-        raise InputError(f"--format {format}: not one of {', '.join(FORMATS)}")
+    if fmt not in FORMATS:
+        raise InputError(f"--format {fmt}: not one of {', '.join(FORMATS)}")
     from labctl.analysis.store import resolve_run_path
 
     run_dir = resolve_run_path(run)
-    target = out_file or run_dir / FORMATS[format]
-    if format == "vcd":
+    target = out_file or run_dir / FORMATS[fmt]
+    if fmt == "vcd":
         from labctl.analysis.vcd import write_vcd
 
         n = write_vcd(run_dir, target)
