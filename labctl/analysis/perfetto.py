@@ -49,12 +49,13 @@ class TraceBuilder:
         self.tids: dict[tuple[str, str], int] = {}
         self.meta: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
+        self.busy_until: dict[tuple[str, str], int] = {}  # a port lane's last recovery end
 
     def track(self, host: str, name: str) -> tuple[int, int]:
         if host not in self.pids:
             self.pids[host] = len(self.pids) + 1
-            self.meta.append(
-                {"ph": "M", "name": "process_name", "pid": self.pids[host], "args": {"name": host}}
+            self.meta.append(  # tid 0: the process itself (the format wants a tid on every event)
+                {"ph": "M", "name": "process_name", "pid": self.pids[host], "tid": 0, "args": {"name": host}}
             )
         pid = self.pids[host]
         if (host, name) not in self.tids:
@@ -90,24 +91,47 @@ class TraceBuilder:
         )
 
     def counter(self, host: str, name: str, t: int, args: dict[str, float]) -> None:
-        pid, _ = self.track(host, "counters")
-        self.events.append({"ph": "C", "name": name, "pid": pid, "ts": self.us(t), "args": args})
+        pid, tid = self.track(host, "counters")
+        self.events.append({"ph": "C", "name": name, "pid": pid, "tid": tid, "ts": self.us(t), "args": args})
+
+    def lane(self, host: str, port: str, start: int, end: int) -> tuple[int, int]:
+        """The port's track, or a second one (`port #2`) where this recovery starts before the last one on
+        it ended (a port still recovering when the next command came): slices on one track must nest."""
+        n = 1
+        while True:
+            name = port if n == 1 else f"{port} #{n}"
+            if self.busy_until.get((host, name), start) <= start:
+                self.busy_until[(host, name)] = end
+                return self.track(host, name)
+            n += 1
 
     def port(self, row: dict[str, Any]) -> None:
         """One breakdown row: the recovery, its phases and its marks on the port's track."""
-        where = self.track(str(row.get("host") or "?"), str(row.get("port") or row.get("source") or "?"))
+        host, port = str(row.get("host") or "?"), str(row.get("port") or row.get("source") or "?")
         flags = ",".join(
             str(row[f]) for f in ("impossible", "unresolved") if isinstance(row.get(f), str) and row[f]
         )
         args = {"reconfig": int(row["reconfig"]), "phase": row.get("phase"), "peer": row.get("peer") or ""}
         marks = {mark: _ns(row.get(mark)) for mark in MARKS}
         t0, t5 = marks["t0_command_ns"], marks["t5_traffic_ns"]
-        if t0 is not None and t5 is not None and t5 >= t0:
+        known = [t for t in marks.values() if t is not None]
+        if not known:
+            return
+        where = self.lane(host, port, min(known), max(known))
+        recovery = t0 is not None and t5 is not None and t5 >= t0
+        if t0 is not None and t5 is not None and recovery:
             self.slice(where, f"reconfig {args['reconfig']}", "recovery", t0, t5, {**args, "flags": flags})
+        cursor = t0 if recovery else None
         for name, start, end in PHASES:
             a, b = marks[start], marks[end]
-            if a is not None and b is not None and b >= a:  # a flagged negative phase is no slice
-                self.slice(where, name, "phase", a, b, {**args, "ns": b - a})
+            # A flagged phase (it ends before it starts) is no slice, nor one that would overlap the phase
+            # before it or leave the recovery: slices on a track nest, the format's rule.
+            if a is None or b is None or b < a or (cursor is not None and a < cursor):
+                continue
+            if recovery and t5 is not None and b > t5:
+                continue
+            self.slice(where, name, "phase", a, b, {**args, "ns": b - a})
+            cursor = b
         for mark, t in marks.items():
             if t is not None:
                 resolution = _ns(row.get(mark[:2] + "_resolution_ns"))
@@ -140,7 +164,10 @@ def trace_events(events: pd.DataFrame, breakdown: pd.DataFrame, origin_ns: int) 
     for row in breakdown.to_dict("records"):
         builder.port({str(k): v for k, v in row.items()})
     builder.stream(events)
-    return builder.meta + builder.events
+    # Time moves forward on every track in file order; at one instant an enclosing slice comes before
+    # what it encloses (longer first), and a mark after the slices that start with it.
+    ordered = sorted(builder.events, key=lambda e: (e["ts"], e["ph"] != "X", -e.get("dur", 0.0)))
+    return builder.meta + ordered
 
 
 def write_perfetto(run_dir: Path, out: Path) -> int:

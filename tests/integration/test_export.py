@@ -14,6 +14,7 @@ import pytest
 
 from labctl.analysis.store import load_run
 from labctl.run.lifecycle import RunOutcome, run_experiment
+from tests.helpers.trace_format import trace_format_problems
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,6 +53,9 @@ def test_the_perfetto_trace_is_the_run(outcome: RunOutcome) -> None:
         assert e["ts"] == (row.t0_command_ns - origin) / 1e3
         assert e["dur"] == (row.t5_traffic_ns - row.t0_command_ns) / 1e3
     assert all(e["dur"] >= 0 for e in trace if e["ph"] == "X")
+    # The trace-event format's rules: ph/pid/tid on every event, ts on every timed one, complete slices
+    # nest on their track, time moves forward on each track (tests/helpers/trace_format.py).
+    assert trace_format_problems(trace) == []
     completes = run.events[run.events["kind"] == "ocs.complete"]
     assert len([e for e in trace if e["ph"] == "X" and e["cat"] == "switch"]) == len(completes) == 9
     bad = subprocess.run(
@@ -95,3 +99,38 @@ def test_the_vcd_is_well_formed_and_follows_the_run(outcome: RunOutcome) -> None
     assert times == sorted(times) and len(set(times)) == len(times)  # time moves forward, once per stamp
     # After the last reconfiguration every port carries light, link, carrier and traffic again.
     assert set(levels.values()) == {"1"} and len(levels) == 64
+
+
+def test_an_independent_vcd_reader_reads_it(outcome: RunOutcome) -> None:
+    """pyvcd's tokenizer (another project's reading of IEEE 1364) takes the whole file without a parse
+    error: a 1 ns timescale, 16 port scopes under their hosts, 64 one-bit wires, and every port's wires at 1
+    after the last reconfiguration."""
+    from vcd.reader import TokenKind, tokenize
+
+    path = outcome.run_dir / "timeline.vcd"
+    if not path.exists():
+        subprocess.run(
+            [sys.executable, "-m", "labctl.cli", "export", str(outcome.run_dir), "--format", "vcd"],
+            check=True,
+        )
+    wires: dict[str, str] = {}
+    final: dict[str, int | str] = {}
+    scopes: list[str] = []
+    times: list[int] = []
+    with path.open("rb") as f:
+        for token in tokenize(f):
+            if token.kind is TokenKind.TIMESCALE:
+                assert (int(token.timescale.magnitude), token.timescale.unit.value) == (1, "ns")
+            elif token.kind is TokenKind.SCOPE:
+                scopes.append(token.scope.ident)
+            elif token.kind is TokenKind.VAR:
+                assert token.var.size == 1
+                wires[token.var.id_code] = token.var.reference
+            elif token.kind is TokenKind.CHANGE_TIME:
+                times.append(token.time_change)
+            elif token.kind is TokenKind.CHANGE_SCALAR:
+                final[token.scalar_change.id_code] = token.scalar_change.value
+    assert len(wires) == 64 and sorted(set(wires.values())) == ["carrier", "firmware", "light", "traffic"]
+    assert {"h1", "h2", "h3", "h4"} <= set(scopes) and len(scopes) == 4 + 16
+    assert times == sorted(times)
+    assert set(final) == set(wires) and set(final.values()) == {"1"}

@@ -68,3 +68,37 @@ def test_slices_marks_and_a_flagged_phase() -> None:
     assert command["dur"] == 25_000.0 and command["args"]["rails"] == [0, 1]
     counters = {e["name"]: e["args"] for e in trace if e["ph"] == "C"}
     assert counters["rx eth0 dBm"] == {"dBm": -60.0} and counters["loop lag ms"] == {"ms": 2.0}
+
+
+def test_the_trace_keeps_the_formats_rules_where_the_rows_do_not() -> None:
+    """A phase that would start inside the one before it (t3 before t2 flagged, t4 after t2) is left out
+    rather than drawn overlapping; a recovery that starts before the port's previous one ended goes on a
+    second track of that port; every event has ph/pid/tid, and time moves forward on every track."""
+    from tests.helpers.trace_format import trace_format_problems
+
+    crossing = _row(t0_command_ns=10 * MS, t2_rx_power_ns=40 * MS, t3_firmware_up_ns=20 * MS,
+                    t4_carrier_up_ns=60 * MS, t5_traffic_ns=90 * MS, impossible="firmware")  # fmt: skip
+    late = _row(t0_command_ns=80 * MS, t2_rx_power_ns=85 * MS, t5_traffic_ns=120 * MS, reconfig=2)
+    trace = trace_events(pd.DataFrame(columns=["kind", "source", "t_ns", "value", "meta"]),
+                         pd.DataFrame([crossing, late]), origin_ns=0)  # fmt: skip
+    assert trace_format_problems(trace) == []
+    tracks = {e["args"]["name"]: e["tid"] for e in trace if e["name"] == "thread_name"}
+    assert set(tracks) == {"eth0", "eth0 #2"}
+    first = {e["name"] for e in trace if e["ph"] == "X" and e["tid"] == tracks["eth0"]}
+    # firmware is negative and carrier (t3 → t4) would start inside optical: both left out
+    assert first == {"reconfig 1", "optical", "transport"}
+    second = [e["name"] for e in trace if e["ph"] == "X" and e["tid"] == tracks["eth0 #2"]]
+    assert second == ["reconfig 2", "optical"]  # t3, t4 unknown: the later phases are not drawn
+
+
+def test_the_format_check_catches_what_it_should() -> None:
+    """The check itself fails a trace that breaks each rule (a check that cannot fail proves nothing)."""
+    from tests.helpers.trace_format import trace_format_problems
+
+    ok = {"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 0.0, "dur": 10.0}
+    assert trace_format_problems([ok]) == []
+    assert "no tid" in trace_format_problems([{k: v for k, v in ok.items() if k != "tid"}])[0]
+    crossing = {**ok, "name": "b", "ts": 5.0, "dur": 10.0}
+    assert "without nesting" in trace_format_problems([ok, crossing])[0]
+    assert "before the track's previous" in trace_format_problems([{**ok, "ts": 20.0}, ok])[0]
+    assert "dur" in trace_format_problems([{**ok, "dur": -1.0}])[0]
