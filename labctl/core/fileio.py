@@ -21,8 +21,21 @@ def atomic_path(path: Path) -> Iterator[Path]:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        # The rename lives in the directory: until the directory is on disk, a power cut can bring back the
+        # old file (or none) although the new one's data was synced.
+        fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the directory's entries (a rename, a new file) durable. An error is the caller's to hear:
+    the write may not survive a power cut."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
