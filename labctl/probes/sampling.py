@@ -230,6 +230,14 @@ class QueueProbe:
     def dropped(self) -> int:
         return self.queue.dropped
 
+    def failure(self) -> BaseException | None:
+        """Why the sampler ended by itself while running (its exception), else None: the controller fails
+        the run with it instead of going on without the probe's data."""
+        task = self._task
+        if task is None or not task.done() or task.cancelled():
+            return None
+        return task.exception()
+
     async def _run(self) -> None:
         raise NotImplementedError
 

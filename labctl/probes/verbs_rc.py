@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Self
 
 from labctl.core.clock import now_ns
-from labctl.core.errors import InputError, LabctlError
+from labctl.core.errors import HardwareError, InputError, LabctlError
 from labctl.core.events import Event, Kind
 from labctl.inventory.schema import RdmaPortSpec
 from labctl.probes.base import PortSite, ProbeContext, ProbeKind
@@ -191,12 +191,27 @@ class VerbsRcProbe(QueueProbe):
 
     async def _run(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._poll_loop, name=f"{self.name}-poll", daemon=True)
+        died: asyncio.Future[BaseException] = self._loop.create_future()
+        self._thread = threading.Thread(
+            target=self._poll_thread, args=(died,), name=f"{self.name}-poll", daemon=True
+        )
         self._thread.start()
         try:
-            await asyncio.Event().wait()
+            cause = await died  # pending for as long as the poller lives
+            raise HardwareError(f"its poller thread died: {type(cause).__name__}: {cause}") from cause
         finally:
             await self._shutdown()
+
+    def _poll_thread(self, died: asyncio.Future[BaseException]) -> None:
+        """The poller, and word to the loop if it ever ends by an exception (a bug, a device call that
+        raised outside the per-QP guard): the probe then fails and names it, the run does not wait on."""
+        try:
+            self._poll_loop()
+        except BaseException as e:
+            log.error("%s: poller thread died: %s: %s", self.name, type(e).__name__, e)
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(_settle, died, e)
 
     async def _shutdown(self) -> None:
         self._closing = True
@@ -453,3 +468,8 @@ PROBE = ProbeKind(
     "RC SEND/RECV ping-pong through verbs (pyverbs) per circuit, QPs kept per peer, ib_send_lat style",
     _build,
 )
+
+
+def _settle(future: asyncio.Future[BaseException], cause: BaseException) -> None:
+    if not future.done():
+        future.set_result(cause)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -282,15 +283,40 @@ class RunEngine:
                 if now_ns() >= deadline:
                     await asyncio.sleep(0)
                     deadline = 0
-            return
-        while await queue.wait():
-            deadline = slice_deadline()  # the first event after the queue ran dry starts a slice
-            while batch := queue.pop(PUMP_BATCH):
-                for event in batch:
-                    record(event)
-                if now_ns() >= deadline:
-                    await asyncio.sleep(0)
-                    deadline = slice_deadline()
+        else:
+            while await queue.wait():
+                deadline = slice_deadline()  # the first event after the queue ran dry starts a slice
+                while batch := queue.pop(PUMP_BATCH):
+                    for event in batch:
+                        record(event)
+                    if now_ns() >= deadline:
+                        await asyncio.sleep(0)
+                        deadline = slice_deadline()
+        # The stream ended while the run goes on: a probe that died (its sampler raised, its thread
+        # stopped) fails the run naming it, rather than the run finishing without its data.
+        failure = getattr(probe, "failure", lambda: None)()
+        if failure is not None:
+            self._probe_failed(probe, failure)
+
+    def _probe_exit(self, probe: Any) -> Callable[..., Awaitable[bool]]:
+        """Stop a probe; one that died re-raises its failure on the way out, which is the lab's fault by now
+        (or made so here, if it died as the run ended) and must not cut the rest of the shutdown short."""
+
+        async def exit_(*exc_details: Any) -> bool:
+            failure = getattr(probe, "failure", lambda: None)()
+            try:
+                await probe.__aexit__(*exc_details)
+            except Exception as e:
+                if e is not failure:
+                    raise
+                self._probe_failed(probe, e)
+            return False
+
+        return exit_
+
+    def _probe_failed(self, probe: Any, failure: BaseException) -> None:
+        cause = str(failure) if isinstance(failure, LabctlError) else f"{type(failure).__name__}: {failure}"
+        self.lab.fault.raise_(f"probe {probe.name} stopped: {cause}")
 
     def _record_drops(self) -> None:
         for probe in self.lab.probes:
@@ -458,7 +484,8 @@ class RunEngine:
         # end of the first reconfiguration landed on the samplers' ticks).
         await self.events.flush_durably()
         for probe in self.lab.probes:
-            await stack.enter_async_context(probe)
+            await probe.__aenter__()
+            stack.push_async_exit(self._probe_exit(probe))
             tasks.append(asyncio.create_task(self._pump(probe), name=f"pump:{probe.name}"))
         tasks.append(asyncio.create_task(self._flusher(), name="flusher"))
         await stack.enter_async_context(self.loop_lag)

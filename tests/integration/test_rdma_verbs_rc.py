@@ -13,7 +13,10 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+import pytest
+
 from labctl.core.clock import now_ns
+from labctl.core.errors import HardwareError
 from labctl.core.events import Event, Kind
 from labctl.probes.sampling import RdmaSettings
 from labctl.probes.traffic import TrafficEndpoint
@@ -276,3 +279,31 @@ def _can_bind_device() -> bool:
 
 
 _: type[QpExchange] = LocalExchange  # the in-process exchange keeps the Protocol
+
+
+async def test_a_poller_thread_that_dies_fails_the_probe_naming_it() -> None:
+    """The poller thread raising outside its per-QP guard (a bug, a device call gone wrong) ends the probe's
+    stream with the cause, which the controller turns into the run's failure (probe.failure()); the run
+    does not wait on a probe whose thread is gone."""
+    settings = _settings()
+    probe = _pair(settings, _fabric(settings))
+    rounds = 0
+
+    def dying_poll() -> None:
+        nonlocal rounds
+        rounds += 1
+        raise RuntimeError("device gone")
+
+    probe._poll_loop = dying_poll  # type: ignore[method-assign]
+    threads_before = set(threading.enumerate())
+    await probe.__aenter__()
+    try:
+        probe.set_circuits({A.source: B.source, B.source: A.source})
+        events = [e async for e in probe.events()]  # ends when the probe dies
+        failure = probe.failure()
+        assert failure is not None and "poller thread died: RuntimeError: device gone" in str(failure)
+        assert rounds == 1 and isinstance(events, list)
+    finally:
+        with pytest.raises(HardwareError, match="poller thread died"):  # its exit re-raises the failure
+            await probe.__aexit__(None, None, None)
+    assert set(threading.enumerate()) <= threads_before
