@@ -199,6 +199,12 @@ class EventLog:
             self._file = None
         self._pending.clear()
 
+    def reopen(self) -> None:
+        """Append to a closed log again, seq continuing (what happened after the run's end: its analysis
+        failing). Close it again when done."""
+        if self._file is None and self.path is not None:
+            self._file = open(self.path, "ab")  # noqa: SIM115
+
 
 def read_events(path: Path) -> Iterator[Event]:
     """Read events.jsonl; a torn last line (process killed mid-write) is skipped, anything else raises."""

@@ -231,6 +231,12 @@ async def run_experiment(
             cause = f"analysis failed: {type(e).__name__}: {e}"
             outcome.status, outcome.error = "failed", "; ".join(filter(None, [error, cause]))
             run.update(status=outcome.status, error=outcome.error)
+            # The event log says so too: the run's last run.end is its outcome (the first one said how
+            # the experiment ended, before its analysis).
+            events.reopen()
+            events.emit(now_ns(), Kind.RUN_FAULT, "controller", cause, meta={"stage": "analysis"})
+            events.emit(now_ns(), Kind.RUN_END, "controller", "failed", meta={"error": outcome.error})
+            events.close()
         return outcome
     finally:
         await workers.close()
