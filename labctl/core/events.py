@@ -58,6 +58,7 @@ class Kind:
     OCS_COMMAND: Final = "ocs.command"  # t0: a change sent to the switch
     OCS_COMPLETE: Final = "ocs.complete"  # t1: the switch acknowledged it
     OCS_ERROR: Final = "ocs.error"
+    OCS_VOA: Final = "ocs.voa"  # a port's attenuator set (value: dB, None for none; meta: port, mode, level)
     OCS_READ: Final = "ocs.read"
     OCS_IO: Final = "ocs.io"  # one wire command of a protocol driver (value = round trip ns)
     OCS_SESSION: Final = "ocs.session"  # a driver session: connected, lost, reconnected, noise, ack

@@ -5,7 +5,9 @@ Sessions, users, the fault plan and the order in which changes take effect are t
 emulator and never written anywhere), the `netconf` subsystem, RFC 6242 framing (base:1.0 `]]>]]>`, and
 base:1.1 chunks once both hellos name it), the hello with the Polatis optical-switch module revision, and
 the operations get, get-config and edit-config (subtree filters, the empty-container form ONOS sends
-included), lock/unlock, the optical-switch RPC port-set-state and close-session. Replies leave in the order
+included) on cross-connects, the variable optical attenuators (`voa`) and the power monitor settings
+(`opm-config`), lock/unlock, the optical-switch RPC port-set-state, RFC 5277 create-subscription with the
+polatis-switch `activity-log-notification` for every change, and close-session. Replies leave in the order
 the requests came (RFC 6241 §4.5), each after the model's mirrors have settled, with the fault plan's faults.
 A refusal (the model's ChangeRefused, or the fault plan's) is an `rpc-error` with error-tag
 `operation-failed`. The fault plan counts every `<rpc>` (not the hello); a drop hangs up the SSH connection;
@@ -24,6 +26,7 @@ import copy
 import dataclasses
 import itertools
 import re
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
 from collections.abc import Mapping as MappingType
@@ -35,7 +38,7 @@ from labctl.core.errors import InputError
 from labctl.core.extras import require
 from labctl.emulators.core import FaultPlan, Session, SwitchEmulator, load_faults
 from labctl.inventory.mapping import MappingDiff
-from labctl.models.switch import ChangeRefused, SwitchModel
+from labctl.models.switch import VOA_MODES, ChangeRefused, OpmConfig, SwitchModel, VoaSetting
 
 __all__ = [
     "FramingError",
@@ -51,12 +54,19 @@ __all__ = [
 BASE = "urn:ietf:params:xml:ns:netconf:base:1.0"
 OPSW = "http://www.polatis.com/yang/optical-switch"
 PLTS = "http://www.polatis.com/yang/polatis-switch"
+NOTIF = "urn:ietf:params:xml:ns:netconf:notification:1.0"
 CAP_10 = "urn:ietf:params:netconf:base:1.0"
 CAP_11 = "urn:ietf:params:netconf:base:1.1"
 CAPABILITIES = (
     "urn:ietf:params:netconf:capability:writable-running:1.0",
+    "urn:ietf:params:netconf:capability:notification:1.0",  # RFC 5277 §3.1
+    "urn:ietf:params:netconf:capability:interleave:1.0",  # RFC 5277 §6: RPCs go on while subscribed
     f"{PLTS}?module=polatis-switch&revision=2017-09-11",
 )
+STREAMS = ("NETCONF", "Polatis")
+"""RFC 5277's default stream, and the one Polatis sends its notifications on (polatis-switch YANG,
+`mask-notification`; ONOS's notificationStream=Polatis). Both carry the same events here."""
+_DECIMAL2 = re.compile(r"^[+-]?\d{1,6}(\.\d{1,2})?$")  # the YANG's floatFormat2d: two fraction digits
 LATEST_REVISION = "2018-03-22"
 NO_LIGHT_DBM = -99.99  # a dark port's reading, as the TL1 front end prints it (the real value is unverified)
 EOM = b"]]>]]>"
@@ -271,6 +281,9 @@ class NetconfSession(Session):
     base: str = "1.0"
     ending: bool = False
     last_reply: asyncio.Task[None] | None = None
+    address: str = ""
+    subscription: list[ET.Element] | None = None
+    """The filter of this session's RFC 5277 subscription ([] : none, every event); None: not subscribed."""
 
 
 class NetconfEmulator(SwitchEmulator):
@@ -312,6 +325,9 @@ class NetconfEmulator(SwitchEmulator):
         self.bases = bases
         self.disabled: set[int] = set()
         self.locked_by: NetconfSession | None = None
+        self.notifications_sent = 0
+        self._staged: list[Callable[[], None]] = []  # config an edit-config applies once its change went in
+        self._activity: list[str] = []  # what the current RPC changed, for activity-log-notification
         self._acceptor: Any = None
         self._connections: set[Any] = set()
         self._session_ids = itertools.count(1)
@@ -374,10 +390,12 @@ class NetconfEmulator(SwitchEmulator):
             process.exit(1)
             return
         writer = _ChannelWriter(process)
+        peer = process.get_extra_info("peername")
         session = NetconfSession(
             cast(asyncio.StreamWriter, writer),
             user=process.get_extra_info("username"),
             session_id=next(self._session_ids),
+            address=str(peer[0]) if peer else "",
         )
         session.write(frame_eom(self._hello(session.session_id).encode()))
         try:
@@ -449,6 +467,7 @@ class NetconfEmulator(SwitchEmulator):
             return
         moving: asyncio.Task[tuple[int, int]] | None = None
         attributes: dict[str, str] = {}
+        self._staged, self._activity = [], []
         try:
             rpc = _parse(text)
             if rpc.tag != f"{{{BASE}}}rpc":
@@ -467,10 +486,16 @@ class NetconfEmulator(SwitchEmulator):
             body, diff = self._operation(session, operations[0])
             if diff is not None and not diff.empty:
                 moving = await self.move(diff)
+            for apply in self._staged:  # attenuators and monitors, once the patches were accepted
+                apply()
+            if self._activity:
+                self._report(session, "; ".join(self._activity), moving)
         except _RpcError as e:
             body = _error_xml(e)
         except ChangeRefused as e:  # the switch itself said no
             body = _error_xml(_RpcError("operation-failed", str(e)))
+        finally:
+            self._staged, self._activity = [], []
         attrs = "".join(f" {k}={quoteattr(v)}" for k, v in attributes.items())
         reply = f'<rpc-reply xmlns="{BASE}"{attrs}>{body}</rpc-reply>'
         if faults.garbage:  # put in here, not by deliver(): inside the XML, then framed
@@ -532,10 +557,11 @@ class NetconfEmulator(SwitchEmulator):
             (BASE, "unlock"): self._unlock,
             (BASE, "close-session"): self._close_session,
             (OPSW, "port-set-state"): self._port_set_state,
+            (NOTIF, "create-subscription"): self._create_subscription,
         }
         handler = handlers.get((ns, name))
         if handler is None:
-            if ns not in (BASE, OPSW, PLTS):
+            if ns not in (BASE, OPSW, PLTS, NOTIF):
                 raise _RpcError("unknown-namespace", f"unknown namespace {ns!r}", type_="protocol")
             raise _RpcError("operation-not-supported", f"{name} is not supported here", type_="protocol")
         return handler(session, op)
@@ -558,9 +584,12 @@ class NetconfEmulator(SwitchEmulator):
             "cross-connects": self._cross_connects,
             "port-config": self._port_config,
             "opm-power": self._opm_power,
+            "opm-config": self._opm_config,
+            "voa": self._voa,
         }
         if config_only:
-            builders = {k: v for k, v in builders.items() if k in ("cross-connects", "port-config")}
+            config = ("cross-connects", "port-config", "opm-config", "voa")
+            builders = {k: v for k, v in builders.items() if k in config}
         wanted = None if nodes is None else {_split(n.tag)[1] for n in nodes}
         roots = [build(config_only) for name, build in builders.items() if wanted is None or name in wanted]
         return "<data>" + "".join(to_xml(e, BASE) for e in subtree_filter(roots, nodes)) + "</data>"
@@ -623,7 +652,86 @@ class NetconfEmulator(SwitchEmulator):
             changes.append((port, name == "port-disab"))
         for port, disable in changes:
             (self.disabled.add if disable else self.disabled.discard)(port)
+        if changes:
+            self._activity.append(
+                "port-set-state: "
+                + ", ".join(f"{'disable' if off else 'enable'} {port}" for port, off in changes)
+            )
         return "<ok/>", None
+
+    def _create_subscription(self, session: NetconfSession, op: ET.Element) -> tuple[str, None]:
+        """RFC 5277 §2.1.1: a stream (default NETCONF), an optional subtree filter; no replay."""
+        if session.subscription is not None:
+            raise _RpcError("operation-failed", "this session already has a subscription (RFC 5277 §2.1.1)")
+        stream, nodes = "NETCONF", []
+        for child in op:
+            name = _split(child.tag)[1]
+            if name == "stream":
+                stream = _value(child)
+            elif name == "filter":
+                if child.get("type", "subtree") != "subtree":
+                    raise _RpcError("operation-not-supported", "filter type (only subtree)", type_="protocol")
+                nodes = list(child)
+            elif name in ("startTime", "stopTime"):
+                raise _RpcError(
+                    "operation-failed",
+                    f"{name}: this switch keeps no notification replay",
+                    info={"bad-element": name},
+                )
+            else:
+                raise _RpcError(
+                    "unknown-element", f"create-subscription has no {name}", info={"bad-element": name}
+                )
+        if stream not in STREAMS:
+            raise _RpcError(
+                "invalid-value",
+                f"no stream {stream!r} (streams: {', '.join(STREAMS)})",
+                info={"bad-element": "stream"},
+            )
+        session.subscription = nodes
+        return "<ok/>", None
+
+    # -- notifications --------------------------------------------------------------------------------------
+    def _report(
+        self, origin: NetconfSession, activity: str, moving: asyncio.Task[tuple[int, int]] | None
+    ) -> None:
+        """A polatis-switch `activity-log-notification` for a change, to every subscribed session: once the
+        mirrors have settled (a change of patches) or at once (settings)."""
+        event = ET.Element(f"{{{PLTS}}}activity-log-notification")
+        _leaf(event, f"{{{PLTS}}}notification-username", origin.user or "")
+        if origin.address:
+            _leaf(event, f"{{{PLTS}}}notification-ip-address", origin.address)
+        _leaf(event, f"{{{PLTS}}}notification-protocol", "NETCONF")
+        _leaf(event, f"{{{PLTS}}}notification-activity", activity)
+        if moving is None:
+            self.notify(event)
+            return
+
+        def settled(task: asyncio.Task[tuple[int, int]]) -> None:
+            if not task.cancelled() and task.exception() is None:
+                self.notify(event)
+
+        moving.add_done_callback(settled)
+
+    def notify(self, event: ET.Element) -> int:
+        """Send one notification (RFC 5277 §4) to every session subscribed to it; how many got it."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{time.time_ns() % 10**9 // 10**6:03d}Z"
+        sent = 0
+        for session in list(self._sessions):
+            assert isinstance(session, NetconfSession)
+            if session.subscription is None or session.closed or session.ending:
+                continue
+            selected = subtree_filter([event], session.subscription or None)
+            if not selected:
+                continue
+            message = (
+                f'<notification xmlns="{NOTIF}"><eventTime>{stamp}</eventTime>'
+                f"{to_xml(selected[0], NOTIF)}</notification>"
+            )
+            session.write(self._framed(session, message))
+            sent += 1
+        self.notifications_sent += sent
+        return sent
 
     def _edit_config(self, session: NetconfSession, op: ET.Element) -> tuple[str, MappingDiff | None]:
         self._datastore(op, "target")
@@ -655,9 +763,14 @@ class NetconfEmulator(SwitchEmulator):
                 raise _RpcError(
                     "unknown-namespace", f"{name} in namespace {ns!r}", info={"bad-namespace": ns}
                 )
-            if name != "cross-connects":
+            if name == "voa":
+                self._edit_voa(container, default)
+            elif name == "opm-config":
+                self._edit_opm_config(container, default)
+            elif name == "cross-connects":
+                self._edit_cross_connects(container, after, default)
+            else:
                 raise _RpcError("operation-not-supported", f"editing {name} is not supported here")
-            self._edit_cross_connects(container, after, default)
         egress_of: dict[int, int] = {}
         for ingress, egress in after.items():
             if egress in egress_of:
@@ -668,7 +781,161 @@ class NetconfEmulator(SwitchEmulator):
                 )
             egress_of[egress] = ingress
         before, wanted = set(patches.items()), set(after.items())
-        return "<ok/>", MappingDiff(remove=frozenset(before - wanted), add=frozenset(wanted - before))
+        diff = MappingDiff(remove=frozenset(before - wanted), add=frozenset(wanted - before))
+        if not diff.empty:
+            self._activity.insert(
+                0,
+                "cross-connects: "
+                + ", ".join(
+                    [f"add {i}>{e}" for i, e in sorted(diff.add)]
+                    + [f"delete {i}>{e}" for i, e in sorted(diff.remove)]
+                ),
+            )
+        return "<ok/>", diff
+
+    def _entries(self, container: ET.Element, default: str) -> list[tuple[str, int, ET.Element]]:
+        """(operation, port-id, entry) of each `port` of a per-port config list (voa, opm-config); a
+        container-level delete/remove/replace first resets every port (operation "reset", port 0)."""
+        n = self.model.space.n_ingress + self.model.space.n_egress
+        name = _split(container.tag)[1]
+        container_op = _operation_of(container) or default
+        out: list[tuple[str, int, ET.Element]] = []
+        if container_op in ("replace", "delete", "remove"):
+            out.append(("reset", 0, container))
+            if container_op != "replace":
+                return out
+        inherited = "merge" if container_op == "replace" else container_op
+        for entry in container:
+            ns, local = _split(entry.tag)
+            if ns != OPSW or local != "port":
+                raise _RpcError("unknown-element", f"{name} has no {local}", info={"bad-element": local})
+            operation = _operation_of(entry) or inherited
+            if operation not in ("merge", "replace", "create", "delete", "remove", "none"):
+                raise _RpcError(
+                    "bad-attribute",
+                    f"operation {operation!r}",
+                    type_="protocol",
+                    info={"bad-attribute": "operation", "bad-element": "port"},
+                )
+            port_el = entry.find(f"{{{OPSW}}}port-id")
+            if port_el is None:
+                raise _RpcError(
+                    "missing-element", f"{name}/port without port-id", info={"bad-element": "port-id"}
+                )
+            out.append((operation, _port(port_el, n, "port-id"), entry))
+        return out
+
+    def _edit_voa(self, container: ET.Element, default: str) -> None:
+        """`voa/port{port-id, atten-mode, atten-level, reference-port}`, checked in full before any is set
+        (applied once the edit's cross-connects went in)."""
+        space = self.model.space
+        settings: dict[int, VoaSetting] = {}
+        for operation, port, entry in self._entries(container, default):
+            if operation == "reset":
+                settings.update({e: VoaSetting() for e in self.model.voa})
+                continue
+            if not space.is_egress(port):
+                raise _RpcError(
+                    "invalid-value",
+                    f"port {port} is an ingress port: attenuators sit on egress ports",
+                    info={"bad-element": "port-id"},
+                )
+            if operation == "none":
+                continue
+            current = settings.get(port, self.model.voa_setting(port))
+            if operation in ("delete", "remove"):
+                if operation == "delete" and current.mode == "VOA_MODE_NONE":
+                    raise _RpcError("data-missing", f"port {port} has no attenuation set")
+                settings[port] = VoaSetting()
+                continue
+            if operation == "create" and current.mode != "VOA_MODE_NONE":
+                raise _RpcError("data-exists", f"port {port} already has an attenuation set")
+            base = current if operation == "merge" else VoaSetting()
+            mode_el = entry.find(f"{{{OPSW}}}atten-mode")
+            mode = base.mode if mode_el is None else _value(mode_el)
+            if mode not in VOA_MODES:
+                raise _RpcError(
+                    "invalid-value",
+                    f"atten-mode {mode!r}: one of {', '.join(VOA_MODES)}",
+                    info={"bad-element": "atten-mode"},
+                )
+            level_el = entry.find(f"{{{OPSW}}}atten-level")
+            level = base.level if level_el is None else _decimal2(level_el, "atten-level")
+            ref_el = entry.find(f"{{{OPSW}}}reference-port")
+            reference = base.reference if ref_el is None else _reference(ref_el, space)
+            settings[port] = VoaSetting(mode, level, reference if mode == "VOA_MODE_RELATIVE" else 0)
+        if not settings:
+            return
+
+        def apply() -> None:
+            for port, setting in sorted(settings.items()):
+                self.model.set_voa(port, setting)
+
+        self._staged.append(apply)
+        self._activity.append(
+            "voa: "
+            + ", ".join(
+                f"port {p} {s.mode}" + (f" {s.level:.2f}" if s.mode in _LEVEL_MODES else "")
+                for p, s in sorted(settings.items())
+            )
+        )
+
+    def _edit_opm_config(self, container: ET.Element, default: str) -> None:
+        """`opm-config/port{port-id, wavelength, offset, averaging-time}`, checked in full first."""
+        configs: dict[int, OpmConfig] = {}
+        for operation, port, entry in self._entries(container, default):
+            if operation == "reset":
+                configs.update({p: OpmConfig() for p in self.model.opm})
+                continue
+            if operation == "none":
+                continue
+            current = configs.get(port, self.model.opm_config(port))
+            if operation in ("delete", "remove"):
+                configs[port] = OpmConfig()
+                continue
+            base = current if operation == "merge" else OpmConfig()
+            wave_el = entry.find(f"{{{OPSW}}}wavelength")
+            offset_el = entry.find(f"{{{OPSW}}}offset")
+            avg_el = entry.find(f"{{{OPSW}}}averaging-time")
+            wavelength = base.wavelength_nm if wave_el is None else _decimal2(wave_el, "wavelength")
+            if not 1260.0 <= wavelength <= 1640.0:
+                raise _RpcError(
+                    "invalid-value",
+                    f"wavelength {wavelength:g} is outside 1260.0..1640.0 nm",
+                    info={"bad-element": "wavelength"},
+                )
+            offset = base.offset_db if offset_el is None else _decimal2(offset_el, "offset")
+            if not -100.0 <= offset <= 100.0:
+                raise _RpcError(
+                    "invalid-value", f"offset {offset:g} is outside -100..100", info={"bad-element": "offset"}
+                )
+            averaging = base.averaging_time
+            if avg_el is not None:
+                text = _value(avg_el)
+                if not text.isdigit() or not 1 <= int(text) <= 8:
+                    raise _RpcError(
+                        "invalid-value",
+                        f"averaging-time {text!r} is not 1..8",
+                        info={"bad-element": "averaging-time"},
+                    )
+                averaging = int(text)
+            configs[port] = OpmConfig(wavelength, offset, averaging)
+        if not configs:
+            return
+
+        def apply() -> None:
+            for port, config in sorted(configs.items()):
+                self.model.set_opm(port, config)
+
+        self._staged.append(apply)
+        self._activity.append(
+            "opm-config: "
+            + ", ".join(
+                f"port {p} wavelength {c.wavelength_nm:.2f} offset {c.offset_db:.2f} averaging-time "
+                f"{c.averaging_time}"
+                for p, c in sorted(configs.items())
+            )
+        )
 
     def _edit_cross_connects(self, container: ET.Element, after: dict[int, int], default: str) -> None:
         space = self.model.space
@@ -759,12 +1026,38 @@ class NetconfEmulator(SwitchEmulator):
                 _leaf(entry, f"{{{OPSW}}}status", "DISABLED" if port in self.disabled else "ENABLED")
         return root
 
+    def _opm_config(self, config_only: bool) -> ET.Element:
+        root = ET.Element(f"{{{OPSW}}}opm-config")
+        for port in self.model.space.all_ports:
+            config = self.model.opm_config(port)
+            entry = ET.SubElement(root, f"{{{OPSW}}}port")
+            _leaf(entry, f"{{{OPSW}}}port-id", port)
+            _leaf(entry, f"{{{OPSW}}}wavelength", f"{config.wavelength_nm:.2f}")
+            _leaf(entry, f"{{{OPSW}}}offset", f"{config.offset_db:.2f}")
+            _leaf(entry, f"{{{OPSW}}}averaging-time", config.averaging_time)
+        return root
+
+    def _voa(self, config_only: bool) -> ET.Element:
+        """Every egress port's attenuator (atten-level only where the mode uses it, reference-port only for
+        RELATIVE: the YANG's `when` conditions)."""
+        root = ET.Element(f"{{{OPSW}}}voa")
+        for port in self.model.space.egress:
+            setting = self.model.voa_setting(port)
+            entry = ET.SubElement(root, f"{{{OPSW}}}port")
+            _leaf(entry, f"{{{OPSW}}}port-id", port)
+            _leaf(entry, f"{{{OPSW}}}atten-mode", setting.mode)
+            if setting.mode in _LEVEL_MODES:
+                _leaf(entry, f"{{{OPSW}}}atten-level", f"{setting.level:.2f}")
+            if setting.mode == "VOA_MODE_RELATIVE":
+                _leaf(entry, f"{{{OPSW}}}reference-port", setting.reference)
+        return root
+
     def _opm_power(self, config_only: bool) -> ET.Element:
         root = ET.Element(f"{{{OPSW}}}opm-power")
         for port in self.model.space.all_ports:
             entry = ET.SubElement(root, f"{{{OPSW}}}port")
             _leaf(entry, f"{{{OPSW}}}port-id", port)
-            dbm = self.model.power_dbm(port)
+            dbm = self.model.monitor_dbm(port)
             _leaf(entry, f"{{{OPSW}}}power", f"{NO_LIGHT_DBM if dbm is None else dbm:.2f}")
         return root
 
@@ -781,6 +1074,34 @@ def _parse(text: str) -> ET.Element:
 def _operation_of(element: ET.Element) -> str | None:
     """The edit operation, written `operation` (as ONOS does) or in the base namespace (`nc:`/`xc:`)."""
     return element.get(f"{{{BASE}}}operation") or element.get("operation")
+
+
+_LEVEL_MODES = ("VOA_MODE_ABSOLUTE", "VOA_MODE_RELATIVE", "VOA_MODE_CONVERGED")
+"""The modes whose `atten-level` exists (the YANG's `when`)."""
+
+
+def _decimal2(element: ET.Element, name: str) -> float:
+    """A floatFormat2d leaf (decimal64, two fraction digits)."""
+    text = _value(element)
+    if not _DECIMAL2.match(text):
+        raise _RpcError(
+            "invalid-value",
+            f"{name} {text!r} is not a decimal with up to 2 fraction digits",
+            info={"bad-element": name},
+        )
+    return float(text)
+
+
+def _reference(element: ET.Element, space: Any) -> int:
+    """voa reference-port: 0 (the patched ingress) or an ingress port."""
+    text = _value(element)
+    if not text.isdigit() or (int(text) != 0 and not space.is_ingress(int(text))):
+        raise _RpcError(
+            "invalid-value",
+            f"reference-port {text!r} is not 0 or an ingress port 1..{space.n_ingress}",
+            info={"bad-element": "reference-port"},
+        )
+    return int(text)
 
 
 def _port(element: ET.Element, n: int, name: str) -> int:

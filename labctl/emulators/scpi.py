@@ -478,7 +478,7 @@ class ScpiEmulator(SwitchEmulator):
                 raise _Fail(-222, f"port {port} is not 1..{last}")
         values = []
         for port in ports:
-            dbm = self.model.power_dbm(port)
+            dbm = self.model.monitor_dbm(port)
             values.append(f"{NO_LIGHT_DBM if dbm is None else dbm:.2f}")
         return _Result("(" + ",".join(values) + ")")
 

@@ -26,12 +26,37 @@ from dataclasses import dataclass, field
 
 from labctl.emulators.core import FaultPlan, Session, SwitchEmulator, load_faults
 from labctl.inventory.mapping import MappingDiff
-from labctl.models.switch import ChangeRefused, SwitchModel
+from labctl.models.switch import ChangeRefused, OpmConfig, SwitchModel, VoaSetting
 
 __all__ = ["Tl1Emulator", "load_faults", "parse_command"]
 
 NIL_SID = "( nil )"  # what a Polatis without a configured name prints as its SID (reference §1.2)
 NO_LIGHT_DBM = -99.99  # printed for a dark port (tcdona3's fallback value; the real one is unverified)
+SOFTWARE_VERSION = "labctl-emulator-1.0"
+# SET-PORT-ATTEN modes (polatis_tl1.sh: NONE|ABSOLUTE|RELATIVE|CONVERGED; a public Polatis TL1 library also
+# sends FIX, MAX and the short forms) → the optical-switch YANG's atten-mode, which the model holds
+_ATTEN_MODES = {
+    "NONE": "VOA_MODE_NONE",
+    "ABSOLUTE": "VOA_MODE_ABSOLUTE",
+    "ABS": "VOA_MODE_ABSOLUTE",
+    "RELATIVE": "VOA_MODE_RELATIVE",
+    "REL": "VOA_MODE_RELATIVE",
+    "CONVERGED": "VOA_MODE_CONVERGED",
+    "CONV": "VOA_MODE_CONVERGED",
+    "MAXIMUM": "VOA_MODE_MAXIMUM",
+    "MAX": "VOA_MODE_MAXIMUM",
+    "FIXED": "VOA_MODE_FIXED",
+    "FIX": "VOA_MODE_FIXED",
+}
+_ATTEN_NAMES = {
+    "VOA_MODE_NONE": "NONE",
+    "VOA_MODE_ABSOLUTE": "ABSOLUTE",
+    "VOA_MODE_RELATIVE": "RELATIVE",
+    "VOA_MODE_CONVERGED": "CONVERGED",
+    "VOA_MODE_MAXIMUM": "MAXIMUM",
+    "VOA_MODE_FIXED": "FIXED",
+}
+_NUMBER = re.compile(r"^\(?\s*([+-]?\d{1,6}(?:\.\d+)?)\s*\)?$")  # LEVEL=5, LEVEL=(5.0)
 
 
 @dataclass
@@ -238,7 +263,99 @@ class Tl1Emulator(SwitchEmulator):
         return _Reply(), None
 
     def _rtrv_netype(self, session: Session, cmd: _Command) -> _Result:
-        return _Reply(lines=["POLATIS,labctl TL1 emulator,OPTICAL SWITCH,1.0"]), None
+        """`"vendor,model,type,version"` (reference §1.3), no whitespace inside any field: legacy scripts
+        split the response on whitespace. The model is a product code as a Polatis prints one (its size in
+        `-<in>x<out>-`, as NETCONF's model-name and SCPI's *IDN?); type OCS, as Polatis names its
+        equipment (`RTRV-INV::OCS`)."""
+        space = self.model.space
+        model = f"N-VST-{space.n_ingress}x{space.n_egress}-LABCTL-EMU"
+        return _Reply(lines=[f"POLATIS,{model},OCS,{SOFTWARE_VERSION}"]), None
+
+    def _params(self, cmd: _Command) -> dict[str, str]:
+        """`KEY=VALUE,...` of the last block (TL1's parameter block), keys upper-cased."""
+        out: dict[str, str] = {}
+        text = ",".join(b for b in cmd.blocks if "=" in b)
+        for item in _split_fields(text, ","):
+            if not item.strip():
+                continue
+            key, eq, value = item.partition("=")
+            if not eq:
+                raise _Deny("IPNV", f"parameter {item.strip()!r} is not KEY=VALUE")
+            out[key.strip().upper()] = value.strip()
+        return out
+
+    def _number(self, text: str, what: str) -> float:
+        m = _NUMBER.match(text)
+        if not m:
+            raise _Deny("IPNV", f"{what} {text!r} is not a number")
+        return float(m[1])
+
+    def _set_port_atten(self, session: Session, cmd: _Command) -> _Result:
+        """SET-PORT-ATTEN::<egress ports>:<ctag>:::MODE=<mode>[,LEVEL=<l>][,REFS=<ports>] (polatis_tl1.sh)."""
+        space = self.model.space
+        ports = self._ports(cmd.aid, allow_all=False)
+        params = self._params(cmd)
+        mode = _ATTEN_MODES.get(params.get("MODE", "").upper())
+        if mode is None:
+            raise _Deny("IPNV", f"MODE={params.get('MODE', '')}: one of NONE, ABSOLUTE, RELATIVE, CONVERGED")
+        level = 0.0
+        if mode in ("VOA_MODE_ABSOLUTE", "VOA_MODE_RELATIVE", "VOA_MODE_CONVERGED"):
+            if "LEVEL" not in params:
+                raise _Deny("IPMS", f"MODE={params['MODE']} needs LEVEL=")
+            level = self._number(params["LEVEL"], "LEVEL")
+        refs = [0] * len(ports)
+        if mode == "VOA_MODE_RELATIVE" and params.get("REFS"):
+            refs = self._ports(params["REFS"], allow_all=False)
+            if len(refs) != len(ports) or not all(space.is_ingress(r) for r in refs):
+                raise _Deny("IPNV", "REFS= names one ingress port per attenuated port")
+        for port in ports:
+            if not space.is_egress(port):
+                raise _Deny("IIAC", f"port {port} is not an output port: attenuators sit on outputs")
+        for port, ref in zip(ports, refs, strict=True):
+            self.model.set_voa(port, VoaSetting(mode, round(level, 2), ref))
+        return _Reply(), None
+
+    def _rtrv_port_atten(self, session: Session, cmd: _Command) -> _Result:
+        """`"<port>:<mode>,<level>,<ref>"` per output port (level and ref empty where the mode has none;
+        the line shape a public Polatis TL1 library parses)."""
+        lines = []
+        for port in self._ports(cmd.aid):
+            if not self.model.space.is_egress(port):
+                continue
+            setting = self.model.voa_setting(port)
+            has_level = setting.mode in ("VOA_MODE_ABSOLUTE", "VOA_MODE_RELATIVE", "VOA_MODE_CONVERGED")
+            level = f"{setting.level:.2f}" if has_level else ""
+            ref = str(setting.reference) if setting.mode == "VOA_MODE_RELATIVE" else ""
+            lines.append(f"{port}:{_ATTEN_NAMES[setting.mode]},{level},{ref}")
+        return _Reply(lines=lines), None
+
+    def _set_port_pmon(self, session: Session, cmd: _Command) -> _Result:
+        """SET-PORT-PMON::<ports>:<ctag>:::WAVE=<nm>[,OFFSET=<dB>][,ATIME=<1..8>] (tcdona3's form)."""
+        ports = self._ports(cmd.aid, allow_all=False)
+        params = self._params(cmd)
+        unknown = sorted(set(params) - {"WAVE", "OFFSET", "ATIME"})
+        if unknown or not params:
+            raise _Deny("IPNV", "parameters: WAVE=, OFFSET=, ATIME=")
+        for port in ports:
+            current = self.model.opm_config(port)
+            wave = self._number(params["WAVE"], "WAVE") if "WAVE" in params else current.wavelength_nm
+            offset = self._number(params["OFFSET"], "OFFSET") if "OFFSET" in params else current.offset_db
+            atime = params.get("ATIME", str(current.averaging_time))
+            if not atime.isdigit():
+                raise _Deny("IPNV", f"ATIME={atime} is not 1..8")
+            try:
+                self.model.set_opm(port, OpmConfig(round(wave, 2), round(offset, 2), int(atime)))
+            except ValueError as e:
+                raise _Deny("IPNV", str(e)) from None
+        return _Reply(), None
+
+    def _rtrv_port_pmon(self, session: Session, cmd: _Command) -> _Result:
+        """`"<port>:<wavelength>,<offset>,<atime>"` (the order tcdona3 parses, reference §1.4)."""
+        lines = []
+        for port in self._ports(cmd.aid):
+            c = self.model.opm_config(port)
+            lines.append(f"{port}:{c.wavelength_nm:.2f},{c.offset_db:.2f},{c.averaging_time}")
+        return _Reply(lines=lines), None
 
     def _rtrv_eqpt(self, session: Session, cmd: _Command) -> _Result:
         space = self.model.space
@@ -261,7 +378,7 @@ class Tl1Emulator(SwitchEmulator):
     def _rtrv_port_power(self, session: Session, cmd: _Command) -> _Result:
         lines = []
         for port in self._ports(cmd.aid):
-            dbm = self.model.power_dbm(port)
+            dbm = self.model.monitor_dbm(port)
             lines.append(f"{port}:{NO_LIGHT_DBM if dbm is None else dbm:.2f}")
         return _Reply(lines=lines), None
 
@@ -325,6 +442,10 @@ class Tl1Emulator(SwitchEmulator):
             "OPR-PORT-SHUTTER": self._set_shutter,
             "RLS-PORT-SHUTTER": self._set_shutter,
             "RTRV-PORT-SHUTTER": self._rtrv_port_shutter,
+            "SET-PORT-ATTEN": self._set_port_atten,
+            "RTRV-PORT-ATTEN": self._rtrv_port_atten,
+            "SET-PORT-PMON": self._set_port_pmon,
+            "RTRV-PORT-PMON": self._rtrv_port_pmon,
             "DLT-PATCH": self._dlt_patch,
             "ENT-PATCH": self._ent_patch,
         }

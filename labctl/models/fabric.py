@@ -65,6 +65,7 @@ class PortArrays:
     def __init__(self, n: int) -> None:
         self.lit_from = np.full(n, -1, np.int64)  # slot of the port whose light reaches this one; -1 dark
         self.level_dbm = np.zeros(n)
+        self.atten_db = np.zeros(n)  # what the switch's attenuator on the port's receive fiber takes off
         self.light_t_ns = np.zeros(n, np.int64)
         self.settle_ns = np.zeros(n, np.int64)
         self.transport = np.zeros(n, bool)  # the transport transition has run (what listeners were told)
@@ -110,7 +111,8 @@ class PortState:
     def light_from(self, source: NicPort | None) -> None:
         a = self._fabric.arrays
         was_lit = a.lit_from[self.slot] >= 0
-        a.before_mw[self.slot] = 10.0 ** (a.level_dbm[self.slot] / 10.0) if was_lit else 0.0
+        level = a.level_dbm[self.slot] - a.atten_db[self.slot]
+        a.before_mw[self.slot] = 10.0 ** (level / 10.0) if was_lit else 0.0
         a.lit_from[self.slot] = self._fabric.slot[source] if source is not None else -1
 
     @property
@@ -219,6 +221,7 @@ class SimFabric:
             self._by_tx[(port.switch, port.tx)] = port
             switches[port.switch].transmitting[port.tx] = level + INSERTION_LOSS_DB
         self._switch_timelines = [model.timeline for model in switches.values()]
+        self._models = dict(switches)
         for name, model in switches.items():
             # Switch port number → slot of the NIC port on its egress (rx) / ingress (tx); -1: none.
             size = model.space.all_ports.stop
@@ -232,7 +235,8 @@ class SimFabric:
                 if switch == name:
                     tx_slot[number] = self.slot[port]
             self._port_slots[name] = (rx_slot, tx_slot)
-            model.add_batch_listener(functools.partial(self._on_lights, rx_slot, tx_slot))
+            model.add_batch_listener(functools.partial(self._on_lights, rx_slot, tx_slot, model))
+            model.add_voa_listener(functools.partial(self._on_voa, rx_slot, model))
         low, high = profile.dom_update_ms
         if high > 0:
             a = self.arrays
@@ -252,15 +256,25 @@ class SimFabric:
         self._on_lights(
             rx_slot,
             tx_slot,
+            self._models[switch],
             np.array([egress], np.int64),
             np.array([-1 if ingress is None else ingress], np.int64),
             np.array([t_ns], np.int64),
         )
 
+    def _on_voa(self, rx_slot: np.ndarray, model: SwitchModel, egress: int, t_ns: int) -> None:
+        """An egress port's attenuator changed: the NIC port on that receive fiber sees its light lowered
+        (or raised) by the new attenuation from the next read on, without a settling ramp or a link change
+        (a VOA moves the level, it does not interrupt the light; decision 0064)."""
+        slot = int(rx_slot[egress]) if 0 <= egress < rx_slot.size else -1
+        if slot >= 0:
+            self.arrays.atten_db[slot] = model.attenuation_db(egress)
+
     def _on_lights(
         self,
         rx_slot: np.ndarray,
         tx_slot: np.ndarray,
+        model: SwitchModel,
         egress: np.ndarray,
         ingress: np.ndarray,
         times: np.ndarray,
@@ -275,7 +289,9 @@ class SimFabric:
         # ~12 ms of loop time in the first reconfiguration of a run.)
         if egress.size > 1 and (np.diff(np.sort(egress)) == 0).any():
             for i in range(egress.size):
-                self._on_lights(rx_slot, tx_slot, egress[i : i + 1], ingress[i : i + 1], times[i : i + 1])
+                self._on_lights(
+                    rx_slot, tx_slot, model, egress[i : i + 1], ingress[i : i + 1], times[i : i + 1]
+                )
             return
         slots = rx_slot[egress]
         sources = np.where(ingress >= 0, tx_slot[np.maximum(ingress, 0)], -1)
@@ -285,7 +301,13 @@ class SimFabric:
             return
         slots, sources, times = slots[moved], sources[moved], times[moved]
         old = a.lit_from[slots]
-        a.before_mw[slots] = np.where(old >= 0, 10.0 ** (a.level_dbm[slots] / 10.0), 0.0)
+        was_dbm = a.level_dbm[slots] - a.atten_db[slots]
+        a.before_mw[slots] = np.where(old >= 0, 10.0 ** (was_dbm / 10.0), 0.0)
+        if model.voa:  # the egress ports' attenuators, for the light that reaches them now
+            pairs = zip(egress[moved].tolist(), ingress[moved].tolist(), strict=True)
+            a.atten_db[slots] = [model.attenuation_db(e, i) if i >= 0 else 0.0 for e, i in pairs]
+        else:
+            a.atten_db[slots] = 0.0
         a.lit_from[slots] = sources
         a.light_t_ns[slots] = times
         lit = sources >= 0
@@ -480,7 +502,7 @@ class SimFabric:
             renewed = slots[fresh]
             a.noise_db[renewed] = (self.noise.random(renewed.size) - 0.5) * self.profile.rx_noise_db
             a.noise_t_ns[renewed] = t[fresh] if isinstance(t, np.ndarray) else t
-        dbm = take(a.level_dbm) + take(a.noise_db)
+        dbm = take(a.level_dbm) - take(a.atten_db) + take(a.noise_db)
         ramping = (since >= 0) & (since < settle)
         if ramping.any():
             dbm[ramping] -= DARK_RAMP_DB * (1 - since[ramping] / settle[ramping])
@@ -524,7 +546,7 @@ class SimFabric:
             if since < 0 and a.update_ns.item(slot) > 0:  # refreshed before the change: the power before it
                 mw = a.before_mw.item(slot)
             elif a.lit_from.item(slot) >= 0:
-                dbm = a.level_dbm.item(slot) + a.noise_db.item(slot)
+                dbm = a.level_dbm.item(slot) - a.atten_db.item(slot) + a.noise_db.item(slot)
                 settle = a.settle_ns.item(slot)
                 if 0 <= since < settle:
                     dbm -= DARK_RAMP_DB * (1 - since / settle)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from operator import itemgetter
 
 import numpy as np
@@ -23,8 +24,12 @@ from labctl.models.timeline import Timeline
 
 __all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
     "INSERTION_LOSS_DB",
+    "MAX_ATTENUATION_DB",
+    "VOA_MODES",
     "ChangeRefused",
+    "OpmConfig",
     "SwitchModel",
+    "VoaSetting",
 ]
 
 # egress port, ingress port whose light now reaches it (None: dark), model time
@@ -36,6 +41,46 @@ AnnounceListener = Callable[[int, int | None, int, str], None]
 LightBatchListener = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
 INSERTION_LOSS_DB = 1.5  # typical for a beam-steering OCS path
+# egress port whose attenuation changed, model time
+VoaListener = Callable[[int, int], None]
+
+VOA_MODES = (
+    "VOA_MODE_NONE",
+    "VOA_MODE_RELATIVE",
+    "VOA_MODE_ABSOLUTE",
+    "VOA_MODE_CONVERGED",
+    "VOA_MODE_MAXIMUM",
+    "VOA_MODE_FIXED",
+)
+"""The Polatis optical-switch YANG's `voa/port/atten-mode` values (revision 2016-02-17 on)."""
+MAX_ATTENUATION_DB = 40.0
+"""What VOA_MODE_MAXIMUM attenuates by, and the most any mode does (an emulator choice: decision 0064)."""
+ATTENUATION_STEP_DB = 0.01
+"""`atten-level` has two fraction digits (the YANG's floatFormat2d): the model's attenuation resolution."""
+
+
+@dataclass(frozen=True, slots=True)
+class VoaSetting:
+    """One egress port's variable optical attenuator, as the optical-switch YANG's `voa/port` holds it.
+
+    `level` is the output power in dBm (ABSOLUTE, CONVERGED) or the attenuation in dB below the reference
+    ingress's light (RELATIVE); `reference` is that ingress (0: the one patched to the port); `held_db` is
+    what FIXED holds (the attenuation in force when it was set)."""
+
+    mode: str = "VOA_MODE_NONE"
+    level: float = 0.0
+    reference: int = 0
+    held_db: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class OpmConfig:
+    """One port's power monitor settings (the YANG's `opm-config/port`): the wavelength its readings are
+    calibrated for (nm), an offset added to every reading (dB), and the averaging-time step (1..8)."""
+
+    wavelength_nm: float = 1550.0
+    offset_db: float = 0.0
+    averaging_time: int = 4
 
 
 class ChangeRefused(HardwareError):
@@ -76,6 +121,9 @@ class SwitchModel:
         self.commands = 0
         self.refusals = 0
         """Fault injection: refuse this many of the next changes (each leaves the patches unchanged)."""
+        self.voa: dict[int, VoaSetting] = {}  # egress → its attenuator, where one is set (not NONE)
+        self.opm: dict[int, OpmConfig] = {}  # port → its power monitor settings, where not the defaults
+        self.voa_listeners: list[VoaListener] = []
 
     @classmethod
     def many(
@@ -331,13 +379,92 @@ class SwitchModel:
         self._at([now_ns()] * len(dark), dark, [None] * len(dark))
 
     def power_dbm(self, port: int) -> float | None:
-        """What the switch's own power monitor reads at `port`: input light on ingress, output on egress."""
+        """The light at `port`: input light on ingress, output on egress (after its attenuator)."""
         if self.space.is_ingress(port):
             return self.transmitting.get(port)
         ingress = self.lit.get(port)
         if ingress is None or ingress not in self.transmitting:
             return None
-        return self.transmitting[ingress] - INSERTION_LOSS_DB
+        return self.transmitting[ingress] - INSERTION_LOSS_DB - self.attenuation_db(port, ingress)
+
+    def monitor_dbm(self, port: int) -> float | None:
+        """What the switch's own power monitor reports at `port`: the light plus the port's `opm-config`
+        offset (the YANG: the offset is added when reporting opm-power; the wavelength changes nothing here,
+        the model's light has no spectrum)."""
+        dbm = self.power_dbm(port)
+        config = self.opm.get(port)
+        return dbm if dbm is None or config is None else dbm + config.offset_db
+
+    # -- variable optical attenuators and power monitor settings ---------------------------------------------
+    def add_voa_listener(self, listener: VoaListener) -> None:
+        """Told when an egress port's attenuator setting changes (egress, model time): the light the NIC on
+        that port receives changes at once (labctl.models.fabric)."""
+        self.voa_listeners.append(listener)
+
+    def set_voa(self, egress: int, setting: VoaSetting) -> None:
+        """Set the attenuator of an egress port (ValueError: not an egress, or a mode the YANG lacks). FIXED
+        holds the attenuation in force now. Takes effect at once (no VOA settling time is modelled)."""
+        if not self.space.is_egress(egress):
+            raise ValueError(f"port {egress} is not an egress port: attenuators sit on egress ports")
+        if setting.mode not in VOA_MODES:
+            raise ValueError(f"atten-mode {setting.mode!r}: one of {', '.join(VOA_MODES)}")
+        if setting.mode == "VOA_MODE_FIXED":
+            setting = VoaSetting(setting.mode, held_db=self.attenuation_db(egress))
+        if setting.mode == "VOA_MODE_NONE":
+            self.voa.pop(egress, None)
+        else:
+            self.voa[egress] = setting
+        t_ns = now_ns()
+        for listener in self.voa_listeners:
+            listener(egress, t_ns)
+
+    def voa_setting(self, egress: int) -> VoaSetting:
+        return self.voa.get(egress, VoaSetting())
+
+    def attenuation_db(self, egress: int, ingress: int | None = None) -> float:
+        """How many dB the egress port's attenuator takes off the light reaching it from `ingress` (default:
+        the ingress patched to it now), to `ATTENUATION_STEP_DB`, between 0 and `MAX_ATTENUATION_DB`.
+        ABSOLUTE and CONVERGED attenuate the path down to `level` dBm (not at all where it is below that, or
+        dark); RELATIVE to `level` dB below the reference ingress's light (the path's own: `level` dB)."""
+        setting = self.voa.get(egress)
+        if setting is None:
+            return 0.0
+        mode = setting.mode
+        if mode == "VOA_MODE_MAXIMUM":
+            return MAX_ATTENUATION_DB
+        if mode == "VOA_MODE_FIXED":
+            return setting.held_db
+        ingress = self.lit.get(egress) if ingress is None else ingress
+        path = None if ingress is None else self.transmitting.get(ingress)
+        if mode == "VOA_MODE_RELATIVE":
+            reference = setting.reference or ingress
+            if reference is None or reference == ingress or path is None:
+                atten = setting.level
+            else:
+                ref = self.transmitting.get(reference)
+                atten = setting.level if ref is None else path - (ref - setting.level)
+        else:  # ABSOLUTE, CONVERGED: a target output power
+            atten = 0.0 if path is None else path - INSERTION_LOSS_DB - setting.level
+        atten = min(max(atten, 0.0), MAX_ATTENUATION_DB)
+        return round(round(atten / ATTENUATION_STEP_DB) * ATTENUATION_STEP_DB, 2)
+
+    def set_opm(self, port: int, config: OpmConfig) -> None:
+        """A port's power monitor settings (ValueError outside the YANG's ranges)."""
+        if port not in self.space.all_ports:
+            raise ValueError(f"port {port} is not a port of this {self.space} switch")
+        if not 1260.0 <= config.wavelength_nm <= 1640.0:
+            raise ValueError(f"wavelength {config.wavelength_nm:g} nm is outside 1260..1640")
+        if not -100.0 <= config.offset_db <= 100.0:
+            raise ValueError(f"offset {config.offset_db:g} dB is outside -100..100")
+        if not 1 <= config.averaging_time <= 8:
+            raise ValueError(f"averaging-time {config.averaging_time} is outside 1..8")
+        if config == OpmConfig():
+            self.opm.pop(port, None)
+        else:
+            self.opm[port] = config
+
+    def opm_config(self, port: int) -> OpmConfig:
+        return self.opm.get(port, OpmConfig())
 
     def cancel_pending(self) -> None:
         self.timeline.cancel_all()

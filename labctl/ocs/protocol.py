@@ -27,7 +27,10 @@ __all__ = [  # the public surface (docs/architecture.md, "Public surface"); the 
     "SwitchOps",
     "Timed",
     "TimeoutPolicy",
+    "VariableAttenuator",
     "VerifiedSwitch",
+    "attenuator_of",
+    "check_attenuation",
     "check_owned",
     "check_ports",
     "converge",
@@ -119,6 +122,50 @@ class OpticalSwitch(Protocol):
     async def port_power(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
         """Optical power (dBm) the switch measures at each port; None where there is no light."""
         ...
+
+
+OCS_VOA = Kind.OCS_VOA
+"""The event an attenuator change writes (value: the dB set, None for "no attenuation"; meta: port, mode,
+level)."""
+
+
+@runtime_checkable
+class VariableAttenuator(Protocol):
+    """A switch whose egress ports have variable optical attenuators (a Polatis VOA option): the light
+    leaving an egress port is lowered by the dB set, relative to the light that reaches it through its
+    patch. Every call returns a `Timed` result and writes an `ocs.voa` event per port set."""
+
+    name: str
+    space: PortSpace
+
+    async def set_attenuation(self, ports: Iterable[int], atten_db: float) -> Timed[None]:
+        """Attenuate each egress port's light by `atten_db` dB (0: no attenuation)."""
+        ...
+
+    async def read_attenuation(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
+        """Each port's attenuation in dB below its patched light (0.0: none); None where the attenuator
+        is set another way (a target output power, maximum, fixed)."""
+        ...
+
+
+def attenuator_of(switch: object) -> VariableAttenuator | None:
+    """The switch's attenuator capability, or None: the switch itself, or the driver inside a wrapper
+    that serves its emulator (`labctl.ocs.switches.ServedSwitch.switch`)."""
+    for candidate in (switch, getattr(switch, "switch", None)):
+        if isinstance(candidate, VariableAttenuator):
+            return candidate
+    return None
+
+
+def check_attenuation(name: str, space: PortSpace, ports: Iterable[int], atten_db: float) -> list[int]:
+    """The egress ports of an attenuation request, sorted, or InputError (the same rule for every driver)."""
+    wanted = check_ports(name, space, ports)
+    ingress = [p for p in wanted if not space.is_egress(p)]
+    if ingress:
+        raise InputError(f"{name}: port(s) {ingress} are ingress ports; attenuators sit on egress ports")
+    if not 0.0 <= atten_db <= 40.0:
+        raise InputError(f"{name}: attenuation {atten_db:g} dB is outside 0..40 dB")
+    return wanted
 
 
 async def send_mapping(

@@ -35,6 +35,7 @@ __all__ = [  # the public surface (docs/architecture.md, "Public surface"); the 
     "RailPhase",
     "RunSpec",
     "SpecBase",
+    "VoaSweep",
     "build_plan",
     "compile_experiment",
     "describe_reconfigurations",
@@ -130,6 +131,22 @@ class GpuSettings(_Model):
     )
 
 
+class VoaSweep(_Model):
+    """An attenuation sweep on a switch's variable optical attenuators (decision 0064): repetition r of the
+    cycle runs with `ports` attenuated by `atten_db[r]` (cycling when there are more repetitions than
+    levels); the run ends with them at 0 dB. The driver must have attenuators (sim, polatis-netconf)."""
+
+    switch: str = Field(description="the inventory switch whose attenuators are set")
+    ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
+        min_length=1, description="egress ports of that switch (a NIC's rx port): attenuators sit on egress"
+    )
+    atten_db: list[Annotated[float, Field(ge=0, le=40)]] = Field(
+        min_length=1,
+        max_length=10_000,
+        description="the attenuation per repetition of the cycle, dB below the light the patch brings",
+    )
+
+
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 MAX_RECONFIGURATIONS = 1_000_000  # repeat x cycle: a week of back-to-back 0.5 s reconfigurations
 
@@ -187,6 +204,12 @@ class ExperimentSpec(SpecBase):
         min_length=1, description="the phases reconfigured to, in order, after the baseline"
     )
     repeat: int = Field(default=1, ge=1, le=MAX_RECONFIGURATIONS, description="how many times the cycle runs")
+    voa: list[VoaSweep] = Field(
+        default=[],
+        max_length=64,
+        description="attenuation sweeps: each repetition of the cycle first sets these attenuators to its "
+        "level (e.g. [{switch: ocs1, ports: [33], atten_db: [0, 5, 10]}])",
+    )
 
     @model_validator(mode="after")
     def _probes_know_the_threshold(self) -> ExperimentSpec:
@@ -328,8 +351,24 @@ def build_plan(spec: ExperimentSpec, inventory: Inventory, src: SourcedYaml | No
             mapping = links_to_mapping(inventory, switch, links, where("phases", name))
             by_rail[rail] = RailPhase(rail, switch, tuple(links), mapping)
         phases[name] = by_rail
+    sweeps = []
+    for i, sweep in enumerate(spec.voa):
+        if sweep.switch not in inventory.switches:
+            raise InputError(
+                f"{where('voa', i, 'switch')}: unknown switch {sweep.switch!r} "
+                f"(known: {', '.join(inventory.switches)})"
+            )
+        space = inventory.switches[sweep.switch].space
+        for j, port in enumerate(sweep.ports):
+            if not space.is_egress(port):
+                raise InputError(
+                    f"{where('voa', i, 'ports', j)}: port {port} is not an egress port of {sweep.switch} "
+                    f"({space}: egress {space.egress.start}..{space.egress.stop - 1}); attenuators sit on "
+                    "egress ports"
+                )
+        sweeps.append((sweep.switch, tuple(sorted(set(sweep.ports))), tuple(sweep.atten_db)))
     steps = [(rep, name) for rep in range(spec.repeat) for name in spec.cycle]
-    program = timeline_program(spec.baseline, steps, spec.hold_s, gpu=spec.gpu is not None)
+    program = timeline_program(spec.baseline, steps, spec.hold_s, gpu=spec.gpu is not None, sweeps=sweeps)
     return Plan(spec=spec, path=src.path if src else None, rails=rails, phases=phases, program=program)
 
 

@@ -7,7 +7,9 @@ type, and a kind of experiment that needs a new kind of step brings its own clas
 `labctl.workload.experiment.ReplaySegment`) without editing the engine.
 
 A timeline experiment compiles to: GPU benchmarks before, the baseline reconfiguration, a hold, then per
-step a reconfiguration and a hold, then GPU benchmarks after. `check_program` refuses a program the engine
+step a reconfiguration and a hold, then GPU benchmarks after; with an attenuation sweep (`voa:`), each
+repetition of the cycle starts by setting the swept attenuators (`Attenuate`), and the plan ends by
+clearing them. `check_program` refuses a program the engine
 could not carry out, before anything moves.
 """
 
@@ -22,12 +24,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 from labctl.core.errors import InputError
 from labctl.core.events import EventLog
 from labctl.inventory.mapping import Mapping
+from labctl.ocs.protocol import attenuator_of
 
 if TYPE_CHECKING:
     from labctl.labs.base import Lab
     from labctl.run.rails import RailWriter
 
 __all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
+    "Attenuate",
     "GpuBench",
     "Hold",
     "LinkWatch",
@@ -171,18 +175,56 @@ class Hold(StepBase):
         await asyncio.sleep(self.seconds)
 
 
+@dataclass(frozen=True, slots=True)
+class Attenuate(StepBase):
+    """Set a switch's variable optical attenuators: each egress port's light `atten_db` dB below what its
+    patch brings (0: none), through the switch's `VariableAttenuator` driver (an `ocs.voa` event per port).
+    The received power every probe on those ports reads drops by that much: a sweep of it measures how the
+    recovery depends on the light a NIC receives."""
+
+    switch: str
+    ports: tuple[int, ...]
+    atten_db: float
+    needs_baseline: ClassVar[bool] = True
+
+    async def execute(self, run: RunContext) -> None:
+        attenuator = attenuator_of(run.lab.switches.get(self.switch))
+        if attenuator is None:
+            raise InputError(
+                f"switch {self.switch}: its driver has no variable optical attenuators (voa: needs sim or "
+                "polatis-netconf)"
+            )
+        await attenuator.set_attenuation(self.ports, self.atten_db)
+        ports = ", ".join(map(str, self.ports))
+        run.progress.message(f"{self.switch}: port(s) {ports} attenuated {self.atten_db:g} dB")
+
+
 Step = StepBase
 """Any step: a class with `execute(run)` (and `needs_baseline`)."""
 
 
 def timeline_program(
-    baseline: str, steps: Sequence[tuple[int, str]], hold_s: float, *, gpu: bool
+    baseline: str,
+    steps: Sequence[tuple[int, str]],
+    hold_s: float,
+    *,
+    gpu: bool,
+    sweeps: Sequence[tuple[str, tuple[int, ...], Sequence[float]]] = (),
 ) -> tuple[Step, ...]:
-    """The fixed order a timeline experiment always had, as steps."""
+    """The fixed order a timeline experiment always had, as steps. `sweeps`: (switch, egress ports, dB
+    levels); repetition r of the cycle first sets each one's ports to its level r (cycling through the
+    levels), and the plan ends by setting them back to 0 dB."""
     program: list[Step] = [GpuBench("before")] if gpu else []
     program += [Reconfigure(baseline, None, baseline=True), Hold(hold_s)]
+    repetition: int | None = None
     for i, (step, phase) in enumerate(steps, start=1):
+        if sweeps and step != repetition:
+            repetition = step
+            program += [
+                Attenuate(sw, ports, float(levels[step % len(levels)])) for sw, ports, levels in sweeps
+            ]
         program += [Reconfigure(phase, step, index=i, of=len(steps)), Hold(hold_s)]
+    program += [Attenuate(sw, ports, 0.0) for sw, ports, _ in sweeps]
     if gpu:
         program.append(GpuBench("after"))
     return tuple(program)
@@ -207,5 +249,7 @@ def check_program(program: Sequence[Step], phases: Collection[str]) -> None:
             raise InputError(f"plan step {i}: {type(step).__name__} needs the baseline set up before it")
         elif isinstance(step, Hold) and not 0 <= step.seconds <= 3600:
             raise InputError(f"plan step {i}: hold {step.seconds} s is outside 0..3600 s")
+        elif isinstance(step, Attenuate) and (not step.ports or not 0 <= step.atten_db <= 40):
+            raise InputError(f"plan step {i}: attenuate needs ports and 0..40 dB, not {step.atten_db:g} dB")
     if not seen_baseline:  # the plan's baseline is what the run restores at the end: there must be one
         raise InputError("plan: no baseline reconfiguration (the first reconfiguration sets it up)")

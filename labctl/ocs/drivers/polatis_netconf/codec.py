@@ -6,6 +6,10 @@ switch`) holds `cross-connects/pair{ingress, egress}` (`pairs` before revision 2
 capability names), `opm-power/port{port-id, power}`, `product-information`, and the RPC `port-set-state`
 (`port-enab`/`port-disab`). Changes are one `edit-config` on running: `merge` of the new pairs and `delete`
 (by ingress, the list key) of the removed ones, nothing else, so one rail remap is one request.
+Beyond patches: `voa/port{port-id, atten-mode, atten-level, reference-port}` (the variable optical
+attenuators), `opm-config/port{port-id, wavelength, offset, averaging-time}` (the power monitors'
+settings), and RFC 5277 `create-subscription` and `<notification>` (Polatis sends on the stream
+"Polatis"; a change is a polatis-switch `activity-log-notification`). Decision: docs/decisions/0064.
 """
 
 from __future__ import annotations
@@ -22,6 +26,20 @@ from labctl.inventory.mapping import Mapping, MappingDiff, PortSpace
 NS_BASE = "urn:ietf:params:xml:ns:netconf:base:1.0"
 NS_OPSW = "http://www.polatis.com/yang/optical-switch"
 NS_PLTS = "http://www.polatis.com/yang/polatis-switch"
+NS_NOTIF = "urn:ietf:params:xml:ns:netconf:notification:1.0"
+CAP_NOTIFICATION = "urn:ietf:params:netconf:capability:notification:1.0"
+CAP_INTERLEAVE = "urn:ietf:params:netconf:capability:interleave:1.0"
+VOA_MODES = (
+    "VOA_MODE_NONE",
+    "VOA_MODE_RELATIVE",
+    "VOA_MODE_ABSOLUTE",
+    "VOA_MODE_CONVERGED",
+    "VOA_MODE_MAXIMUM",
+    "VOA_MODE_FIXED",
+)
+"""optical-switch `voa/port/atten-mode` (revision 2016-02-17 on)."""
+LEVEL_MODES = ("VOA_MODE_ABSOLUTE", "VOA_MODE_RELATIVE", "VOA_MODE_CONVERGED")
+"""The modes that carry an `atten-level` (the YANG's `when`): dBm for ABSOLUTE/CONVERGED, dB for RELATIVE."""
 CAP_BASE_10 = "urn:ietf:params:netconf:base:1.0"
 CAP_BASE_11 = "urn:ietf:params:netconf:base:1.1"
 CAP_WRITABLE_RUNNING = "urn:ietf:params:netconf:capability:writable-running:1.0"
@@ -174,6 +192,61 @@ def close_session() -> str:
     return "<close-session/>"
 
 
+def voa_filter(ports: Iterable[int]) -> str:
+    """The attenuator settings of the given ports (a content match on the key per port)."""
+    entries = "".join(f"<port><port-id>{int(p)}</port-id></port>" for p in sorted(set(ports)))
+    return f'<voa xmlns="{NS_OPSW}">{entries}</voa>'
+
+
+def voa_edit(ports: Iterable[int], mode: str, level: float | None = None, reference: int = 0) -> str:
+    """One `edit-config` (merge) setting every given port's attenuator alike: `atten-mode`, `atten-level`
+    (two fraction digits) for the modes that have one, `reference-port` for RELATIVE."""
+    if mode not in VOA_MODES:
+        raise ValueError(f"atten-mode {mode!r}: one of {', '.join(VOA_MODES)}")
+    leaves = f"<atten-mode>{mode}</atten-mode>"
+    if mode in LEVEL_MODES:
+        if level is None:
+            raise ValueError(f"{mode} needs an atten-level")
+        leaves += f"<atten-level>{level:.2f}</atten-level>"
+    if mode == "VOA_MODE_RELATIVE":
+        leaves += f"<reference-port>{int(reference)}</reference-port>"
+    entries = "".join(f"<port><port-id>{int(p)}</port-id>{leaves}</port>" for p in sorted(set(ports)))
+    return _edit(f'<voa xmlns="{NS_OPSW}">{entries}</voa>')
+
+
+def opm_config_filter(ports: Iterable[int]) -> str:
+    entries = "".join(f"<port><port-id>{int(p)}</port-id></port>" for p in sorted(set(ports)))
+    return f'<opm-config xmlns="{NS_OPSW}">{entries}</opm-config>'
+
+
+def opm_config_edit(
+    ports: Iterable[int],
+    *,
+    wavelength_nm: float | None = None,
+    offset_db: float | None = None,
+    averaging_time: int | None = None,
+) -> str:
+    """One `edit-config` (merge) of the given ports' power monitor settings: only the leaves given."""
+    leaves = ""
+    if wavelength_nm is not None:
+        leaves += f"<wavelength>{wavelength_nm:.2f}</wavelength>"
+    if offset_db is not None:
+        leaves += f"<offset>{offset_db:.2f}</offset>"
+    if averaging_time is not None:
+        leaves += f"<averaging-time>{int(averaging_time)}</averaging-time>"
+    entries = "".join(f"<port><port-id>{int(p)}</port-id>{leaves}</port>" for p in sorted(set(ports)))
+    return _edit(f'<opm-config xmlns="{NS_OPSW}">{entries}</opm-config>')
+
+
+def _edit(config: str) -> str:
+    return f"<edit-config><target><running/></target><config>{config}</config></edit-config>"
+
+
+def create_subscription(stream: str = "Polatis") -> str:
+    """RFC 5277 §2.1.1, on a named stream, no filter, no replay."""
+    return f'<create-subscription xmlns="{NS_NOTIF}"><stream>{escape(stream)}</stream></create-subscription>'
+
+
 # -- replies -----------------------------------------------------------------------------------------------
 def _q(ns: str, tag: str) -> str:
     return f"{{{ns}}}{tag}"
@@ -301,3 +374,120 @@ def parse_product(data: ET.Element | None) -> ProductInformation:
     return ProductInformation(
         leaf("manufacturer"), leaf("serial-number"), leaf("model-name"), leaf("software-version")
     )
+
+
+@dataclass(frozen=True, slots=True)
+class VoaPort:
+    """One port's `voa/port` entry: its mode, its level (None where the mode has none), its reference."""
+
+    mode: str = "VOA_MODE_NONE"
+    level: float | None = None
+    reference: int = 0
+
+    @property
+    def attenuation_db(self) -> float | None:
+        """dB below the port's patched light: 0.0 for NONE, the level for RELATIVE to the patched ingress,
+        None for a setting of another kind (a target output power, maximum, fixed)."""
+        if self.mode == "VOA_MODE_NONE":
+            return 0.0
+        if self.mode == "VOA_MODE_RELATIVE" and self.reference == 0:
+            return self.level
+        return None
+
+
+def _decimal(entry: ET.Element, name: str, where: str) -> float | None:
+    text = _text(entry.find(_q(NS_OPSW, name)))
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise NetconfReplyError(f"{where}: {name} {text!r} is not a number") from None
+    if value != value:
+        raise NetconfReplyError(f"{where}: {name} is not a number")
+    return value
+
+
+def parse_voa(data: ET.Element | None) -> dict[int, VoaPort]:
+    """port-id → its attenuator setting (a port the switch leaves out: no entry)."""
+    if data is None:
+        raise NetconfReplyError("voa reply has no <data>")
+    out: dict[int, VoaPort] = {}
+    for container in data.findall(_q(NS_OPSW, "voa")):
+        for entry in container.findall(_q(NS_OPSW, "port")):
+            port = _int_leaf(entry, "port-id", "voa")
+            mode = _text(entry.find(_q(NS_OPSW, "atten-mode"))) or "VOA_MODE_NONE"
+            if mode not in VOA_MODES:
+                raise NetconfReplyError(f"voa: port {port} atten-mode {mode!r} is not a Polatis mode")
+            ref = _text(entry.find(_q(NS_OPSW, "reference-port")))
+            if ref and not ref.isdigit():
+                raise NetconfReplyError(f"voa: port {port} reference-port {ref!r} is not a port number")
+            level = _decimal(entry, "atten-level", "voa")
+            out[port] = VoaPort(mode, level if mode in LEVEL_MODES else None, int(ref or 0))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class OpmPort:
+    """One port's `opm-config/port` entry (the YANG's defaults where a leaf is absent)."""
+
+    wavelength_nm: float = 1550.0
+    offset_db: float = 0.0
+    averaging_time: int = 4
+
+
+def parse_opm_config(data: ET.Element | None) -> dict[int, OpmPort]:
+    if data is None:
+        raise NetconfReplyError("opm-config reply has no <data>")
+    out: dict[int, OpmPort] = {}
+    for container in data.findall(_q(NS_OPSW, "opm-config")):
+        for entry in container.findall(_q(NS_OPSW, "port")):
+            port = _int_leaf(entry, "port-id", "opm-config")
+            wavelength = _decimal(entry, "wavelength", "opm-config")
+            offset = _decimal(entry, "offset", "opm-config")
+            averaging = _text(entry.find(_q(NS_OPSW, "averaging-time")))
+            if averaging and not averaging.isdigit():
+                raise NetconfReplyError(
+                    f"opm-config: port {port} averaging-time {averaging!r} is not a number"
+                )
+            out[port] = OpmPort(
+                1550.0 if wavelength is None else wavelength,
+                0.0 if offset is None else offset,
+                int(averaging or 4),
+            )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """An RFC 5277 `<notification>`: its event's name and namespace, `eventTime` as sent, and the event's
+    leaves (name → text; a nested element's leaves are joined under `parent/child`)."""
+
+    name: str
+    namespace: str
+    event_time: str
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+def parse_notification(raw: str) -> Notification:
+    root = parse_xml(raw, "notification")
+    if root.tag != _q(NS_NOTIF, "notification"):
+        raise NetconfReplyError(f"expected notification, got {_local(root.tag)}")
+    event_time = _text(root.find(_q(NS_NOTIF, "eventTime")))
+    events = [c for c in root if c.tag != _q(NS_NOTIF, "eventTime")]
+    if not events:
+        raise NetconfReplyError("a notification without an event")
+    event = events[0]
+    fields: dict[str, str] = {}
+
+    def walk(element: ET.Element, prefix: str) -> None:
+        for child in element:
+            name = prefix + _local(child.tag)
+            if len(child):
+                walk(child, name + "/")
+            else:
+                fields[name] = _text(child)
+
+    walk(event, "")
+    namespace = event.tag[1:].split("}", 1)[0] if event.tag.startswith("{") else ""
+    return Notification(_local(event.tag), namespace, event_time, fields)

@@ -2,8 +2,9 @@
 
 Hello and capability check (the optical-switch module revision decides `pair` vs `pairs`), the switch size
 from `product-information`, cross-connects read with a subtree filter, one `edit-config` per change through
-`labctl.ocs.protocol.converge`, port power from `opm-power`, enable/disable with `port-set-state`,
-`rpc-error` as one
+`labctl.ocs.protocol.converge`, port power from `opm-power`, enable/disable with `port-set-state`, the
+variable optical attenuators (`voa`: `set_attenuation`, `set_voa`, `read_voa`), the power monitors'
+wavelength (`opm-config`), RFC 5277 notifications (`subscribe`, `notifications()`), `rpc-error` as one
 line with its error-tag, timing and `ocs.*` events. A session that lost a request (its deadline passed, a
 reply made no sense, the connection dropped) is replaced before the next request: NETCONF answers in order
 (RFC 6241 §4.5), so a request still pending would hold up every later one. Layers: codec.py (the XML),
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from typing import Any, TypeVar
 
 from labctl.core.clock import now_ns
@@ -23,16 +24,26 @@ from labctl.core.events import Kind
 from labctl.inventory.config import Secret, SecretRef
 from labctl.inventory.mapping import Mapping, MappingDiff, PortSpace
 from labctl.ocs.protocol import (
+    OCS_VOA,
     EventSink,
     Timed,
     TimeoutPolicy,
     VerifiedSwitch,
+    check_attenuation,
     check_owned,
     check_ports,
 )
 
 from . import codec
-from .codec import NetconfReplyError, NetconfRpcError, ProductInformation, Reply
+from .codec import (
+    NetconfReplyError,
+    NetconfRpcError,
+    Notification,
+    OpmPort,
+    ProductInformation,
+    Reply,
+    VoaPort,
+)
 from .connection import (
     Endpoint,
     HostKeyPolicy,
@@ -51,8 +62,14 @@ __all__ = [
     "NetconfLoginRefused",
     "NetconfReplyError",
     "NetconfRpcError",
+    "Notification",
+    "OpmPort",
     "PolatisNetconfSwitch",
+    "VoaPort",
 ]
+
+NOTIFICATION_QUEUE = 1024
+"""Notifications held for `notifications()` before the oldest is dropped (and counted)."""
 
 
 class PolatisNetconfSwitch(VerifiedSwitch):
@@ -96,6 +113,10 @@ class PolatisNetconfSwitch(VerifiedSwitch):
         self._generation = 0
         self._recover_lock = asyncio.Lock()
         self._closed = True
+        self.subscribed: str | None = None
+        """The notification stream this driver subscribed to (renewed on every new session); None: none."""
+        self.notifications_dropped = 0
+        self._notes: asyncio.Queue[Notification | None] = asyncio.Queue(NOTIFICATION_QUEUE)
 
     # -- events ---------------------------------------------------------------------------------------------
 
@@ -106,9 +127,30 @@ class PolatisNetconfSwitch(VerifiedSwitch):
         """What no request waits for: a notification (`ocs.report`), a reply that came after its request was
         abandoned or anything else (`ocs.session`)."""
         if kind == "notification":
-            self._emit(Kind.OCS_REPORT, _notification_name(raw), text=raw[:2000])
+            try:
+                note = codec.parse_notification(raw)
+            except NetconfReplyError:
+                log.debug("unparsable notification")
+                self._emit(Kind.OCS_REPORT, _notification_name(raw), text=raw[:2000])
+                return
+            self._emit(
+                Kind.OCS_REPORT,
+                note.name,
+                text=raw[:2000],
+                event_time=note.event_time,
+                fields={k: v[:500] for k, v in list(note.fields.items())[:32]},
+            )
+            self._queue_note(note)
         else:
             self._emit(Kind.OCS_SESSION, kind, text=raw[:500])
+
+    def _queue_note(self, note: Notification | None) -> None:
+        """Hand a notification (None: the end) to `notifications()`; when full, the oldest goes (counted)."""
+        if self._notes.full():
+            dropped = self._notes.get_nowait()
+            if dropped is not None:
+                self.notifications_dropped += 1
+        self._notes.put_nowait(note)
 
     # -- one RPC --------------------------------------------------------------------------------------------
     async def _exchange(self, conn: NetconfConnection, operation: str, body: str) -> Reply:
@@ -217,6 +259,11 @@ class PolatisNetconfSwitch(VerifiedSwitch):
                 return None
             await self._reopen(self._open, NetconfConnectionLost, reason, "session")
             assert self._conn is not None
+            if self.subscribed is not None:  # a subscription lives as long as its session (RFC 5277)
+                await self._exchange(
+                    self._conn, "create-subscription", codec.create_subscription(self.subscribed)
+                )
+                self._emit(Kind.OCS_SESSION, "subscribed", stream=self.subscribed, after="reconnect")
             patches = await self._read_on(self._conn)
             self._emit(Kind.OCS_SESSION, "reconnected", patches=len(patches))
             self._emit(Kind.OCS_READ, len(patches), patches=sorted(patches), after="reconnect")
@@ -251,6 +298,7 @@ class PolatisNetconfSwitch(VerifiedSwitch):
         if self._closed:
             return
         self._closed = True
+        self._queue_note(None)  # ends every `notifications()` iterator
         conn, self._conn = self._conn, None
         if conn is None:
             return
@@ -331,6 +379,131 @@ class PolatisNetconfSwitch(VerifiedSwitch):
             return {p: states.get(p, "UNSUPPORTED") for p in wanted}
 
         return await self._timed("get port-config", read)
+
+    # -- beyond OpticalSwitch: variable optical attenuators (VariableAttenuator) ---------------------------
+    async def set_voa(
+        self, ports: Iterable[int], mode: str, level: float | None = None, *, reference: int = 0
+    ) -> Timed[None]:
+        """One edit-config setting each egress port's attenuator: `atten-mode` (codec.VOA_MODES), with its
+        `atten-level` (dBm for ABSOLUTE/CONVERGED, dB for RELATIVE) and, for RELATIVE, `reference-port`
+        (0: the ingress patched to it). Writes an `ocs.voa` event per port."""
+        wanted = check_ports(self.name, self.space, ports)
+        ingress = [p for p in wanted if not self.space.is_egress(p)]
+        if ingress:
+            raise InputError(
+                f"{self.name}: port(s) {ingress} are ingress ports; attenuators sit on egress ports"
+            )
+        check_owned(self.name, self.owned, wanted, "the attenuation")
+        try:
+            body = codec.voa_edit(wanted, mode, level, reference)
+        except ValueError as e:
+            raise InputError(f"{self.name}: {e}") from None
+
+        async def run() -> None:
+            await self._rpc("edit-config voa", body, idempotent=True)
+
+        result = await self._timed("edit-config voa", run)
+        relative = mode == "VOA_MODE_RELATIVE" and reference == 0
+        value = 0.0 if mode == "VOA_MODE_NONE" else level if relative else None
+        for port in wanted:
+            self._emit(OCS_VOA, value, result.end_ns, port=port, mode=mode, level=level, reference=reference)
+        return result
+
+    async def set_attenuation(self, ports: Iterable[int], atten_db: float) -> Timed[None]:
+        """Attenuate each egress port's light `atten_db` dB below what its patch brings (VOA_MODE_RELATIVE
+        to the patched ingress; 0 dB: VOA_MODE_NONE)."""
+        wanted = check_attenuation(self.name, self.space, ports, atten_db)
+        if atten_db == 0:
+            return await self.set_voa(wanted, "VOA_MODE_NONE")
+        return await self.set_voa(wanted, "VOA_MODE_RELATIVE", atten_db)
+
+    async def read_voa(self, ports: Iterable[int]) -> Timed[dict[int, VoaPort]]:
+        """Each port's `voa/port` entry (VOA_MODE_NONE where the switch lists none)."""
+        wanted = check_ports(self.name, self.space, ports)
+
+        async def read() -> dict[int, VoaPort]:
+            reply = await self._rpc("get voa", codec.get(codec.voa_filter(wanted)), idempotent=True)
+            settings = codec.parse_voa(reply.data)
+            return {p: settings.get(p, VoaPort()) for p in wanted}
+
+        return await self._timed("get voa", read)
+
+    async def read_attenuation(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
+        result = await self.read_voa(ports)
+        return Timed({p: v.attenuation_db for p, v in result.value.items()}, result.start_ns, result.end_ns)
+
+    # -- beyond OpticalSwitch: power monitor settings -------------------------------------------------------
+    async def set_opm_config(
+        self,
+        ports: Iterable[int],
+        *,
+        wavelength_nm: float | None = None,
+        offset_db: float | None = None,
+        averaging_time: int | None = None,
+    ) -> Timed[None]:
+        """One edit-config of the ports' `opm-config` (only the leaves given; the YANG's ranges: 1260-1640
+        nm, ±100 dB, averaging-time 1..8)."""
+        wanted = check_ports(self.name, self.space, ports)
+        check_owned(self.name, self.owned, wanted, "opm-config")
+        if wavelength_nm is not None and not 1260.0 <= wavelength_nm <= 1640.0:
+            raise InputError(f"{self.name}: wavelength {wavelength_nm:g} nm is outside 1260..1640")
+        if offset_db is not None and not -100.0 <= offset_db <= 100.0:
+            raise InputError(f"{self.name}: offset {offset_db:g} dB is outside -100..100")
+        if averaging_time is not None and not 1 <= averaging_time <= 8:
+            raise InputError(f"{self.name}: averaging-time {averaging_time} is outside 1..8")
+        body = codec.opm_config_edit(
+            wanted, wavelength_nm=wavelength_nm, offset_db=offset_db, averaging_time=averaging_time
+        )
+
+        async def run() -> None:
+            await self._rpc("edit-config opm-config", body, idempotent=True)
+
+        return await self._timed("edit-config opm-config", run)
+
+    async def set_opm_wavelength(self, ports: Iterable[int], wavelength_nm: float) -> Timed[None]:
+        """The wavelength the ports' power monitors are calibrated for (nm)."""
+        return await self.set_opm_config(ports, wavelength_nm=wavelength_nm)
+
+    async def read_opm_config(self, ports: Iterable[int]) -> Timed[dict[int, OpmPort]]:
+        wanted = check_ports(self.name, self.space, ports)
+
+        async def read() -> dict[int, OpmPort]:
+            reply = await self._rpc(
+                "get opm-config", codec.get(codec.opm_config_filter(wanted)), idempotent=True
+            )
+            configs = codec.parse_opm_config(reply.data)
+            return {p: configs.get(p, OpmPort()) for p in wanted}
+
+        return await self._timed("get opm-config", read)
+
+    # -- beyond OpticalSwitch: notifications (RFC 5277) -----------------------------------------------------
+    async def subscribe(self, stream: str = "Polatis") -> Timed[None]:
+        """`create-subscription` on `stream` (Polatis sends on "Polatis"): from now on each notification is an
+        `ocs.report` event and an item of `notifications()`. Renewed on every replacement session; a
+        notification sent while the session was being replaced is lost (no replay)."""
+        conn = self._require_conn()
+        if codec.CAP_NOTIFICATION not in conn.capabilities:
+            raise HardwareError(f"{self.name}: the switch does not advertise :notification (RFC 5277)")
+        if self.subscribed is not None:
+            raise InputError(f"{self.name}: already subscribed to {self.subscribed!r}")
+
+        async def run() -> None:
+            await self._rpc("create-subscription", codec.create_subscription(stream), idempotent=False)
+
+        result = await self._timed("create-subscription", run)
+        self.subscribed = stream
+        self._emit(Kind.OCS_SESSION, "subscribed", result.end_ns, stream=stream)
+        return result
+
+    async def notifications(self) -> AsyncGenerator[Notification, None]:
+        """The notifications of the subscription, in arrival order, until the driver closes (one consumer;
+        at most NOTIFICATION_QUEUE held, the oldest dropped beyond that and counted in
+        `notifications_dropped`)."""
+        while True:
+            note = await self._notes.get()
+            if note is None:
+                return
+            yield note
 
     async def product_information(self) -> Timed[ProductInformation]:
         async def read() -> ProductInformation:

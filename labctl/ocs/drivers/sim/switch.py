@@ -13,12 +13,24 @@ from labctl.core.clock import now_ns
 from labctl.core.errors import HardwareError, InputError
 from labctl.core.events import Event, Kind
 from labctl.inventory.mapping import Mapping, MappingDiff, PortSpace
-from labctl.models.switch import SwitchModel
-from labctl.ocs.protocol import ApplyResult, EventSink, SwitchOps, Timed, TimeoutPolicy, check_ports, converge
+from labctl.models.switch import SwitchModel, VoaSetting
+from labctl.ocs.protocol import (
+    OCS_VOA,
+    ApplyResult,
+    EventSink,
+    SwitchOps,
+    Timed,
+    TimeoutPolicy,
+    check_attenuation,
+    check_owned,
+    check_ports,
+    converge,
+)
 
 
 class SimSwitch:
-    """Satisfies `OpticalSwitch`. Switching time comes from the model's delay profile.
+    """Satisfies `OpticalSwitch` and `VariableAttenuator`. Switching time comes from the model's delay
+    profile; an attenuation is the model's RELATIVE attenuator setting, as the NETCONF driver sets it.
 
     `name` and `space` are what the inventory says (default: the model's); like a real driver, `connect`
     refuses a switch whose size differs from the inventory's."""
@@ -107,7 +119,7 @@ class SimSwitch:
         self._require_connected()
         wanted = check_ports(self.name, self.space, ports)
         start = now_ns()
-        powers = {p: self.model.power_dbm(p) for p in wanted}
+        powers = {p: self.model.monitor_dbm(p) for p in wanted}
         end = now_ns()
         for port, dbm in powers.items():
             self._emit(
@@ -120,3 +132,36 @@ class SimSwitch:
                 )
             )
         return Timed(powers, start, end)
+
+    # -- VariableAttenuator ---------------------------------------------------------------------------------
+    async def set_attenuation(self, ports: Iterable[int], atten_db: float) -> Timed[None]:
+        self._require_connected()
+        wanted = check_attenuation(self.name, self.space, ports, atten_db)
+        check_owned(self.name, self.owned, wanted, "the attenuation")
+        start = now_ns()
+        mode = "VOA_MODE_RELATIVE" if atten_db > 0 else "VOA_MODE_NONE"
+        for port in wanted:
+            self.model.set_voa(port, VoaSetting(mode, round(atten_db, 2) if atten_db > 0 else 0.0))
+        end = now_ns()
+        for port in wanted:
+            self._emit(
+                Event(
+                    t_ns=end,
+                    kind=OCS_VOA,
+                    source=f"ocs:{self.name}/{port}",
+                    value=float(atten_db),
+                    meta={"port": port, "mode": mode, "level": float(atten_db)},
+                )
+            )
+        return Timed(None, start, end)
+
+    async def read_attenuation(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
+        self._require_connected()
+        wanted = check_ports(self.name, self.space, ports)
+        start = now_ns()
+        out: dict[int, float | None] = {}
+        for port in wanted:
+            setting = self.model.voa_setting(port)
+            relative = setting.mode == "VOA_MODE_RELATIVE" and setting.reference == 0
+            out[port] = 0.0 if setting.mode == "VOA_MODE_NONE" else setting.level if relative else None
+        return Timed(out, start, now_ns())
