@@ -67,6 +67,8 @@ class RunEngine:
             {rail: lab.switches[inventory.rail_switch(rail)] for rail in plan.rails}, on_change=self._retarget
         )
         self.results: list[Any] = []
+        self.attenuated: dict[str, set[int]] = {}
+        """Switch → ports a `voa:` step left attenuated: set back to 0 dB with the baseline on any exit."""
         """What the steps produced for the experiment kind to record (a replay's ReplayResult)."""
         self.reconfig = 0
         self.drops: dict[str, int] = {}
@@ -405,6 +407,7 @@ class RunEngine:
         work.result()
 
     async def restore_baseline(self) -> None:
+        await self._clear_attenuation()
         baseline = self.plan.phases[self.plan.baseline]
         unsure = (
             self._force_restore or self.rails.unsure
@@ -412,6 +415,16 @@ class RunEngine:
         if unsure or any(self.current[rail] != rp.mapping for rail, rp in baseline.items()):
             phase = self.plan.baseline
             await self.reconfigure(phase, None, measured=False, wait=False, stage=Stage("restore", phase))
+
+    async def _clear_attenuation(self) -> None:
+        """A run stopped mid-sweep leaves no attenuator set: the light the next run sees is the patch's."""
+        from labctl.ocs.protocol import attenuator_of
+
+        for switch, ports in list(self.attenuated.items()):
+            attenuator = attenuator_of(self.lab.switches.get(switch))
+            if ports and attenuator is not None:
+                await attenuator.set_attenuation(tuple(sorted(ports)), 0.0)
+            del self.attenuated[switch]
 
     def _switch_power_probes(self) -> list[Probe]:
         """The switches' own power monitors on the rails' ports, when the experiment asks for them."""
@@ -510,7 +523,7 @@ class RunEngine:
                 log.exception("run failed")
             abandoned = self._abandon_restore
             # Nothing was changed (e.g. a switch never connected): nothing to put back.
-            if self.rails.touched and not abandoned:
+            if (self.rails.touched or self.attenuated) and not abandoned:
                 self._restoring = True
                 try:
                     await self.restore_baseline()

@@ -95,6 +95,8 @@ class RunContext(Protocol):
     """The one path to the switches: what each rail holds, and writes that re-target the probes."""
     results: list[Any]
     """What steps produced for their experiment kind to record at the end (a replay's result)."""
+    attenuated: dict[str, set[int]]
+    """Switch → the ports a `voa:` step left attenuated (the run sets them back to 0 dB on any exit)."""
 
     async def reconfigure(
         self,
@@ -195,6 +197,11 @@ class Attenuate(StepBase):
                 "polatis-netconf)"
             )
         await attenuator.set_attenuation(self.ports, self.atten_db)
+        held = run.attenuated.setdefault(self.switch, set())
+        if self.atten_db:
+            held.update(self.ports)
+        else:
+            held.difference_update(self.ports)
         ports = ", ".join(map(str, self.ports))
         run.progress.message(f"{self.switch}: port(s) {ports} attenuated {self.atten_db:g} dB")
 

@@ -175,6 +175,7 @@ async def test_the_attenuate_step_refuses_a_switch_without_attenuators() -> None
     run: Any = SimpleNamespace(
         lab=SimpleNamespace(switches={"ocs1": object()}),
         progress=SimpleNamespace(message=messages.append),
+        attenuated={},
     )
     with pytest.raises(InputError, match="no variable optical attenuators"):
         await Attenuate("ocs1", (33,), 5.0).execute(run)
@@ -184,3 +185,11 @@ async def test_the_attenuate_step_refuses_a_switch_without_attenuators() -> None
     run.lab.switches["ocs1"] = SimpleNamespace(switch=switch)  # a driver inside its emulator's wrapper
     await Attenuate("ocs1", (33,), 5.0).execute(run)
     assert model.voa_setting(33).level == 5.0 and messages == ["ocs1: port(s) 33 attenuated 5 dB"]
+    assert run.attenuated == {"ocs1": {33}}  # what the run sets back on any exit
+    # A run stopped mid-sweep: the engine's restore clears what the steps left attenuated.
+    from labctl.run.engine import RunEngine
+
+    await RunEngine._clear_attenuation(run)
+    assert model.voa_setting(33).level == 0.0 and run.attenuated == {}
+    await Attenuate("ocs1", (33,), 0.0).execute(run)
+    assert run.attenuated == {"ocs1": set()}
