@@ -1,5 +1,7 @@
-"""Plots of a run: the timeline of one reconfiguration (like Opus Fig. 9c, plus a zoom like Fig. 9d) and the
-distribution of each phase over all reconfigurations (box plot and one empirical CDF per phase).
+"""Plots of a run: the headline (one port's recovery on a log time axis, Opus Fig. 9 style), the timeline of
+one reconfiguration (every rail, in full and zoomed on each cluster of marks, like Fig. 9c/9d) and the
+distribution of each phase over all reconfigurations (box plots and one empirical CDF per phase, the
+recovery phases in pipeline order apart from the down side).
 
 Each figure is written as PNG by default, and as SVG (text kept as text) and PDF (TrueType fonts) on
 request (`formats`), in labctl's packaged matplotlib style (labctl/analysis/styles/labctl.mplstyle) with
@@ -8,7 +10,10 @@ $LABCTL_MPLSTYLE.
 
 Artists that tests (and users post-processing a figure) look for carry a gid: `rx-threshold` (the Rx-power
 threshold line), `mark-t1` … `mark-t5` (the marks; `mark-tN-spread` the p5–p95 whiskers when ports are
-summarized per rail), `rx-rail-R` (a rail's Rx traces), `cdf-PHASE` (a phase's CDF axis).
+summarized per rail), `rx-rail-R` (a rail's Rx traces), `ocs-rail-R` (a rail's switch command bar),
+`cdf-PHASE` (a phase's CDF axis), `box-recovery` / `box-down` (the box plots); in the headline
+`headline-rx` (the port's Rx trace), `headline-rx-spread` (p5–p95 over the ports), `headline-mark-tN`
+(a mark's line, label `headline-label-tN`, bracket `headline-bracket-tN`, spread `headline-spread-tN`).
 """
 
 from __future__ import annotations
@@ -36,10 +41,12 @@ from matplotlib.collections import PolyCollection
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from labctl.analysis.breakdown import (
     DEFAULT_THRESHOLD_DBM,
     DURATIONS,
+    UNITS,
     EventIndex,
     Series,
     compute_breakdown,
@@ -51,9 +58,13 @@ from labctl.core.fileio import atomic_path
 
 ZOOM_S = 0.7
 NO_LIGHT_DBM = -40.0
-MAX_PORT_ROWS = 32
+MAX_PORT_ROWS = 8
 """Above this many ports a timeline draws one row per rail (ports up as a fraction, marks as median with a
-p5–p95 whisker) instead of one row per port."""
+p5–p95 whisker) instead of one row per port: 16 port rows of three lanes each are too dense to read, and the
+headline figure shows one port in full."""
+ZOOM_SPLIT = 0.3
+"""The timeline's zoom is split in two windows (a broken axis) where the widest gap between its marks is
+more than this share of the time from the command to the last mark: switching in ms, firmware in s."""
 FLAGS = ("impossible", "unresolved")
 PHASE_NAMES = frozenset(c.removesuffix("_ns") for c in DURATIONS)
 STYLE_ENV = "LABCTL_MPLSTYLE"
@@ -63,19 +74,23 @@ RASTER_FORMATS = frozenset({"png"})
 LANES = (
     (Kind.LINK_FIRMWARE, "firmware link", "#9467bd"),
     (Kind.CARRIER, "carrier", "#2ca02c"),
-    ("traffic", "traffic", "#1f77b4"),
+    ("traffic", "traffic", "#8c564b"),
 )
 LANE_OFFSET = 0.27  # lane j of a row group is centred at y + LANE_OFFSET * (1 - j): the group centre is y
 LANE_HEIGHT = 0.23
 DOWN_ALPHA = 0.16
 # (column, name, marker, colour, marker size, lane it sits on: 0 firmware, 1 carrier, 2 traffic)
+# Mark and lane colours stay clear of the rails' (the style's cycle: blue, vermillion, ...).
 MARKS = (
-    ("t1_switch_done_ns", "t1 switch done", "|", "#e67e00", 11, 0),
-    ("t2_rx_power_ns", "t2 Rx power ≥ threshold", "o", "#d62728", 5, 1),
+    ("t1_switch_done_ns", "t1 switch done", "|", "#000000", 11, 0),
+    ("t2_rx_power_ns", "t2 Rx power ≥ threshold", "o", "#e6ab02", 5, 1),
     ("t3_firmware_up_ns", "t3 firmware up", "D", "#9467bd", 5, 0),
     ("t4_carrier_up_ns", "t4 carrier up", "s", "#2ca02c", 5, 1),
-    ("t5_traffic_ns", "t5 traffic", ">", "#1f77b4", 6, 2),
+    ("t5_traffic_ns", "t5 traffic", ">", "#8c564b", 6, 2),
 )
+RAIL_DASHES = ("-", "--", "-.", ":")
+"""Rx traces of rail i: line style i (and wider the earlier the rail), so a rail whose traces coincide with
+a later rail's still shows under them."""
 
 
 # --- style ---------------------------------------------------------------------------------------------
@@ -394,10 +409,16 @@ def timeline_reconfig(frame: pd.DataFrame) -> int:
 
 
 def timeline_data(
-    index: EventIndex, frame: pd.DataFrame, reconfig: int, threshold_dbm: float | None = None
+    index: EventIndex,
+    frame: pd.DataFrame,
+    reconfig: int,
+    threshold_dbm: float | None = None,
+    *,
+    traces: bool = True,
 ) -> TimelineData:
     """What the timeline of `reconfig` shows (see timeline_figure). It never reaches past the next
-    reconfiguration's command, so once that is on record, later events change nothing of it."""
+    reconfiguration's command, so once that is on record, later events change nothing of it.
+    `traces=False`: only its rows and window (no traces or lanes)."""
     rows = frame[frame["reconfig"] == reconfig]
     if rows.empty:
         known = sorted({int(r) for r in frame["reconfig"].dropna()})
@@ -430,8 +451,10 @@ def timeline_data(
         t0=t0,
         span_ns=span_ns,
         threshold=threshold,
-        traces={s: _held_trace(index.series(s, Kind.RX_POWER), start, end) for s in sources},
-        lanes=_lane_spans(index, rows, sources, rails, per_rail, start, end),
+        traces={s: _held_trace(index.series(s, Kind.RX_POWER), start, end) for s in sources}
+        if traces
+        else {},
+        lanes=_lane_spans(index, rows, sources, rails, per_rail, start, end) if traces else [],
     )
 
 
@@ -447,7 +470,7 @@ def _draw_timeline(index: EventIndex, frame: pd.DataFrame, reconfig: int, thresh
 def render_timeline(data: TimelineData) -> Any:
     """The timeline figure of `data`, in the style in effect (see timeline_figure); the caller closes it."""
     rows, t0, span_ns, reconfig = data.rows, data.t0, data.span_ns, data.reconfig
-    zoom_s = min(ZOOM_S, span_ns / 4e9)
+    windows = zoom_windows(rows, t0, span_ns)
     sources = [str(s) for s in rows["source"]]
     rails = list(dict.fromkeys(rows["rail"].tolist()))
     colours = _rail_colours(rails)
@@ -457,10 +480,17 @@ def render_timeline(data: TimelineData) -> Any:
 
     font_in = float(plt.rcParams["font.size"]) / 72
     row_in = max(0.3, 3.2 * font_in) * (1.6 if per_rail else 1.0)
-    heights = [max(0.7, 0.35 + 2.6 * font_in * len(rails)), max(2.0, 20 * font_in), max(1.2, row_in * n_rows)]
+    heights = [max(0.5, 0.25 + 1.8 * font_in * len(rails)), max(2.0, 20 * font_in), max(1.2, row_in * n_rows)]
     width = float(plt.rcParams["figure.figsize"][0])
     fig = plt.figure(figsize=(width, sum(heights) + 1.4), layout="constrained")
-    axes = fig.subplots(3, 2, sharex="col", gridspec_kw={"height_ratios": heights})
+    axes = fig.subplots(
+        3,
+        1 + len(windows),
+        sharex="col",
+        sharey="row",
+        gridspec_kw={"height_ratios": heights, "width_ratios": [1.5] + [1.0] * len(windows)},
+        squeeze=False,
+    )
 
     phase = rows["phase"].iloc[0]
     if recovered.empty:
@@ -470,15 +500,19 @@ def render_timeline(data: TimelineData) -> Any:
     n_rails = f"{len(rails)} rail" + ("s" if len(rails) != 1 else "")
     fig.suptitle(f"Reconfiguration {reconfig} → {phase}: {len(sources)} ports on {n_rails}, {outcome}")
 
-    for col, (limit, title) in enumerate(
-        ((span_ns / 1e9, "full reconfiguration"), (zoom_s, f"zoom: first {zoom_s:.3g} s"))
-    ):
+    span_s = span_ns / 1e9
+    columns = [(-0.02 * span_s, span_s, "full reconfiguration", "full")]
+    for k, (lo, hi) in enumerate(windows):
+        title = f"zoom: first {_ms(hi * 1e3)}" if lo <= 0 else f"zoom: {_ms(lo * 1e3)} – {_ms(hi * 1e3)}"
+        columns.append((lo, hi, title, "zoom" if k == 0 else f"zoom-{k + 1}"))
+    for col, (lo, hi, title, name) in enumerate(columns):
         ax_ocs, ax_rx, ax_lanes = axes[:, col]
-        for ax, name in ((ax_ocs, "ocs"), (ax_rx, "rx"), (ax_lanes, "lanes")):
-            ax.set_gid(f"{name}-{('full', 'zoom')[col]}")
+        for ax, lane in ((ax_ocs, "ocs"), (ax_rx, "rx"), (ax_lanes, "lanes")):
+            ax.set_gid(f"{lane}-{name}")
         ax_ocs.set_title(title)
         _draw_switch(ax_ocs, rows, rails, colours, t0)
-        _draw_rx(ax_rx, rows, data.traces, colours, t0, data.threshold, legend=col == 0)
+        window = (t0 + int(lo * 1e9), t0 + int(hi * 1e9)) if col else None
+        _draw_rx(ax_rx, rows, data.traces, colours, t0, data.threshold, legend=col == 0, window=window)
         _draw_lanes(ax_lanes, data.lanes, t0)
         if per_rail:
             _draw_rail_marks(ax_lanes, rows, rails, t0)
@@ -489,9 +523,13 @@ def render_timeline(data: TimelineData) -> Any:
             _draw_port_marks(ax_lanes, rows, t0)
             labels = [f"{h}/{p}" for h, p in zip(rows["host"], rows["port"], strict=True)]
             _label_rows(ax_lanes, labels, rows["rail"].tolist(), colours)
-        ax_lanes.set_xlabel("time since OCS command (s)")
-        ax_lanes.set_xlim(-0.02 * limit, limit)
+        ax_lanes.set_xlabel("time since OCS command" if col == 0 else "since the command")
+        ax_lanes.set_xlim(lo, hi)
+        _time_ticks(ax_lanes, lo, hi)
         ax_lanes.grid(axis="x")
+        if col:  # the rows are labelled once, on the left
+            ax_ocs.set_ylabel("")
+            ax_rx.set_ylabel("")
     fig.legend(
         *_lane_legend(),
         loc="outside lower center",
@@ -499,6 +537,36 @@ def render_timeline(data: TimelineData) -> Any:
         title="per rail: share of ports up; marks = median, whisker p5–p95" if per_rail else None,
     )
     return fig
+
+
+def zoom_windows(rows: pd.DataFrame, t0: int, span_ns: int) -> list[tuple[float, float]]:
+    """The timeline's zoom, from its marks (s since `t0`): one window from the command over every mark, or,
+    where the widest gap between marks is more than ZOOM_SPLIT of the time to the last one (ms of switching
+    and light, then s of firmware), two: from the command over the marks before the gap, and over those
+    after it. Where a port did not recover the first window shows at least the first ZOOM_S (at most a
+    quarter of the span): its lanes go on to the end of the run. Without marks: the first ZOOM_S."""
+    span_s = span_ns / 1e9
+    first = min(ZOOM_S, span_s / 4)
+    marks = rows[[m[0] for m in MARKS]].to_numpy(dtype=np.float64, na_value=np.nan)
+    x = np.unique(np.clip((marks[np.isfinite(marks)] - t0) / 1e9, 0.0, span_s))
+    if x.size == 0:
+        return [(-0.02 * first, first)]
+    gaps = np.diff(x)
+    clusters = [x]
+    if gaps.size and x[-1] > 0 and gaps.max() > ZOOM_SPLIT * x[-1]:
+        cut = int(np.argmax(gaps)) + 1
+        clusters = [x[:cut], x[cut:]]
+    hi = float(clusters[0][-1])
+    pad = max(0.12 * hi, 1e-4)
+    end = hi + pad
+    if len(clusters) == 1 and rows["total_ns"].isna().any():
+        end = max(end, first)
+    windows = [(-pad, min(end, span_s))]
+    if len(clusters) == 2:
+        lo, hi = float(clusters[1][0]), float(clusters[1][-1])
+        pad = max(0.12 * (hi - lo), 0.01 * hi, 1e-4)
+        windows.append((max(lo - pad, windows[0][1]), min(hi + pad, span_s)))
+    return windows
 
 
 def _lane_spans(
@@ -579,7 +647,7 @@ def _band(x: np.ndarray, lo: np.ndarray | float, hi: np.ndarray) -> np.ndarray:
 def _label_rows(ax: Any, labels: list[str], rails: list[Any], colours: dict[Any, str]) -> None:
     n = len(labels)
     ax.set_yticks(range(n - 1, -1, -1), labels)
-    for tick, rail in zip(ax.get_yticklabels(), rails, strict=True):
+    for tick, rail in zip(ax.get_yticklabels(), rails, strict=False):  # none where hidden (shared)
         tick.set_color(colours.get(rail, "black"))
     ax.tick_params(axis="y", length=0)
     ax.set_ylim(-0.5, n - 0.5)
@@ -658,15 +726,22 @@ def _lane_legend() -> tuple[list[Any], list[str]]:
 
 
 def _draw_switch(ax: Any, rows: pd.DataFrame, rails: list[Any], colours: dict[Any, str], t0: int) -> None:
-    """The OCS lane: command → acknowledgement, one bar per rail."""
+    """The OCS lane: command → acknowledgement, one bar per rail in the rail's colour (gid ocs-rail-R)."""
     for i, rail in enumerate(rails):
         group = rows[rows["rail"] == rail]
         c0, c1 = group["t0_command_ns"].iloc[0], group["t1_switch_done_ns"].iloc[0]
         y = len(rails) - 1 - i
         if not pd.isna(c0) and not pd.isna(c1):
-            ax.barh(y, (c1 - c0) / 1e9, left=(c0 - t0) / 1e9, color=MARKS[0][3], height=0.6)
+            ax.barh(
+                y,
+                (c1 - c0) / 1e9,
+                left=(c0 - t0) / 1e9,
+                color=colours[rail],
+                height=0.6,
+                gid=f"ocs-rail-{rail}",
+            )
     ax.set_yticks(range(len(rails) - 1, -1, -1), [f"rail {r}" for r in rails])
-    for tick, rail in zip(ax.get_yticklabels(), rails, strict=True):
+    for tick, rail in zip(ax.get_yticklabels(), rails, strict=False):  # none where hidden (shared)
         tick.set_color(colours[rail])
     ax.set_ylim(-0.6, len(rails) - 0.4)
     ax.set_ylabel("OCS", rotation=0, ha="right", va="center")
@@ -682,19 +757,26 @@ def _draw_rx(
     threshold: float,
     *,
     legend: bool,
+    window: tuple[int, int] | None = None,
 ) -> None:
-    """Rx power per port, one colour per rail; no light on the floor line; the threshold that defines t2."""
+    """Rx power per port, one colour and line style per rail (rail_line: an earlier rail is drawn wider and
+    under a later one, so coinciding traces show both); no light on the floor line; the threshold that
+    defines t2. `window`: [start, end) ns of the trace to draw (a zoom's; default: all of it)."""
     many = len(traces) > MAX_PORT_ROWS
+    rails = list(colours)
     for source, rail in zip(rows["source"], rows["rail"], strict=True):
         t, v = traces[str(source)]
+        if window is not None and t.size:
+            i = max(int(np.searchsorted(t, window[0], "right")) - 1, 0)
+            j = min(int(np.searchsorted(t, window[1], "left")) + 1, t.size)
+            t, v = t[i:j], v[i:j]
         ax.step(
             (t - t0) / 1e9,
             np.maximum(v, NO_LIGHT_DBM),
             where="post",
-            lw=0.6 if many else 0.9,
-            alpha=0.45 if many else 0.8,
-            color=colours[rail],
+            alpha=0.55 if many else 0.8,
             gid=f"rx-rail-{rail}",
+            **rail_line(rails.index(rail), len(rails), colours[rail]),
         )
     ax.axhline(NO_LIGHT_DBM, color="0.5", lw=0.6, ls=":")
     ax.text(
@@ -713,11 +795,430 @@ def _draw_rx(
     ax.grid()
     if legend:
         counts = rows.groupby("rail", sort=False).size()
-        handles = [Line2D([], [], color=colours[r], lw=1.5) for r in colours]
-        labels = [f"rail {r} ({int(counts.get(r, 0))} ports)" for r in colours]
+        handles = [Line2D([], [], **rail_line(i, len(rails), colours[r])) for i, r in enumerate(rails)]
+        labels = [f"rail {r} ({int(counts.get(r, 0))} ports)" for r in rails]
         handles.append(Line2D([], [], color="black", lw=0.9, ls="--"))
         labels.append(label)
         ax.legend(handles, labels, loc="center right", ncol=1 if len(labels) <= 5 else 2)
+
+
+def rail_line(i: int, n: int, colour: str) -> dict[str, Any]:
+    """The line of rail i of n: its colour, style RAIL_DASHES[i], wider the earlier the rail and drawn
+    under the later ones."""
+    widen = (n - 1 - i) / max(n - 1, 1)
+    return {
+        "color": colour,
+        "ls": RAIL_DASHES[i % len(RAIL_DASHES)],
+        "lw": 1.0 + 1.4 * widen,
+        "zorder": 2 + i / max(n, 1),
+    }
+
+
+# --- headline: one port's recovery on a log time axis (Opus Figure 9) ------------------------------------
+
+
+def plot_headline(
+    index: EventIndex,
+    frame: pd.DataFrame,
+    reconfig: int,
+    out: Path,
+    *,
+    threshold_dbm: float | None = None,
+    style: str | os.PathLike[str] | None = None,
+    formats: Sequence[str] = DEFAULT_FORMATS,
+) -> list[Path]:
+    """Draw headline_figure and write it to `out` in each format (.png by default); returns their paths."""
+    with styled(style):
+        fig = render_headline(headline_data(index, frame, reconfig, threshold_dbm))
+        try:
+            return _save(fig, out, formats)
+        finally:
+            plt.close(fig)
+
+
+def headline_figure(
+    index: EventIndex,
+    frame: pd.DataFrame,
+    reconfig: int,
+    *,
+    threshold_dbm: float | None = None,
+    style: str | os.PathLike[str] | None = None,
+) -> Any:
+    """One reconfiguration as Figure 9 of the Opus paper shows it: one port (the median of the
+    reconfiguration's ports by total recovery time), its Rx power and, on the same time axis, its marks
+    t0 (command), t1 (switch done), t2 (light), t3 (firmware link), t4 (carrier) and t5 (traffic), each
+    labelled with its time, with the bracket of a sampled mark (the sample before it → the mark) and the
+    p5–p95 of that mark over all the reconfiguration's ports; above it, the port's OCS, firmware, carrier and
+    traffic states. Where seconds follow milliseconds (firmware link-up after the light) the time axis is
+    broken in two linear windows (zoom_windows: the marks of every port in each). Axes gids:
+    headline-states, headline-rx (first window), headline-states-2, headline-rx-2 (second). The caller
+    closes the figure."""
+    with styled(style):
+        return render_headline(headline_data(index, frame, reconfig, threshold_dbm))
+
+
+HEADLINE_GRID = 400
+"""Points per time window the ports' Rx-power spread is worked out on."""
+RESOLUTIONS = {
+    "t2_rx_power_ns": "t2_resolution_ns",
+    "t3_firmware_up_ns": "t3_resolution_ns",
+    "t4_carrier_up_ns": "t4_resolution_ns",
+    "t5_traffic_ns": "t5_resolution_ns",
+}
+HEADLINE_COLUMNS = (*TIMELINE_COLUMNS, *RESOLUTIONS.values())
+"""The breakdown columns the headline draws from (of its reconfiguration's rows)."""
+# (mark, what it is, the mark the phase ending at it starts from: shown as "+duration")
+HEADLINE_MARKS = (
+    ("t1_switch_done_ns", "t1 OCS switch done", None),
+    ("t2_rx_power_ns", "t2 light: Rx ≥ {threshold:g} dBm", None),
+    ("t3_firmware_up_ns", "t3 firmware link up", "t2_rx_power_ns"),
+    ("t4_carrier_up_ns", "t4 carrier up", "t3_firmware_up_ns"),
+    ("t5_traffic_ns", "t5 traffic back", "t4_carrier_up_ns"),
+)
+
+
+@dataclass(frozen=True, eq=False)
+class HeadlineData:
+    """Everything the headline figure of one reconfiguration shows (headline_data); like TimelineData, the
+    figure is a function of it and the style alone, and it never reaches past the next reconfiguration's
+    command."""
+
+    reconfig: int
+    rows: pd.DataFrame
+    """The reconfiguration's port rows (HEADLINE_COLUMNS), by rail in the experiment's order."""
+    pick: int
+    """The row of the port shown (median_port)."""
+    t0: int
+    """Its switch command."""
+    windows: list[tuple[float, float]]
+    """The time axis: one or two windows (s since t0; zoom_windows)."""
+    threshold: float
+    trace: tuple[np.ndarray, np.ndarray]
+    """The port's Rx power (t ns, dBm) over the windows."""
+    spread: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    """Per window (s since each port's command, p5, p95): the Rx power of the reconfiguration's ports."""
+    lanes: list[tuple[np.ndarray, np.ndarray] | None]
+    """The port's firmware, carrier and traffic states (see _lane_spans)."""
+
+    def same_as(self, other: HeadlineData) -> bool:
+        return (
+            (self.reconfig, self.pick, self.t0, self.windows, self.threshold)
+            == (other.reconfig, other.pick, other.t0, other.windows, other.threshold)
+            and self.rows.equals(other.rows)
+            and _same_arrays(self.trace, other.trace)
+            and len(self.spread) == len(other.spread)
+            and all(
+                np.array_equal(x, y, equal_nan=True)
+                for a, b in zip(self.spread, other.spread, strict=True)
+                for x, y in zip(a, b, strict=True)
+            )
+            and len(self.lanes) == len(other.lanes)
+            and all(_same_arrays(a, b) for a, b in zip(self.lanes, other.lanes, strict=True))
+        )
+
+
+def median_port(rows: pd.DataFrame) -> int:
+    """The row of the port whose total recovery time (t5 − t0) is the median of the rows' (the lower one of
+    an even count; ties by source); without any: the same by optical time (t2 − t0), else the first row."""
+    for col in ("total_ns", "optical_ns"):
+        if col not in rows.columns:
+            continue
+        values = rows[col].to_numpy(dtype=np.float64, na_value=np.nan)
+        ok = np.flatnonzero(np.isfinite(values))
+        if ok.size:
+            order = sorted(ok, key=lambda i: (values[i], str(rows["source"].iloc[i])))
+            return int(order[(len(order) - 1) // 2])
+    return 0
+
+
+def headline_data(
+    index: EventIndex, frame: pd.DataFrame, reconfig: int, threshold_dbm: float | None = None
+) -> HeadlineData:
+    """What the headline of `reconfig` shows (see headline_figure): the timeline's rows and window, one
+    port of them."""
+    timeline = timeline_data(index, frame, reconfig, threshold_dbm, traces=False)
+    rows = frame[frame["reconfig"] == reconfig].sort_values("rail", kind="stable", na_position="last")
+    rows = rows[[c for c in HEADLINE_COLUMNS if c in rows.columns]].reset_index(drop=True)
+    pick = median_port(rows)
+    t0 = timeline.t0
+    windows = zoom_windows(rows, t0, timeline.span_ns)
+    start, end = t0 + int(windows[0][0] * 1e9) - 1, t0 + int(windows[-1][1] * 1e9) + 1
+    source = str(rows["source"].iloc[pick])
+    rails = list(dict.fromkeys(rows["rail"].tolist()))
+    commands = rows["t0_command_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
+    own_t0 = np.where(np.isfinite(commands), commands, float(t0)).astype(np.int64)
+    return HeadlineData(
+        reconfig=reconfig,
+        rows=rows,
+        pick=pick,
+        t0=t0,
+        windows=windows,
+        threshold=timeline.threshold,
+        trace=_held_trace(index.series(source, Kind.RX_POWER), start, end),
+        spread=[_rx_spread(index, rows, own_t0, window) for window in windows],
+        lanes=_lane_spans(index, rows.iloc[[pick]], [source], rails, False, start, end)[0],
+    )
+
+
+def _rx_spread(
+    index: EventIndex, rows: pd.DataFrame, own_t0: np.ndarray, window: tuple[float, float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """p5 and p95 of the ports' Rx power (no light on the floor line), each from its own command, on a grid
+    of HEADLINE_GRID points over `window` (s)."""
+    grid = np.linspace(window[0], window[1], HEADLINE_GRID)
+    offsets = np.round(grid * 1e9).astype(np.int64)
+    values = np.full((len(rows), grid.size), np.nan)
+    for i, source in enumerate(rows["source"]):
+        s = index.series(str(source), Kind.RX_POWER)
+        if not s.t.size:
+            continue
+        at = np.searchsorted(s.t, own_t0[i] + offsets, "right") - 1
+        values[i] = np.where(at >= 0, np.maximum(s.v[np.maximum(at, 0)], NO_LIGHT_DBM), np.nan)
+    seen = np.isfinite(values).any(axis=0)
+    lo = np.full(grid.size, np.nan)
+    hi = np.full(grid.size, np.nan)
+    if seen.any():
+        lo[seen], hi[seen] = np.nanpercentile(values[:, seen], [5, 95], axis=0)
+    return grid, lo, hi
+
+
+def render_headline(data: HeadlineData) -> Any:
+    """The headline figure of `data`, in the style in effect (see headline_figure); the caller closes it."""
+    rows, pick, t0 = data.rows, data.pick, data.t0
+    row = rows.iloc[pick]
+    rails = list(dict.fromkeys(rows["rail"].tolist()))
+    colour = _rail_colours(rails)[row["rail"]]
+    n = len(rows)
+    width = 0.6 * float(plt.rcParams["figure.figsize"][0])
+    font_in = float(plt.rcParams["font.size"]) / 72
+    fig = plt.figure(figsize=(width, max(4.2, 34 * font_in)), layout="constrained")
+    axes = fig.subplots(
+        2,
+        len(data.windows),
+        sharex="col",
+        sharey="row",
+        squeeze=False,
+        gridspec_kw={"height_ratios": [1.0, 3.2], "wspace": 0.02},
+    )
+    own = rows["t0_command_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
+    own = np.where(np.isfinite(own), own, float(t0))
+    label_ys = np.linspace(data.threshold - 5, NO_LIGHT_DBM + 2, 1 + len(HEADLINE_MARKS))
+    marks: list[tuple[str, float, float, str, str, float | None, tuple[float, float] | None, str, float]] = [
+        ("t0", 0.0, label_ys[0], "black", "t0 OCS command", None, None, "|", 6)
+    ]
+    for k, (col, what, since) in enumerate(HEADLINE_MARKS, start=1):
+        if col not in rows.columns or pd.isna(row[col]):
+            continue
+        x = (float(row[col]) - t0) / 1e9
+        text = f"{what.format(threshold=data.threshold)}: {_ms(x * 1e3)}"
+        if since is not None and not pd.isna(row[since]):
+            text += f" (+{_ms((float(row[col]) - float(row[since])) / 1e6)})"
+        res_col = RESOLUTIONS.get(col, "")
+        res = float(row[res_col]) if res_col in rows.columns and not pd.isna(row[res_col]) else None
+        if res:
+            text += f" [bracket {_ms(res / 1e6)}]"
+        values = (rows[col].to_numpy(dtype=np.float64, na_value=np.nan) - own) / 1e9
+        values = values[np.isfinite(values)]
+        spread = (
+            (float(np.percentile(values, 5)), float(np.percentile(values, 95))) if values.size > 1 else None
+        )
+        _, _, marker, mark_colour, size, _ = MARKS[k - 1]
+        marks.append(
+            (f"t{k}", x, label_ys[k], mark_colour, text, res / 1e9 if res else None, spread, marker, size)
+        )
+
+    for w, (lo, hi) in enumerate(data.windows):
+        states, rx = axes[:, w]
+        suffix = "" if w == 0 else f"-{w + 1}"
+        states.set_gid(f"headline-states{suffix}")
+        rx.set_gid(f"headline-rx{suffix}")
+        _draw_headline_states(states, row, data.lanes, t0, colour)
+        grid, p5, p95 = data.spread[w]
+        if n > 1 and np.isfinite(p5).any():
+            rx.fill_between(
+                grid, p5, p95, step="post", color=colour, alpha=0.2, lw=0, gid="headline-rx-spread"
+            )
+        t, v = data.trace
+        inside = slice(
+            max(int(np.searchsorted(t, t0 + lo * 1e9, "right")) - 1, 0),
+            int(np.searchsorted(t, t0 + hi * 1e9, "left")) + 1,
+        )
+        rx.step(
+            (t[inside] - t0) / 1e9,
+            np.maximum(v[inside], NO_LIGHT_DBM),
+            where="post",
+            color=colour,
+            lw=1.4,
+            gid="headline-rx-trace",
+        )
+        rx.axhline(NO_LIGHT_DBM, color="0.5", lw=0.6, ls=":")
+        rx.axhline(data.threshold, color="black", lw=0.8, ls="--", gid="rx-threshold")
+        rx.set_ylim(NO_LIGHT_DBM - 4, max(3.0, data.threshold + 3))
+        rx.set_xlim(lo, hi)
+        _time_ticks(rx, lo, hi)
+        rx.grid(axis="both")
+        states.grid(axis="x")
+        for mark in marks:
+            if lo <= mark[1] <= hi:
+                _headline_mark(rx, states, *mark[:7], marker=mark[7], size=mark[8])
+        if w > 0:  # a broken axis: the break drawn on both sides
+            _break(axes[:, w - 1], axes[:, w])
+    axes[1, 0].set_ylabel("Rx power (dBm)")
+    axes[1, 0].set_xlabel("time since the OCS command")
+    if len(data.windows) > 1:
+        axes[1, -1].set_xlabel("(axis broken)")
+    port = f"{row['host']}/{row['port']}"
+    by = "by recovery time" if rows["total_ns"].notna().any() else "by light back (none recovered)"
+    fig.suptitle(
+        f"Reconfiguration {data.reconfig} → {row['phase']}: port {port} (rail {row['rail']}),\n"
+        f"the median of {n} port{'s' if n != 1 else ''} {by}; spreads: p5–p95 over the {n}"
+    )
+    handles: list[Any] = [
+        Line2D([], [], color=colour, lw=1.4),
+        Patch(color=colour, alpha=0.2),
+        Line2D([], [], color="black", lw=0.8, ls="--"),
+        Line2D([], [], color="0.3", lw=5, alpha=0.5),
+        Line2D([], [], color="black", lw=0.8, marker="|", ms=6),
+    ]
+    labels = [
+        f"Rx power of {port}",
+        f"Rx power p5–p95 over {n} ports",
+        f"threshold {data.threshold:g} dBm (t2)",
+        "bracket: sample before → sampled mark",
+        f"mark p5–p95 over {n} ports",
+    ]
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize="x-small")
+    return fig
+
+
+HEADLINE_STATES = ("OCS switching", *(name for _, name, _ in LANES))
+
+
+def _draw_headline_states(
+    ax: Any, row: pd.Series, lanes: list[tuple[np.ndarray, np.ndarray] | None], t0: int, colour: str
+) -> None:
+    """The port's states, as in Figure 9c: the switch moving (command → done), then firmware link, carrier
+    and traffic: solid while up, pale while down, "not observed" where the run has no such signal."""
+    y_of = {name: len(HEADLINE_STATES) - 1 - i for i, name in enumerate(HEADLINE_STATES)}
+    c0, c1 = row["t0_command_ns"], row["t1_switch_done_ns"]
+    if not pd.isna(c0) and not pd.isna(c1):
+        ax.broken_barh(
+            [((c0 - t0) / 1e9, (c1 - c0) / 1e9)],
+            (y_of[HEADLINE_STATES[0]] - 0.35, 0.7),
+            color=colour,
+            gid="headline-ocs",
+        )
+    for j, (_kind, name, lane_colour) in enumerate(LANES):
+        step = lanes[j]
+        y = y_of[name]
+        if step is None:
+            ax.text(
+                0.5,
+                y,
+                "not observed",
+                transform=ax.get_yaxis_transform(),
+                ha="center",
+                va="center",
+                fontsize="x-small",
+                color="0.4",
+            )
+            continue
+        t, share = step
+        x = (t - t0) / 1e9
+        ax.broken_barh([(x[0], x[-1] - x[0])], (y - 0.35, 0.7), color=lane_colour, alpha=DOWN_ALPHA, lw=0)
+        ups = [(x[k], x[k + 1] - x[k]) for k in range(x.size - 1) if share[k] > 0]
+        if ups:
+            ax.broken_barh(ups, (y - 0.35, 0.7), color=lane_colour, lw=0, gid=f"headline-lane-{j}")
+    ax.set_yticks([y_of[name] for name in HEADLINE_STATES], list(HEADLINE_STATES))
+    ax.set_ylim(-0.6, len(HEADLINE_STATES) - 0.4)
+    ax.tick_params(axis="y", length=0)
+
+
+def _headline_mark(
+    rx: Any,
+    states: Any,
+    name: str,
+    x: float,
+    y: float,
+    colour: str,
+    text: str,
+    bracket_s: float | None,
+    spread: tuple[float, float] | None,
+    *,
+    marker: str,
+    size: float = 6,
+) -> None:
+    """A mark: its line across both axes; on its row, the mark, its bracket (thick), its spread over the
+    ports (whisker) and its label beside it, on the side with room."""
+    rx.axvline(x, color=colour, lw=0.9, alpha=0.75, zorder=1.5, gid=f"headline-mark-{name}")
+    states.axvline(x, color=colour, lw=0.9, alpha=0.75, zorder=1.5)
+    below = y - 1.6
+    if spread is not None:
+        rx.plot(
+            list(spread),
+            [below, below],
+            color="black",
+            lw=0.8,
+            marker="|",
+            ms=6,
+            gid=f"headline-spread-{name}",
+            zorder=4,
+        )
+    if bracket_s:
+        rx.plot(
+            [x - bracket_s, x],
+            [below, below],
+            color=colour,
+            lw=5,
+            alpha=0.6,
+            solid_capstyle="butt",
+            gid=f"headline-bracket-{name}",
+            zorder=4,
+        )
+    rx.plot([x], [below], ls="none", zorder=5, **_mark_style(marker, colour, size))
+    lo, hi = rx.get_xlim()
+    right = (x - lo) / (hi - lo) < 0.5 if hi > lo else True
+    rx.annotate(
+        text,
+        (x, y),
+        xytext=(4 if right else -4, 0),
+        textcoords="offset points",
+        ha="left" if right else "right",
+        va="center",
+        fontsize="x-small",
+        gid=f"headline-label-{name}",
+        bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85},
+        zorder=6,
+    )
+
+
+def _time_ticks(ax: Any, lo: float, hi: float) -> None:
+    """A window's ticks in the unit that reads best: ms up to a second, s beyond."""
+    if max(abs(lo), abs(hi)) < 1.0:
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v * 1e3:.6g} ms" if v else "0"))
+    else:
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.6g} s" if v else "0"))
+    ax.xaxis.set_major_locator(MaxNLocator(5))
+
+
+def _break(left: Any, right: Any) -> None:
+    """Draw the axes columns `left` and `right` as one broken axis: the spines between them hidden, a
+    pair of slashes on each side."""
+    for a, b in zip(left, right, strict=True):
+        a.spines["right"].set_visible(False)
+        b.spines["left"].set_visible(False)
+        b.tick_params(axis="y", length=0)
+        kwargs: dict[str, Any] = {
+            "marker": [(-1, -1.5), (1, 1.5)],
+            "markersize": 8,
+            "linestyle": "none",
+            "color": "black",
+            "mec": "black",
+            "mew": 0.9,
+            "clip_on": False,
+        }
+        a.plot([1, 1], [0, 1], transform=a.transAxes, **kwargs)
+        b.plot([0, 0], [0, 1], transform=b.transAxes, **kwargs)
 
 
 # --- distributions -------------------------------------------------------------------------------------
@@ -754,6 +1255,7 @@ DISTRIBUTION_COLUMNS = (
     "run_id",
     "reconfig",
     "rail",
+    "source",
     "peer",
     "t0_command_ns",
     "t1_switch_done_ns",
@@ -774,89 +1276,183 @@ def _draw_distributions(frame: pd.DataFrame) -> Any:
     return render_distributions(distributions_data(frame))
 
 
+RECOVERY_PHASES = ("switch_ns", "optical_ns", "firmware_ns", "carrier_ns", "transport_ns", "total_ns")
+"""The recovery phases in pipeline order (switch → light → firmware → carrier → traffic), then the total."""
+DOWN_PHASES = ("carrier_down_ns", "traffic_lost_ns")
+"""The down side: how long after the command the carrier fell and traffic was first lost."""
+PHASE_SPANS = {
+    "switch": "t0 → t1",
+    "optical": "t0 → t2",
+    "firmware": "t2 → t3",
+    "carrier": "t3 → t4",
+    "transport": "t4 → t5",
+    "total": "t0 → t5",
+    "carrier_down": "t0 → carrier down",
+    "traffic_lost": "t0 → traffic lost",
+}
+PHASE_COLOURS = {
+    "switch": MARKS[0][3],
+    "optical": MARKS[1][3],
+    "firmware": MARKS[2][3],
+    "carrier": MARKS[3][3],
+    "transport": MARKS[4][3],
+    "total": "#555555",
+    "carrier_down": "#CC79A7",
+    "traffic_lost": "#56B4E9",
+}
+"""A phase in the colour of the mark it ends at (the timeline's)."""
+
+
 def render_distributions(measured: pd.DataFrame) -> Any:
-    """The distributions figure of distributions_data, in the style in effect; the caller closes it."""
+    """The distributions figure of distributions_data, in the style in effect; the caller closes it.
+
+    Two sections, each a box plot (log scale, one dot per value) beside one CDF per phase: the recovery
+    phases in pipeline order (top to bottom in the box plot, left to right and down in the CDFs), then the
+    down side. Each CDF's title names its span of marks and n with its unit (ports × reconfigurations)."""
     left_out = dict.fromkeys(FLAGS, 0)
-    names, data = [], []
-    for col in DURATIONS:
-        keep = measured[col].notna().to_numpy(dtype=bool)
-        for flag, rows in _left_out(measured, col.removesuffix("_ns")).items():
-            left_out[flag] += int((keep & rows).sum())
-            keep = keep & ~rows
-        # Each phase over its own unit, as summary.json counts it (one switching time per switch command).
-        values = phase_values(measured[keep], col) / 1e6
-        if values.size:
-            names.append(col.removesuffix("_ns"))
-            data.append(np.maximum(values, 1e-4))  # ms; a log axis has no 0 (100 ns floor)
-    n_cols = 2 if len(data) > 3 else 1
-    n_grid = max(1, -(-len(data) // n_cols))
+    sections: list[tuple[str, str, list[tuple[str, np.ndarray, str]]]] = []
+    for title, gid, columns in (
+        ("recovery after the command, in pipeline order", "box-recovery", RECOVERY_PHASES),
+        ("down side after the command", "box-down", DOWN_PHASES),
+    ):
+        phases = []
+        for col in columns:
+            if col not in measured.columns:
+                continue
+            keep = measured[col].notna().to_numpy(dtype=bool)
+            for flag, rows in _left_out(measured, col.removesuffix("_ns")).items():
+                left_out[flag] += int((keep & rows).sum())
+                keep = keep & ~rows
+            # Each phase over its own unit, as summary.json counts it (one switching time per switch command).
+            kept = measured[keep]
+            values = phase_values(kept, col) / 1e6
+            if values.size:  # ms; a log axis has no 0 (100 ns floor)
+                phases.append(
+                    (col.removesuffix("_ns"), np.maximum(values, 1e-4), _n_text(kept, col, values.size))
+                )
+        if phases:
+            sections.append((title, gid, phases))
+    n_cols = 2
+    grid_rows = [max(1, -(-len(phases) // n_cols)) for _, _, phases in sections] or [1]
     width = float(plt.rcParams["figure.figsize"][0])
     fig = plt.figure(
-        figsize=(width, max(float(plt.rcParams["figure.figsize"][1]), 1.25 * n_grid + 1)),
+        figsize=(width, max(float(plt.rcParams["figure.figsize"][1]), 1.45 * sum(grid_rows) + 1.2)),
         layout="constrained",
     )
-    grid = fig.add_gridspec(n_grid, 1 + n_cols, width_ratios=[2.2] + [1] * n_cols)
-    ax = fig.add_subplot(grid[:, 0])
-    colours = [f"C{i % 10}" for i in range(len(data))]
-    if data:
-        tick_labels = [f"{name} (n={v.size})" for name, v in zip(names, data, strict=True)]
-        ax.boxplot(data, orientation="horizontal", tick_labels=tick_labels, showfliers=False)
-        rng = np.random.default_rng(0)
-        for i, values in enumerate(data, start=1):
-            ax.scatter(
-                values, i + rng.uniform(-0.15, 0.15, values.size), s=8, alpha=0.5, color=colours[i - 1]
-            )
-        ax.set_xscale("log")
-    else:
+    grid = fig.add_gridspec(
+        sum(grid_rows),
+        1 + n_cols,
+        width_ratios=[2.0] + [1] * n_cols,
+        height_ratios=[1 for _ in range(sum(grid_rows))],
+    )
+    if not sections:
+        ax = fig.add_subplot(grid[:, 0])
         ax.text(0.5, 0.5, "no phase was timed", transform=ax.transAxes, ha="center", va="center")
         ax.set_yticks([])
-    ax.set_xlabel("duration (ms, log scale)")
-    ax.grid(axis="x", which="both")
-    # Top to bottom like the box plot, whose first phase is at the bottom.
-    order = list(range(len(data)))[::-1]
-    for slot, i in enumerate(order):
-        values, name = data[i], names[i]
-        cdf = fig.add_subplot(grid[slot // n_cols, 1 + slot % n_cols])
-        cdf.set_gid(f"cdf-{name}")
-        median = float(np.median(values))
-        unit, scale = next(
-            (u, f) for u, f in (("s", 1e3), ("ms", 1.0), ("µs", 1e-3)) if median >= f or u == "µs"
+        ax.set_xlabel("duration (ms, log scale)")
+    first_row = 0
+    box_axes: list[Any] = []
+    for (title, gid, phases), n_rows in zip(sections, grid_rows, strict=False):  # [1] without sections
+        ax = fig.add_subplot(
+            grid[first_row : first_row + n_rows, 0], sharex=box_axes[0] if box_axes else None
         )
-        shown = values / scale
-        cdf.ecdf(shown, color=colours[i], lw=1.4, label=f"{name} (n={values.size})")
-        spans_decades = values.min() > 0 and values.max() / values.min() >= 10
-        if spans_decades:
-            cdf.set_xscale("log")
-        cdf.axvline(median / scale, color="0.4", lw=0.7, ls=":")
-        # A CDF never passes below 0.5 right of its median, nor above it left of it: room for the label.
-        lo, hi = (np.log10(x) if spans_decades else x for x in cdf.get_xlim())
-        at = np.log10(median / scale) if spans_decades else median / scale
-        right = hi > lo and (at - lo) / (hi - lo) < 0.6
-        cdf.annotate(
-            f"median {_ms(median)}",
-            (median / scale, 0.04 if right else 0.96),
-            xycoords=("data", "axes fraction"),
-            xytext=(3 if right else -3, 0),
-            textcoords="offset points",
-            ha="left" if right else "right",
-            va="bottom" if right else "top",
-            fontsize="x-small",
-            color="0.3",
+        box_axes.append(ax)
+        ax.set_gid(gid)
+        data = [values for _, values, _ in phases]
+        positions = list(range(len(phases), 0, -1))  # the first phase on top
+        ax.boxplot(
+            data,
+            positions=positions,
+            orientation="horizontal",
+            tick_labels=[f"{name} (n={values.size})" for name, values, _ in phases],
+            showfliers=False,
         )
-        cdf.set_title(f"{name} (n={values.size})", loc="left", fontsize="medium")
-        cdf.set_xlabel(f"{unit}, log scale" if spans_decades else unit, fontsize="small")
-        cdf.set_ylim(0, 1.02)
-        cdf.set_yticks([0, 0.5, 1])
-        cdf.grid(which="major")
-        if slot % n_cols == 0:
-            cdf.set_ylabel("CDF")
-    title = f"Phase durations over {measured['reconfig'].nunique()} reconfigurations × ports"
+        rng = np.random.default_rng(0)
+        for y, (name, values, _) in zip(positions, phases, strict=True):
+            ax.scatter(
+                values, y + rng.uniform(-0.15, 0.15, values.size), s=8, alpha=0.5, color=PHASE_COLOURS[name]
+            )
+        ax.set_xscale("log")
+        ax.set_title(title, loc="left", fontsize="medium")
+        ax.set_xlabel("duration (ms, log scale)")
+        ax.grid(axis="x", which="both")
+        for slot, (name, values, n_text) in enumerate(phases):
+            cdf = fig.add_subplot(grid[first_row + slot // n_cols, 1 + slot % n_cols])
+            _draw_cdf(cdf, name, values, n_text)
+            if slot % n_cols == 0:
+                cdf.set_ylabel("CDF")
+        first_row += n_rows
+    if len(box_axes) > 1:  # one duration axis for both sections: the down side reads against recovery
+        box_axes[0].tick_params(labelbottom=True)
+    title = (
+        f"Phase durations over {_count_reconfigs(measured)} reconfigurations, each phase over its own unit"
+    )
     flagged = [f"{n} {flag}" for flag, n in left_out.items() if n]
     if flagged:
         plural = "s" if sum(left_out.values()) > 1 else ""
         title += f"; left out: {' and '.join(flagged)} phase value{plural}"
     fig.suptitle(title)
     return fig
+
+
+def _draw_cdf(cdf: Any, name: str, values: np.ndarray, n_text: str) -> None:
+    """One phase's empirical CDF (values in ms) in the unit that reads best, log scale where it spans a
+    decade or more, its median marked; the title names the span of marks and n with its unit."""
+    cdf.set_gid(f"cdf-{name}")
+    colour = PHASE_COLOURS.get(name, "C0")
+    median = float(np.median(values))
+    unit, scale = next((u, f) for u, f in (("s", 1e3), ("ms", 1.0), ("µs", 1e-3)) if median >= f or u == "µs")
+    shown = values / scale
+    cdf.ecdf(shown, color=colour, lw=1.4, label=f"{name} (n={values.size})")
+    spans_decades = values.min() > 0 and values.max() / values.min() >= 10
+    if spans_decades:
+        cdf.set_xscale("log")
+    cdf.axvline(median / scale, color="0.4", lw=0.7, ls=":")
+    # A CDF never passes below 0.5 right of its median, nor above it left of it: room for the label.
+    lo, hi = (np.log10(x) if spans_decades else x for x in cdf.get_xlim())
+    at = np.log10(median / scale) if spans_decades else median / scale
+    right = hi > lo and (at - lo) / (hi - lo) < 0.6
+    cdf.annotate(
+        f"median {_ms(median)}",
+        (median / scale, 0.04 if right else 0.96),
+        xycoords=("data", "axes fraction"),
+        xytext=(3 if right else -3, 0),
+        textcoords="offset points",
+        ha="left" if right else "right",
+        va="bottom" if right else "top",
+        fontsize="x-small",
+        color="0.3",
+    )
+    cdf.set_title(f"{name} ({PHASE_SPANS.get(name, name)})\n{n_text}", loc="left", fontsize="small")
+    cdf.set_xlabel(f"{unit}, log scale" if spans_decades else unit, fontsize="small")
+    cdf.set_ylim(0, 1.02)
+    cdf.set_yticks([0, 0.5, 1])
+    cdf.grid(which="major")
+
+
+def _count_reconfigs(rows: pd.DataFrame) -> int:
+    keys = [c for c in ("run_id", "reconfig") if c in rows.columns]
+    return len(rows[keys].drop_duplicates()) if keys else 0
+
+
+def _n_text(kept: pd.DataFrame, col: str, n: int) -> str:
+    """n of a phase with its unit (UNITS): switch commands, or ports / circuit ends × reconfigurations
+    ("n=120 of 16 ports × 8 reconfigurations" where some are missing or left out)."""
+    reconfigs = _count_reconfigs(kept)
+    plural = "s" if reconfigs != 1 else ""
+    unit = UNITS.get(col, "port")
+    if unit == "switch command":
+        return f"n={n} switch command{'s' if n != 1 else ''} ({reconfigs} reconfiguration{plural})"
+    if unit == "circuit end":
+        kept = kept[kept["peer"].fillna("") != ""] if "peer" in kept.columns else kept
+    ids = [c for c in ("source",) if c in kept.columns] or [c for c in ("rail", "peer") if c in kept.columns]
+    units = len(kept[ids].drop_duplicates()) if ids else n
+    word = "circuit ends" if unit == "circuit end" else "ports"
+    if units == 1:
+        word = word[:-1]
+    if n == units * reconfigs:
+        return f"n={n}: {units} {word} × {reconfigs} reconfiguration{plural}"
+    return f"n={n} of {units} {word} × {reconfigs} reconfiguration{plural}"
 
 
 def _ms(value: float) -> str:
@@ -884,9 +1480,9 @@ def plot_run(
     figures: Sequence[str] = FIGURES,
     drawn: Sequence[DrawnFigure] = (),
 ) -> list[Path]:
-    """Without `reconfig`: timeline.<format> of the first reconfiguration after the baseline, and
-    distributions.<format>, in each of `formats` (png by default; svg, pdf); `figures` picks which of the
-    two (labctl.analysis.pool draws them in two processes at once). With it:
+    """Without `reconfig`: headline.<format> and timeline.<format> of the first reconfiguration after the
+    baseline, and distributions.<format>, in each of `formats` (png by default; svg, pdf); `figures` picks
+    which of them (labctl.analysis.pool draws them in two processes at once). With it:
     timeline-reconfig-N.<format> only, so each reconfiguration keeps its own. Written into `out_dir`
     (default: the run directory). `style`: a matplotlib style name or
     .mplstyle path applied over labctl's (default: $LABCTL_MPLSTYLE); a bad one is an InputError.
@@ -924,7 +1520,7 @@ class DrawnFigure:
     (timeline_data, distributions_data), the style and the format alone, so the files are the same."""
 
     figure: str
-    data: TimelineData | pd.DataFrame
+    data: TimelineData | HeadlineData | pd.DataFrame
     looks: tuple[tuple[str, ...], tuple[str, ...]]
     """The styles and the formats it was rendered in."""
     files: dict[str, bytes]
@@ -938,6 +1534,8 @@ class DrawnFigure:
             return False
         if isinstance(self.data, TimelineData):
             return isinstance(other.data, TimelineData) and self.data.same_as(other.data)
+        if isinstance(self.data, HeadlineData):
+            return isinstance(other.data, HeadlineData) and self.data.same_as(other.data)
         return isinstance(other.data, pd.DataFrame) and self.data.equals(other.data)
 
 
@@ -951,9 +1549,10 @@ def draw_ahead(
     formats: Sequence[str] = DEFAULT_FORMATS,
 ) -> DrawnFigure | None:
     """One of the run's figures as plot_run would write it from these events, in memory, once what it shows
-    is on record; None before then (the timeline: once a later reconfiguration's command is, as it draws
-    nothing past it; the distributions: any time, so ask once the last reconfiguration is done)."""
-    if frame.empty or (figure == "timeline" and not _timeline_on_record(frame)):
+    is on record; None before then (the headline and the timeline: once a later reconfiguration's command
+    is, as they draw nothing past it; the distributions: any time, so ask once the last reconfiguration is
+    done)."""
+    if frame.empty or (figure in ("headline", "timeline") and not _timeline_on_record(frame)):
         return None
     return _drawn(figure, _figure_data(figure, index, frame, threshold_dbm), style, formats)
 
@@ -965,7 +1564,9 @@ def _timeline_on_record(frame: pd.DataFrame) -> bool:
 
 def _figure_data(
     figure: str, index: EventIndex, frame: pd.DataFrame, threshold_dbm: float | None
-) -> TimelineData | pd.DataFrame:
+) -> TimelineData | HeadlineData | pd.DataFrame:
+    if figure == "headline":
+        return headline_data(index, frame, timeline_reconfig(frame), threshold_dbm)
     if figure == "timeline":
         return timeline_data(index, frame, timeline_reconfig(frame), threshold_dbm)
     if figure == "distributions":
@@ -975,7 +1576,7 @@ def _figure_data(
 
 def _drawn(
     figure: str,
-    data: TimelineData | pd.DataFrame,
+    data: TimelineData | HeadlineData | pd.DataFrame,
     style: str | os.PathLike[str] | None,
     formats: Sequence[str],
     *,
@@ -985,7 +1586,12 @@ def _drawn(
     files: dict[str, bytes] = {}
     if render:
         with styled(style):
-            fig = render_timeline(data) if isinstance(data, TimelineData) else render_distributions(data)
+            if isinstance(data, TimelineData):
+                fig = render_timeline(data)
+            elif isinstance(data, HeadlineData):
+                fig = render_headline(data)
+            else:
+                fig = render_distributions(data)
             try:
                 files = render_files(fig, formats)
             finally:

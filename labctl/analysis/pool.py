@@ -4,13 +4,15 @@ matplotlib and pandas take ~0.7 s to import and the two PNGs ~1.3 s to draw on t
 it after the last reconfiguration, where the user waits. So `labctl run` starts two workers at the
 beginning of the run, niced, each importing the analysis and warming matplotlib's fonts on the other core
 while the experiment runs; at the end each computes the breakdown from events.jsonl (~0.1 s), one writes
-breakdown.csv/.parquet and summary.json and the timeline, the other draws the distributions, at the
-same time. The figures are exactly those `labctl.analysis.plots.plot_run` draws in one process.
+breakdown.csv/.parquet and summary.json and the headline and the timeline, the other draws the
+distributions, at the same time (WORKER_FIGURES). The figures are exactly those
+`labctl.analysis.plots.plot_run` draws in one process.
 
-Neither figure needs the end of the run: the timeline shows the first reconfiguration after the baseline
-and nothing past the next one's command, the distributions the measured reconfigurations, all done before
-the last hold, and so is the summary. So the run asks the workers to work them out ahead (`ahead`: the
-timeline after the second reconfiguration, the distributions and the summary after the last), in memory,
+No figure needs the end of the run: the headline and the timeline show the first reconfiguration after the
+baseline and nothing past the next one's command, the distributions the measured reconfigurations, all done
+before the last hold, and so is the summary. So the run asks the workers to work them out ahead (`ahead`:
+the timeline, and the headline with it, after the second reconfiguration, the distributions and the summary
+after the last), in memory,
 while the run goes on. At the end a worker works the data out again from the whole run and writes what it
 drew (`labctl.analysis.plots.DrawnFigure`) or summarized (`labctl.analysis.summary.Summarized`) if they are
 the same, and draws or summarizes again if not (events that reached the file late): the files are those
@@ -34,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from labctl.analysis.figures import FIGURES
+from labctl.analysis.figures import DRAWN_WITH, FIGURES, WORKER_FIGURES
 
 if TYPE_CHECKING:
     from labctl.analysis.plots import DrawnFigure
@@ -49,8 +51,14 @@ WORKER_TIMEOUT_S = 300.0
 """How long the run waits for its figures before it draws them itself (a figure of a long run is seconds)."""
 
 
+def _worker_of(what: str) -> int:
+    """The worker that works out `what` (one of AHEAD): the one drawing that figure; the summary's writer."""
+    return next((n for n, figures in enumerate(WORKER_FIGURES) if what in figures), WRITER)
+
+
 class FigureWorkers:
-    """Two pre-warmed analysis processes for one run (`start`, then `analyse` once, `close` always)."""
+    """Two pre-warmed analysis processes for one run (`start`, then `analyse` once, `close` always): each
+    draws its figures of WORKER_FIGURES."""
 
     def __init__(self, command: tuple[str, ...] = (sys.executable, "-m", "labctl.analysis.pool")) -> None:
         self.command = command
@@ -64,7 +72,7 @@ class FigureWorkers:
         """Start both workers; they import while the run goes on (nothing here waits for them)."""
         path = os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path}  # the child imports the labctl this process runs
-        for _ in range(2):
+        for _ in WORKER_FIGURES:
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *self.command,
@@ -81,27 +89,30 @@ class FigureWorkers:
         """Ask a worker to work out `what` (one of AHEAD) now, from the events on record, and keep it in
         memory until `analyse`: a figure, by its worker; the summary, by the worker that writes it.
         Returns at once (a progress callback calls it); once each; nothing without workers."""
-        if what in self._ahead or len(self._procs) != len(FIGURES):
+        if len(self._procs) != len(WORKER_FIGURES):
             return
-        self._ahead.add(what)
-        proc = self._procs[FIGURES.index(what) if what in FIGURES else WRITER]
-        if proc.stdin is None or proc.returncode is not None:
-            return
-        job = {
-            "ahead": what,
-            "run_dir": str(run_dir),
-            "threshold_dbm": threshold_dbm,
-            "formats": list(formats),
-        }
-        with contextlib.suppress(OSError, RuntimeError):  # a worker gone: `analyse` finds out and draws
-            proc.stdin.write((json.dumps(job) + "\n").encode())
+        for name in (what, *DRAWN_WITH.get(what, ())):  # the headline with the timeline: the same moment
+            if name in self._ahead:
+                continue
+            self._ahead.add(name)
+            proc = self._procs[_worker_of(name)]
+            if proc.stdin is None or proc.returncode is not None:
+                continue
+            job = {
+                "ahead": name,
+                "run_dir": str(run_dir),
+                "threshold_dbm": threshold_dbm,
+                "formats": list(formats),
+            }
+            with contextlib.suppress(OSError, RuntimeError):  # a worker gone: `analyse` finds out and draws
+                proc.stdin.write((json.dumps(job) + "\n").encode())
 
     async def analyse(
         self, run_dir: Path, threshold_dbm: float | None, formats: Sequence[str]
     ) -> dict[str, Any]:
         """The run's summary, its breakdown files and figures written by the workers; if any worker is
         missing or fails, everything is done again here (errors surface from this process, as before)."""
-        if len(self._procs) == len(FIGURES):
+        if len(self._procs) == len(WORKER_FIGURES):
             # The run is over and waits on them: their priority back now, where allowed (a figure still being
             # drawn ahead would finish niced otherwise; a worker raises it itself only on reading its job).
             mine = os.getpriority(os.PRIO_PROCESS, 0)
@@ -110,8 +121,10 @@ class FigureWorkers:
                     os.setpriority(os.PRIO_PROCESS, proc.pid, mine)
             job = {"run_dir": str(run_dir), "threshold_dbm": threshold_dbm, "formats": list(formats)}
             asks = [
-                self._ask(proc, {**job, "figures": [figure], "write": n == WRITER})  # one writes the files
-                for n, (proc, figure) in enumerate(zip(self._procs, FIGURES, strict=True))
+                self._ask(
+                    proc, {**job, "figures": list(figures), "write": n == WRITER}
+                )  # one writes the files
+                for n, (proc, figures) in enumerate(zip(self._procs, WORKER_FIGURES, strict=True))
             ]
             try:
                 async with asyncio.timeout(WORKER_TIMEOUT_S):

@@ -23,7 +23,8 @@ from labctl.run.lifecycle import run_experiment
 from labctl.run.steps import Stage
 from tests.integration.test_run_records import SHORT
 
-FILES = ("summary.json", "breakdown.csv", "breakdown.parquet", "timeline.png", "distributions.png")
+FIGURE_FILES = ("headline.png", "timeline.png", "distributions.png")
+FILES = ("summary.json", "breakdown.csv", "breakdown.parquet", *FIGURE_FILES)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def _as_json(summary: dict[str, object]) -> str:
 def _same_results(a: Path, b: Path) -> None:
     for name in FILES:
         assert (a / name).stat().st_size > 0 and (b / name).stat().st_size > 0, name
-    for name in ("timeline.png", "distributions.png"):  # drawn the same, byte for byte
+    for name in FIGURE_FILES:  # drawn the same, byte for byte
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     assert json.loads((a / "summary.json").read_text()) == json.loads((b / "summary.json").read_text())
     pd.testing.assert_frame_equal(pd.read_csv(a / "breakdown.csv"), pd.read_csv(b / "breakdown.csv"))
@@ -110,11 +111,24 @@ async def test_what_is_worked_out_ahead_is_kept_when_the_run_shows_the_same(
         workers.ahead(what, by_workers, -10.0, ("png",))
     summary = await _analysed(workers, by_workers)
     assert [r["ahead"] for r in workers.replies] == [
-        {"timeline": "kept", "summary": "kept"},
+        {"headline": "kept", "timeline": "kept", "summary": "kept"},
         {"distributions": "kept"},
     ]
     assert _as_json(summary) == _as_json(analyse(in_process, -10.0, plot_formats=("png",)))
     _same_results(by_workers, in_process)
+
+
+async def test_the_headline_is_drawn_ahead_with_the_timeline(finished_run: Path, tmp_path: Path) -> None:
+    """The run asks for the timeline only (labctl.run.lifecycle): the headline shows the same
+    reconfiguration, so the worker drawing both works it out too."""
+    run = _fresh(finished_run, tmp_path / "w")
+    workers = FigureWorkers()
+    await workers.start()
+    workers.ahead("timeline", run, -10.0, ("png",))
+    await _analysed(workers, run)
+    assert [r["ahead"] for r in workers.replies] == [{"headline": "kept", "timeline": "kept"}, {}]
+    for name in FIGURE_FILES:
+        assert (run / name).stat().st_size > 0, name
 
 
 async def test_figures_drawn_ahead_of_events_that_came_late_are_drawn_again(
@@ -136,7 +150,7 @@ async def test_figures_drawn_ahead_of_events_that_came_late_are_drawn_again(
         workers.ahead(what, early, -10.0, ("png",))
     await _analysed(workers, by_workers)
     assert [r["ahead"] for r in workers.replies] == [
-        {"timeline": "drawn again", "summary": "worked out again"},
+        {"headline": "drawn again", "timeline": "drawn again", "summary": "worked out again"},
         {"distributions": "drawn again"},
     ]
     analyse(in_process, -10.0, plot_formats=("png",))

@@ -36,10 +36,14 @@ def synth_events(
     reconfigs: int = 2,
     threshold: float = -10.0,
     recover: bool = True,
+    firmware_ms: int = 40,
 ) -> list[Event]:
     """A run as the controller records it: run.start, then per reconfiguration a phase, the switch's command
     and completion per rail, and per port light lost and back, firmware, carrier and traffic down and up.
-    Reconfiguration 0 is the baseline. With recover=False the last reconfiguration never comes back."""
+    Reconfiguration 0 is the baseline. With recover=False the last reconfiguration never comes back.
+    `firmware_ms`: firmware link-up after the command (plus up to 20 ms of jitter), e.g. 6000 as on the
+    Opus testbed."""
+    spacing = 200 if firmware_ms <= 100 else 2 * firmware_ms
     ports = [
         {
             "source": f"nic:h{i}/r{rail}p0",
@@ -62,7 +66,7 @@ def synth_events(
     ]
     rng = np.random.default_rng(1)
     for r in range(reconfigs + 1):
-        base = (1 + r) * 200 * MS
+        base = (1 + r) * spacing * MS
         events.append(
             Event(
                 t_ns=base,
@@ -93,8 +97,9 @@ def synth_events(
             s = p["source"]
             jitter = int(rng.integers(0, 20 * MS))
 
-            def at(t: int, kind: str, value: Any, s: str = s, r: int = r) -> Event:
-                return Event(t_ns=t, source=s, kind=kind, value=value, reconfig=r)
+            def at(t: int, kind: str, value: Any, s: str = s, r: int = r, prev: int | None = None) -> Event:
+                meta = {"prev_ns": prev} if prev is not None else {}
+                return Event(t_ns=t, source=s, kind=kind, value=value, reconfig=r, meta=meta)
 
             events += [
                 at(base + 2 * MS, Kind.RX_POWER, None),
@@ -104,11 +109,11 @@ def synth_events(
             ]
             if last:
                 events += [
-                    at(base + 5 * MS, Kind.RX_POWER, -3.0),
-                    at(base + 40 * MS + jitter, Kind.LINK_FIRMWARE, 1),
-                    at(base + 40 * MS + jitter + MS // 10, Kind.CARRIER, 1),
-                    at(base + 55 * MS + jitter, Kind.TRAFFIC_OK, 10_000),
-                    at(base + 60 * MS + jitter, Kind.TRAFFIC_OK, 10_000),
+                    at(base + 5 * MS, Kind.RX_POWER, -3.0, prev=base + 4 * MS),  # sampled: a 1 ms bracket
+                    at(base + firmware_ms * MS + jitter, Kind.LINK_FIRMWARE, 1),
+                    at(base + firmware_ms * MS + jitter + MS // 10, Kind.CARRIER, 1),
+                    at(base + (firmware_ms + 15) * MS + jitter, Kind.TRAFFIC_OK, 10_000),
+                    at(base + (firmware_ms + 20) * MS + jitter, Kind.TRAFFIC_OK, 10_000),
                 ]
     return sorted(events, key=lambda e: e.t_ns)
 
@@ -137,10 +142,10 @@ def test_timeline_draws_the_threshold_the_run_used(tmp_path: Path) -> None:
     fig = timeline_figure(index, frame, 1)
     try:
         lines = by_gid(fig, "rx-threshold")
-        assert len(lines) == 2  # full view and zoom
+        assert len(lines) == 3  # full view and the zoom's two windows
         for line in lines:
             assert list(line.get_ydata()) == [-13.5, -13.5]
-            assert line.axes.get_gid() in ("rx-full", "rx-zoom")
+            assert line.axes.get_gid() in ("rx-full", "rx-zoom", "rx-zoom-2")
     finally:
         plt.close(fig)
     fig = timeline_figure(index, frame, 1, threshold_dbm=-20)  # passed in: wins over run.start
@@ -242,7 +247,14 @@ def test_distributions_have_a_cdf_per_phase_with_n(small: tuple[EventIndex, pd.D
             "cdf-traffic_lost",
         }
         n = int(measured["firmware_ns"].notna().sum())
-        assert n == 16 and cdfs["cdf-firmware"].get_title(loc="left").startswith(f"firmware (n={n})")
+        assert n == 16
+        assert (
+            cdfs["cdf-firmware"].get_title(loc="left")
+            == "firmware (t2 → t3)\nn=16: 8 ports × 2 reconfigurations"
+        )
+        assert cdfs["cdf-switch"].get_title(loc="left").endswith("n=2 switch commands (2 reconfigurations)")
+        assert cdfs["cdf-total"].get_title(loc="left").endswith("n=16: 8 circuit ends × 2 reconfigurations")
+        assert cdfs["cdf-firmware"].get_xlabel() == "ms"  # the unit
         assert "excluded" not in fig.get_suptitle()
     finally:
         plt.close(fig)
@@ -262,13 +274,13 @@ def test_flagged_phases_are_left_out_and_counted(small: tuple[EventIndex, pd.Dat
     try:
 
         def n(phase: str) -> str:
-            return axis(fig, f"cdf-{phase}").get_title(loc="left")
+            return axis(fig, f"cdf-{phase}").get_title(loc="left").splitlines()[1]
 
-        assert n("firmware").startswith("firmware (n=12)")
-        assert n("carrier").startswith("carrier (n=14)") and n("transport").startswith("transport (n=14)")
-        assert n("total").startswith("total (n=15)")
+        assert n("firmware") == "n=12 of 8 ports × 2 reconfigurations"
+        assert n("carrier").startswith("n=14 of") and n("transport").startswith("n=14 of")
+        assert n("total").startswith("n=15 of")
         # one per switch command: 2 reconfigurations, each one command carrying both rails of ocs1
-        assert n("switch").startswith("switch (n=2)")
+        assert n("switch").startswith("n=2 switch commands")
         # 3 firmware + 8 phases of the "yes" row; carrier and transport of one row
         assert fig.get_suptitle().endswith("; left out: 11 impossible and 2 unresolved phase values")
     finally:
@@ -276,7 +288,7 @@ def test_flagged_phases_are_left_out_and_counted(small: tuple[EventIndex, pd.Dat
     fig = distributions_figure(frame.drop(columns=["impossible", "unresolved"]))
     try:
         assert "left out" not in fig.get_suptitle()
-        assert axis(fig, "cdf-firmware").get_title(loc="left").startswith("firmware (n=16)")
+        assert axis(fig, "cdf-firmware").get_title(loc="left").endswith("n=16: 8 ports × 2 reconfigurations")
     finally:
         plt.close(fig)
 
@@ -318,26 +330,30 @@ def test_figures_drawn_ahead_are_the_files_drawing_them_at_the_end_gives(tmp_pat
     # The timeline shows reconfiguration 1 up to reconfiguration 2's command: on record once that is.
     command2 = next(i for i, e in enumerate(events) if e.kind == Kind.OCS_COMMAND and e.reconfig == 2)
     assert _ahead("timeline", events[:command2]) is None, "not on record before the next command"
+    assert _ahead("headline", events[:command2]) is None
     timeline = _ahead("timeline", events[: command2 + 1], ("png", "svg"))
+    headline = _ahead("headline", events[: command2 + 1], ("png", "svg"))
     distributions = _ahead("distributions", events, ("png", "svg"))
-    drawn = [timeline, distributions]
+    drawn = [headline, timeline, distributions]
     assert _written(tmp_path, "ahead", events, formats=("png", "svg"), drawn=drawn).keys() == reference.keys()
-    assert timeline.kept and distributions.kept
+    assert headline.kept and timeline.kept and distributions.kept
     written = {p.name: p.read_bytes() for p in (tmp_path / "ahead").iterdir()}
-    assert written["timeline.png"] == reference["timeline.png"]
-    assert written["distributions.png"] == reference["distributions.png"]
+    for name in ("headline.png", "timeline.png", "distributions.png"):
+        assert written[name] == reference[name], name
     # Drawn from a file that lacked one of reconfiguration 1's events, and one that lacked the last
     # reconfiguration: both are drawn again at the end.
     late = next(i for i, e in enumerate(events) if e.kind == Kind.TRAFFIC_OK and e.reconfig == 1)
     timeline = _ahead("timeline", events[:late] + events[late + 1 : command2 + 1])
+    headline = _ahead("headline", events[:late] + events[late + 1 : command2 + 1])
     last = min(i for i, e in enumerate(events) if e.reconfig == 3)
     distributions = _ahead("distributions", events[:last])
-    again = _written(tmp_path, "again", events, drawn=[timeline, distributions])
-    assert not timeline.kept and not distributions.kept
-    assert again == {name: reference[name] for name in ("timeline.png", "distributions.png")}
+    again = _written(tmp_path, "again", events, drawn=[headline, timeline, distributions])
+    assert not headline.kept and not timeline.kept and not distributions.kept
+    assert again == {name: reference[name] for name in ("headline.png", "timeline.png", "distributions.png")}
     # Drawn in other formats or another style: drawn again.
     timeline = _ahead("timeline", events, ("svg",))
     assert _written(tmp_path, "formats", events, drawn=[timeline]).keys() == {
+        "headline.png",
         "timeline.png",
         "distributions.png",
     }
@@ -347,6 +363,7 @@ def test_figures_drawn_ahead_are_the_files_drawing_them_at_the_end_gives(tmp_pat
 def test_a_run_of_one_reconfiguration_has_no_timeline_ahead() -> None:
     """Nothing follows its reconfiguration, so the end of the run is what bounds its timeline."""
     assert _ahead("timeline", synth_events(reconfigs=1)) is None
+    assert _ahead("headline", synth_events(reconfigs=1)) is None
     assert _ahead("distributions", synth_events(reconfigs=1)) is not None
 
 
@@ -355,12 +372,16 @@ def test_plot_run_writes_png_svg_and_pdf_with_real_fonts(
 ) -> None:
     index, frame = small
     assert [p.name for p in plot_run(tmp_path, frame=frame, index=index)] == [
+        "headline.png",
         "timeline.png",
         "distributions.png",
     ], "a run draws PNG unless asked for more"
     paths = plot_run(tmp_path, frame=frame, index=index, formats=ALL_FORMATS)
     names = [p.name for p in paths]
     assert names == [
+        "headline.png",
+        "headline.svg",
+        "headline.pdf",
         "timeline.png",
         "timeline.svg",
         "timeline.pdf",
@@ -371,7 +392,7 @@ def test_plot_run_writes_png_svg_and_pdf_with_real_fonts(
     for p in paths:
         assert p.stat().st_size > 0
     assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for name in ("timeline.pdf", "distributions.pdf"):
+    for name in ("headline.pdf", "timeline.pdf", "distributions.pdf"):
         pdf = (tmp_path / name).read_bytes()
         assert (
             pdf.startswith(b"%PDF") and b"/FontFile2" in pdf and b"/Type3" not in pdf
@@ -472,8 +493,10 @@ def test_a_real_run_plots_its_threshold_rails_and_marks(tmp_path: Path, inventor
         texts = [t.get_text() for t in axis(fig, "rx-full").get_legend().get_texts()]
         assert texts[:2] == ["rail 0 (8 ports)", "rail 1 (8 ports)"]
         lanes = axis(fig, "lanes-full")
+        # 16 ports: one row per rail (MAX_PORT_ROWS), each mark a median per rail with its spread
+        assert [t.get_text() for t in lanes.get_yticklabels()] == ["rail 0\n8 ports", "rail 1\n8 ports"]
         for k in range(1, 6):
             (mark,) = [a for a in by_gid(fig, f"mark-t{k}") if a.axes is lanes]
-            assert len(mark.get_xdata()) == 16
+            assert len(mark.get_xdata()) == 2
     finally:
         plt.close(fig)

@@ -83,8 +83,13 @@ def test_a_damaged_breakdown_csv_is_recomputed_from_the_events(run_copy: Path, d
     assert len(run.breakdown) == len(good) > 0
     for column in ("source", "phase", "reconfig", "total_ns", "timed_out"):
         assert run.breakdown[column].astype(str).tolist() == good[column].astype(str).tolist(), column
+    # `report` reads summary.json, else breakdown.parquet (never the CSV); with both gone it says so, and
+    # takes the breakdown from the events
+    (run_copy / "breakdown.parquet").write_text(damage)
+    (run_copy / "summary.json").unlink()
     report = labctl("report", str(run_copy))
-    assert report.returncode == 0 and "breakdown.csv is damaged" in report.stderr, report.stderr
+    assert report.returncode == 0 and "breakdown.parquet is damaged" in report.stderr, report.stderr
+    assert "the breakdown was computed from events.jsonl" in report.stderr
 
 
 def test_a_damaged_summary_is_recomputed(run_copy: Path) -> None:
@@ -127,5 +132,6 @@ async def test_an_aborted_runs_plot_has_no_nan_and_a_sensible_zoom(
     svg = next(p for p in paths if p.suffix == ".svg").read_text()
     assert "nan" not in svg.lower().replace("nanosecond", "")
     assert "none recovered" in svg
-    zoom = float(svg.split("zoom: first ")[1].split(" s")[0])
+    value, unit = svg.split("zoom: first ")[1].split("<")[0].split()[:2]
+    zoom = float(value) * {"s": 1.0, "ms": 1e-3, "µs": 1e-6}[unit]
     assert zoom >= 0.05  # the window runs to the end of the run, not to the last mark that happened

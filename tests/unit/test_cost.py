@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from labctl.core.errors import InputError
+from labctl.core.shipped import builtin_inventory
+from labctl.inventory.schema import load_inventory
 from labctl.models.cost import (
     default_prices_path,
     electrical_ports_per_endpoint,
@@ -17,9 +20,6 @@ from labctl.models.cost import (
     notes,
     synthetic,
 )
-from labctl.core.errors import InputError
-from labctl.core.shipped import builtin_inventory
-from labctl.inventory.schema import load_inventory
 
 
 def test_the_shipped_prices_are_table_2_with_their_sources() -> None:
