@@ -13,6 +13,7 @@ when one of these is called. labctl.core.registry says where each entry is.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, Protocol, TypeVar, Union, cast
@@ -142,7 +143,21 @@ def open_switch(name: str, config: SwitchConfig, emit: EventSink) -> OpticalSwit
             f"switch {name} ({config.driver}) is emulated inside each run (emulate: true); to drive one from "
             f"here, serve it with {serve} and give the switch that address instead"
         )
-    return entry.open(name, config, emit)
+    switch = entry.open(name, config, emit)
+    _report_connect_failures(switch, config)
+    return switch
+
+
+def _report_connect_failures(switch: OpticalSwitch, config: SwitchConfig) -> None:
+    """A failed `connect` says in one line what stopped it: `switch NAME at ADDRESS: CAUSE` (decision 0066).
+    The transport raises that line itself where it sees the cause; the switch's connect deadline cannot,
+    so `connect` is wrapped to read how far the transport got (`labctl.ocs.connect_errors`). The wrapper is
+    the instance's own `connect`: the switch stays the driver's class for whoever asks."""
+    from labctl.ocs.connect_errors import report_connect_failures
+
+    reporting = report_connect_failures(switch.name, switch.connect, config.timeout_s)
+    with contextlib.suppress(AttributeError):  # a plugin driver without instance attributes: its own words
+        setattr(switch, "connect", reporting)  # noqa: B010 - an instance attribute, not the class's method
 
 
 class ServedSwitch:

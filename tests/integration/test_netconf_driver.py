@@ -280,7 +280,7 @@ async def test_an_unknown_host_key_is_refused_before_logging_in(tmp_path: Path) 
             switch = _switch(rig.emulator, rig.events, host_keys=policy)
             with pytest.raises(HostKeyRefused, match="refusing to log in") as caught:
                 await switch.connect()
-            assert "\n" not in str(caught.value) and str(caught.value).startswith("ocs1: ")
+            assert "\n" not in str(caught.value) and str(caught.value).startswith("switch ocs1 at ")
             await switch.close()
         assert rig.emulator.sessions_opened == 0  # no session: the password was never sent
 
@@ -316,7 +316,8 @@ async def test_a_wrong_password_is_one_line_and_not_retried() -> None:
     )
     try:
         with pytest.raises(
-            NetconfLoginRefused, match=r"^ocs1: 127\.0\.0\.1:\d+ refused the login of 'admin'"
+            NetconfLoginRefused,
+            match=r"^switch ocs1 at 127\.0\.0\.1:\d+: authentication failed for user 'admin'",
         ):
             await switch.connect()
         assert "wrong" not in " ".join(str(e.meta) for e in rig.events)
@@ -331,7 +332,5 @@ async def test_a_closed_port_is_one_line() -> None:
     await _close(rig)
     switch = _switch(rig.emulator, [])
     switch.endpoint = Endpoint(*address)
-    with pytest.raises(
-        HardwareError, match=r"^ocs1: cannot connect to 127\.0\.0\.1:\d+: ConnectionRefusedError"
-    ):
+    with pytest.raises(HardwareError, match=r"^switch ocs1 at 127\.0\.0\.1:\d+: connection refused"):
         await switch.connect()

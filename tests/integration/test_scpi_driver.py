@@ -191,7 +191,7 @@ async def test_an_unreachable_switch_is_one_line_within_the_connect_deadline() -
     sw = PolatisScpiSwitch(
         "ocs1", SPACE, endpoint=ScpiEndpoint("127.0.0.1", 1), emit=lambda e: None, timeouts=TimeoutPolicy(2.0)
     )
-    with pytest.raises(HardwareError, match=r"^ocs1: cannot connect to 127\.0\.0\.1:1: Connection refused$"):
+    with pytest.raises(HardwareError, match=r"^switch ocs1 at 127\.0\.0\.1:1: connection refused"):
         await sw.connect()
 
 

@@ -393,7 +393,7 @@ async def test_unreachable_switch_is_a_typed_error_within_the_connect_deadline()
         timeouts=TimeoutPolicy(connect_s=1.0),
         keepalive_s=None,
     )
-    with pytest.raises(HardwareError, match=r"cannot connect to 127\.0\.0\.1:1"):
+    with pytest.raises(HardwareError, match=r"^switch ocs1 at 127\.0\.0\.1:1: connection refused"):
         await sw.connect()
 
 

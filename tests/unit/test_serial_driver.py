@@ -36,7 +36,9 @@ async def test_a_missing_device_is_one_line() -> None:
     switch = DiconSerialSwitch(
         "ocs1", SPACE, url="/dev/labctl-no-such-tty", settings=LineSettings(), emit=lambda e: None
     )
-    with pytest.raises(HardwareError, match="cannot open /dev/labctl-no-such-tty"):
+    with pytest.raises(
+        HardwareError, match=r"^switch ocs1 at /dev/labctl-no-such-tty: cannot open the port: no such file"
+    ):
         await switch.connect()
     assert not serial_threads()
 

@@ -10,12 +10,17 @@ taken for the answer to a later query; bytes that arrived unasked between batche
 same way. (A reply later than the quiet period that lands inside a later batch can still be taken
 for its answer: the protocol has no tags to tell them apart.) `serial.serial_for_url` opens a device
 path, `socket://` and `rfc2217://` alike.
+
+A port that does not open, or a peer that never says anything the DiCon command set would, is one line
+naming its cause (`switch NAME at URL: CAUSE`, decision 0066); until the first `*IDN?` answer, the line
+keeps the first bytes it heard for that line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 import warnings
@@ -27,8 +32,9 @@ from typing import Any, Literal
 from labctl.core.clock import now_ns
 from labctl.core.errors import HardwareError
 from labctl.core.extras import require
+from labctl.ocs.connect_errors import ConnectAttempt, ConnectFailed, answered_not, current_attempt, os_cause
 
-from .codec import LINE_ENDINGS, LineDecoder, LineEnding
+from .codec import IDN_QUERY, LINE_ENDINGS, LineDecoder, LineEnding
 
 POLL_S = 0.02  # how long one read waits for a byte: bounds how soon a cancelled transaction notices
 RESYNC_MAX_S = 5.0  # a line that never goes quiet (a babbling device) is flushed after this anyway
@@ -36,6 +42,14 @@ RESYNC_MAX_S = 5.0  # a line that never goes quiet (a babbling device) is flushe
 
 class PortLost(HardwareError):
     """The port failed (unplugged adapter, console server hung up, device gone)."""
+
+
+class PortOpenFailed(ConnectFailed, PortLost):
+    """The port did not open: no such device, refused, unreachable... (one line, `switch NAME at URL:
+    CAUSE`). A loss like any other to the reopen loop."""
+
+
+PROTOCOL = "the DiCon command set"
 
 
 @dataclass(frozen=True)
@@ -70,8 +84,9 @@ class Transaction:
 Done = Callable[[Sequence[bytes]], bool]
 
 
-def open_serial(url: str, settings: LineSettings) -> Any:
-    """`serial.serial_for_url` with the line settings; the import is the [serial] extra's."""
+def open_serial(url: str, settings: LineSettings, label: str | None = None) -> Any:
+    """`serial.serial_for_url` with the line settings; the import is the [serial] extra's. With `label` (the
+    switch's name) a port that does not open is a `PortOpenFailed` naming why."""
     serial = require("serial", "serial", "the DiCon serial switch driver")
     try:
         with warnings.catch_warnings():  # pyserial 3.5's rfc2217 reader thread calls setDaemon()
@@ -88,8 +103,23 @@ def open_serial(url: str, settings: LineSettings) -> Any:
                 exclusive=True if "://" not in url else None,
             )
     except (serial.SerialException, OSError, ValueError, NotImplementedError) as e:
+        if label is not None:
+            raise PortOpenFailed(label, url, _open_cause(url, e)) from None
         raise PortLost(f"cannot open {url}: {e}") from None
     return port
+
+
+def _open_cause(url: str, e: BaseException) -> str:
+    """Why a port did not open, in words: a network cause for socket:// and rfc2217://, the device's
+    own for a path."""
+    if "://" in url:
+        host = url.split("://", 1)[1].rsplit(":", 1)[0]
+        return os_cause(e, host=host)
+    code = getattr(e, "errno", None) or getattr(e.__context__, "errno", None)
+    if isinstance(code, int) and code > 0:
+        text = os.strerror(code)
+        return f"cannot open the port: {text[:1].lower()}{text[1:]}"
+    return f"cannot open the port: {e}"
 
 
 class SerialLine:
@@ -107,6 +137,9 @@ class SerialLine:
         self._decoder = LineDecoder()
         self._dirty = False
         self._executor: ThreadPoolExecutor | None = None
+        self._attempt: ConnectAttempt = current_attempt(label)
+        self._understood = False
+        """The switch answered `*IDN?`: from then on nothing is recorded for a failed connect."""
         self.resyncs = 0
         self.discarded = 0
         """Bytes thrown away while resynchronising."""
@@ -121,27 +154,61 @@ class SerialLine:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def open(self) -> None:
-        await self._run(self._open)
+        self._attempt = current_attempt(self.label)
+        if not self._understood:
+            self._attempt.dialling(self.url, PROTOCOL)
+        try:
+            await self._run(self._open)
+        except asyncio.CancelledError:
+            self._attempt.interrupted = True
+            raise
+
+    def _hear(self, data: bytes) -> None:
+        if data and not self._understood:
+            self._attempt.hear(data)
 
     def _open(self) -> None:
         self._close_port()
-        self._port = open_serial(self.url, self.settings)
+        self._port = open_serial(self.url, self.settings, self.label)
         self._decoder.clear()
+        self._attempt.connected = True
         try:
+            if not self._understood:
+                self._listen_first(self._port)
             self._port.reset_input_buffer()  # what a device said before we listened is not an answer
         except Exception as e:  # pyserial raises its own and OSError alike
             self._close_port()
+            if not self._understood:
+                raise self._open_failed() from None
             raise PortLost(f"{self.url}: {e}") from None
         self._dirty = False
+
+    def _listen_first(self, port: Any) -> None:
+        """Before the switch has answered: keep what the peer says unasked (a banner: whose?)."""
+        for _ in range(256):
+            if not port.in_waiting:
+                return
+            self._hear(port.read(max(1, port.in_waiting)))
+
+    def _open_failed(self) -> PortOpenFailed:
+        """The line failed before the switch answered `*IDN?`: whatever it said was not the protocol."""
+        heard = self._attempt.heard
+        cause = answered_not(PROTOCOL, heard) if heard else "closed the connection without answering"
+        return PortOpenFailed(self.label, self.url, cause)
 
     async def transact(self, payload: bytes, done: Done, first_s: float, idle_s: float) -> Transaction:
         """Write `payload`, then read lines until `done(lines)`, `first_s` passes without any line, or
         `idle_s` passes after the last one. Raises PortLost if the port fails (it is then closed)."""
         cancel = threading.Event()
+        if not self._understood:
+            first = payload.splitlines()[0].decode("ascii", "replace") if payload.strip() else "a command"
+            self._attempt.waiting_for = f"no answer to {first}"
         try:
             result: Transaction = await self._run(self._transact, payload, done, first_s, idle_s, cancel)
         except asyncio.CancelledError:
             cancel.set()  # the thread gives the transaction up at its next poll and marks the line dirty
+            if not self._understood:
+                self._attempt.interrupted = True
             raise
         return result
 
@@ -174,12 +241,16 @@ class SerialLine:
                     t_ns = now_ns()
                     fresh = self._decoder.feed(chunk)
                     lines.extend(Line(t_ns, data) for data in fresh)
+                    if not self._understood:
+                        self._heard_lines(chunk, fresh)
                     if fresh:
                         deadline = time.monotonic() + idle_s
         except PortLost:
             raise
         except Exception as e:  # SerialException, OSError: the port is gone
             self._close_port()
+            if not self._understood and self._attempt.heard:
+                raise self._open_failed() from None
             raise PortLost(f"{self.url}: {e}") from None
 
     def _resync(self, port: Any) -> None:
@@ -192,11 +263,19 @@ class SerialLine:
             chunk = port.read(max(1, port.in_waiting))
             if chunk:
                 self.discarded += len(chunk)
+                self._hear(chunk)
                 quiet_since = time.monotonic()
         port.reset_input_buffer()
         self.discarded += len(self._decoder.pending)
         self._decoder.clear()
         self._dirty = False
+
+    def _heard_lines(self, chunk: bytes, lines: list[bytes]) -> None:
+        """Before the switch has answered `*IDN?`: keep what it sent (for "answered, but not with ...")."""
+        if any(IDN_QUERY.match(data) is not None for data in lines):
+            self._understood = self._attempt.understood = True
+        else:
+            self._hear(chunk)
 
     def mark_dirty(self) -> None:
         self._dirty = True

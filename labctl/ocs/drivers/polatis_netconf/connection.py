@@ -7,12 +7,19 @@ ncclient calls from its reader thread hands every reply back to the loop (`call_
 message-id, so a request abandoned at its deadline leaves the worker free. Host keys are checked by labctl
 alone (known_hosts file or a pinned SHA256 fingerprint) before the password is sent; ncclient's implicit
 ~/.ssh/known_hosts lookup is switched off so that it cannot widen the policy.
+
+A failed open is one line, `switch NAME at HOST:PORT: CAUSE` (decision 0066): the socket is labctl's own
+(`_TapSocket`, which keeps the first bytes the server sent, so a web server on the port is named as one);
+a connect abandoned at its deadline shuts that socket down, so paramiko's threads end at once instead of
+waiting out its own 15 s banner timeout; what paramiko and ncclient log from the threads of labctl's
+sessions (tracebacks included) goes to labctl's logger at DEBUG level, never to the terminal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import logging
 import queue
@@ -26,6 +33,14 @@ from typing import Any, TypeVar
 
 from labctl.core.errors import HardwareError, InputError
 from labctl.core.extras import require
+from labctl.ocs.connect_errors import (
+    ConnectAttempt,
+    ConnectFailed,
+    answered_not,
+    current_attempt,
+    format_address,
+    os_cause,
+)
 
 from .codec import NS_BASE
 
@@ -36,6 +51,11 @@ T = TypeVar("T")
 
 class NetconfConnectionLost(HardwareError):
     """The NETCONF session ended (closed, reset, timed out, or its messages stopped being NETCONF)."""
+
+
+class NetconfConnectFailed(ConnectFailed, NetconfConnectionLost):
+    """No NETCONF session came of a connection: refused, unreachable, not SSH, the SSH or NETCONF setup
+    failed (one line, `switch NAME at HOST:PORT: CAUSE`). A loss like any other to the reconnect loop."""
 
 
 class NetconfLoginRefused(HardwareError):
@@ -93,6 +113,7 @@ class _Worker:
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        _own(self._thread)
         self._thread.start()
 
     def _run(self) -> None:
@@ -163,19 +184,31 @@ class NetconfConnection:
         self.base = "1.0"
         self.lost: str | None = None
         """Why the session ended; None while it is up."""
+        self._dial: _Dial | None = None
+        self._answered = False
 
     # -- opening --------------------------------------------------------------------------------------------
     async def open(
         self, endpoint: Endpoint, user: str, password: str, policy: HostKeyPolicy, timeout_s: float
     ) -> None:
+        _quiet_third_party_logs()
+        address = format_address(endpoint.host, endpoint.port)
+        dial = _Dial(current_attempt(self.label), self.label, address)
+        dial.attempt.dialling(address, "SSH")
+        self._dial = dial
+
         def connect() -> Any:
-            return _connect(endpoint, user, password, policy, timeout_s, self._listener())
+            return _connect(endpoint, user, password, policy, timeout_s, self._listener(), dial)
 
         try:
             self._session = await self._worker.call(connect, orphan=_close_quietly)
+        except asyncio.CancelledError:  # the connect deadline: end paramiko's wait now, not at its own
+            dial.attempt.interrupted = True
+            dial.abort()
+            raise
         except HostKeyRefused as e:
             self.lost = "host key refused"
-            raise HostKeyRefused(f"{self.label}: {e}") from None
+            raise HostKeyRefused(f"switch {self.label} at {address}: {e}; refusing to log in") from None
         except InputError:
             self.lost = "refused"
             raise
@@ -183,11 +216,13 @@ class NetconfConnection:
             if type(e).__name__ == "AuthenticationError":  # ncclient's: the switch refused the login
                 self.lost = "login refused"
                 raise NetconfLoginRefused(
-                    f"{self.label}: {endpoint.host}:{endpoint.port} refused the login of {user!r} "
+                    f"switch {self.label} at {address}: authentication failed for user {user!r} "
                     "(wrong user or password)"
                 ) from None
-            self.lost = f"cannot connect to {endpoint.host}:{endpoint.port}: {_describe(e)}"
-            raise NetconfConnectionLost(f"{self.label}: {self.lost}") from None
+            self.lost = dial.cause(e, timeout_s, endpoint.host)
+            raise NetconfConnectFailed(self.label, address, self.lost) from None
+        dial.attempt.protocol = "NETCONF"
+        dial.attempt.waiting_for = "no answer to the first NETCONF request"
         session = self._session
         self.capabilities = tuple(str(c) for c in session.server_capabilities)
         self.session_id = str(session.id or "")
@@ -224,8 +259,14 @@ class NetconfConnection:
         session, framed = self._session, frame(envelope, self.base)
         try:
             await self._worker.call(lambda: _write(session, framed))
-            return await future
-        except (NetconfConnectionLost, asyncio.CancelledError):
+            raw = await future
+            self._answered = True
+            return raw
+        except asyncio.CancelledError:
+            if not self._answered and self._dial is not None:  # still opening: the connect deadline
+                self._dial.attempt.interrupted = True
+            raise
+        except NetconfConnectionLost:
             raise
         except Exception as e:  # the channel refused the bytes: the session is gone
             self._pending.pop(message_id, None)
@@ -313,10 +354,17 @@ def _write(session: Any, data: bytes) -> None:
 
 
 def _connect(
-    endpoint: Endpoint, user: str, password: str, policy: HostKeyPolicy, timeout_s: float, listener: Any
+    endpoint: Endpoint,
+    user: str,
+    password: str,
+    policy: HostKeyPolicy,
+    timeout_s: float,
+    listener: Any,
+    dial: _Dial,
 ) -> Any:
     """On the worker thread: SSH (host key checked before the password goes out), the `netconf` subsystem,
-    the hello exchange. Returns the ncclient session with `listener` installed."""
+    the hello exchange. Returns the ncclient session with `listener` installed. `dial` holds the socket
+    (so the loop can abort the connect) and records how far it got."""
     transport = require("ncclient.transport", "netconf", "the polatis-netconf driver")
     devices = require("ncclient.devices.default", "netconf", "the polatis-netconf driver")
     refusal: list[str] = []
@@ -332,16 +380,18 @@ def _connect(
             """Host keys are labctl's HostKeyPolicy alone; never ncclient's implicit ~/.ssh/known_hosts."""
 
     session = Session(Handler({}, None))
+    _own(session)  # its reader thread: what it logs is labctl's
 
     def host_key_ok(host: str, _md5: str) -> bool:
         why = policy.check(endpoint.host, endpoint.port, session.transport.get_remote_server_key())
         if why is not None:
             refusal.append(why)
+        dial.attempt.waiting_for = "the SSH login and the NETCONF hello did not finish"
         return why is None
 
     # Our own socket, with Nagle off: a request is one small SSH packet, and with Nagle on it waits for the
     # ACK of the previous one (a delayed ACK: ~40 ms on Linux), e.g. the first request after the hello.
-    sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s)
+    sock = dial.connect(endpoint, timeout_s)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         session.connect(
@@ -360,9 +410,7 @@ def _connect(
         _close_quietly(session)
         sock.close()
         if refusal:
-            raise HostKeyRefused(
-                f"{endpoint.host}:{endpoint.port}: {refusal[0]}; refusing to log in"
-            ) from None
+            raise HostKeyRefused(refusal[0]) from None
         raise
     session.add_listener(listener)
     return session
@@ -381,3 +429,120 @@ def _close_quietly(session: Any) -> None:
 def _describe(e: BaseException) -> str:
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+class _TapSocket(socket.socket):
+    """The session's TCP socket: as any, but it keeps the first bytes the server sends (`dial.hear`)."""
+
+    dial: _Dial | None = None
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data = super().recv(bufsize, flags)
+        dial = self.dial
+        if dial is not None and data:
+            dial.hear(data)
+        return data
+
+
+class _Dial:
+    """One connect's socket and what it heard, shared by the worker thread (which connects) and the loop
+    (which aborts a connect its deadline gave up on)."""
+
+    def __init__(self, attempt: ConnectAttempt, label: str, address: str) -> None:
+        self.attempt = attempt
+        self.label = label
+        self.address = address
+        self.sock: _TapSocket | None = None
+        self.heard = b""
+        self.aborted = False
+
+    def connect(self, endpoint: Endpoint, timeout_s: float) -> _TapSocket:
+        """On the worker thread: TCP to the switch, as a `_TapSocket`."""
+        plain = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s)
+        sock = _TapSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
+        sock.settimeout(timeout_s)
+        sock.dial = self
+        self.sock = sock
+        self.attempt.connected = True
+        self.attempt.waiting_for = "no SSH banner"
+        if self.aborted:  # the loop gave up while the TCP connect was under way
+            self._shut(sock)
+        return sock
+
+    def hear(self, data: bytes) -> None:
+        if len(self.heard) < 256:
+            self.heard += data[: 256 - len(self.heard)]
+            self.attempt.hear(data)
+            ssh = self.heard.lstrip().startswith(b"SSH-") or b"\nSSH-" in self.heard
+            if ssh and not self.attempt.understood:
+                self.attempt.understood = True
+                self.attempt.waiting_for = "the SSH key exchange did not finish"
+
+    def abort(self) -> None:
+        """From the loop: end the connect now (paramiko's reads fail at once; its threads end)."""
+        self.aborted = True
+        if self.sock is not None:
+            self._shut(self.sock)
+
+    @staticmethod
+    def _shut(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def cause(self, e: BaseException, timeout_s: float, host: str) -> str:
+        """Why the connect failed, in words (decision 0066)."""
+        if self.sock is None:  # the TCP connect itself failed
+            return os_cause(e, timeout_s, host)
+        if self.heard and not self.attempt.understood:
+            return answered_not("SSH", self.heard)
+        if not self.heard:
+            if _is_eof(e):
+                return "closed the connection without answering"
+            return f"connected, but no SSH banner ({_describe(e)})"
+        text = _describe(e).removeprefix("SSHError: ").removeprefix("Negotiation failed: ")
+        return f"SSH answered, but the NETCONF session did not start: {text}"
+
+
+def _is_eof(e: BaseException) -> bool:
+    text = str(e)
+    return any(w in text for w in ("EOF", "reset by peer", "Connection reset", "closed")) or isinstance(
+        e, EOFError | ConnectionError
+    )
+
+
+_OWNED = "labctl_netconf"
+_QUIET_LOGGERS = (
+    "paramiko.transport",
+    "ncclient.transport.ssh",
+    "ncclient.transport.session",
+    "ncclient.transport.parser",
+    "ncclient.operations.rpc",
+)
+
+
+def _own(thread: threading.Thread) -> None:
+    """Mark a thread as one of labctl's NETCONF sessions' (what it logs is kept from the terminal)."""
+    setattr(thread, _OWNED, True)
+
+
+class _FromOwnThreads(logging.Filter):
+    """Keeps what paramiko and ncclient log on the threads of labctl's sessions (the worker, ncclient's
+    reader, paramiko's transport over a `_TapSocket`) from the terminal: it goes to labctl's logger at
+    DEBUG instead. The failure itself reaches the user as one line (decision 0066)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        thread = threading.current_thread()
+        if getattr(thread, _OWNED, False) or isinstance(getattr(thread, "sock", None), _TapSocket):
+            log.debug("%s: %s", record.name, record.getMessage().strip().splitlines()[-1:])
+            return False
+        return True
+
+
+_FILTER = _FromOwnThreads()
+
+
+def _quiet_third_party_logs() -> None:
+    for name in _QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)

@@ -7,6 +7,11 @@ its end (a peek); a line cut short by a hang-up then comes back without its LF a
 codec. A caller that gives up (its deadline) shuts the socket down from the loop thread, which wakes the
 worker at once; the session is then lost (a late reply would pair with the next query) and the driver
 opens a new one. Decision 0032.
+
+Until the switch has answered once, what goes wrong is a failed connection, one line naming its cause
+(`switch NAME at HOST:PORT: CAUSE`, decision 0066): refused or unreachable, closed without a word, or
+answered with something that is not SCPI (bytes before any command, a line that is not ASCII, an `*IDN?`
+answer that is not an identity).
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from typing import Any, TypeVar
 
 from labctl.core.errors import HardwareError
 from labctl.core.extras import require
+from labctl.ocs.connect_errors import ConnectFailed, answered_not, current_attempt, format_address, os_cause
 
-from .codec import ScpiError, decode_reply, encode_command
+from .codec import IDENTITY_QUERY, ScpiError, decode_reply, encode_command, parse_identity
 
 T = TypeVar("T")
 
@@ -37,6 +43,11 @@ class ScpiConnectionLost(HardwareError):
 
 class ScpiNotSent(ScpiConnectionLost):
     """The session was found ended before the command went out: it is safe to send it on a new one."""
+
+
+class ScpiConnectFailed(ConnectFailed, ScpiNotSent):
+    """No SCPI session came of a connection: refused, unreachable, or the peer does not speak SCPI (one
+    line, `switch NAME at HOST:PORT: CAUSE`). A loss like any other to the reconnect loop."""
 
 
 def load_pyvisa() -> tuple[ModuleType, ModuleType]:
@@ -116,6 +127,15 @@ class ScpiConnection:
         self._pyvisa, _ = load_pyvisa()
         self._resource: Any = None
         self._socket: socket.socket | None = None
+        self.address = format_address(host, port)
+        self._attempt = current_attempt(label)
+        self._answered = False
+        """The switch has answered a query in SCPI: from then on a failure is a lost session."""
+
+    def _not_scpi(self, cause: str) -> ScpiConnectFailed:
+        """Before the first answer: the connection failed, for `cause`; the session is over."""
+        self.lost = self.lost or cause
+        return ScpiConnectFailed(self.label, self.address, cause)
 
     # -- on the worker thread ------------------------------------------------------------------------------
     def _open_sync(self, timeout_s: float) -> None:
@@ -131,18 +151,20 @@ class ScpiConnection:
                 open_timeout=max(1, int(timeout_s * 1000)),
                 timeout=max(1, int(timeout_s * 1000)),
             )
-        except (pyvisa.errors.Error, OSError, ValueError) as e:
-            raise ScpiConnectionLost(
-                f"{self.label}: cannot connect to {self.host}:{self.port}: {e}"
-            ) from None
+        except Exception as e:  # pyvisa-py raises bare Exceptions too ("could not connect: ...")
+            if "error_timeout" in str(e) or "VI_ERROR_TMO" in str(e):
+                cause = f"timed out after {timeout_s:g} s: no answer to the connection request"
+            else:
+                cause = os_cause(e, timeout_s, self.host)
+            raise self._not_scpi(cause) from None
         sock = _socket_of(resource)
         refused = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if sock is not None else 0
         if refused:  # pyvisa-py takes a refused connect for an open one; its first write would fail
             with contextlib.suppress(Exception):
                 resource.close()
-            raise ScpiConnectionLost(
-                f"{self.label}: cannot connect to {self.host}:{self.port}: {os.strerror(refused)}"
-            )
+            raise self._not_scpi(os_cause(OSError(refused, os.strerror(refused)), timeout_s, self.host))
+        self._attempt.connected = True
+        self._attempt.waiting_for = "no answer to the first SCPI query"
         attributes = pyvisa.constants.ResourceAttribute
         with contextlib.suppress(pyvisa.errors.Error):
             # A reply cut short by a hang-up comes back as it is (without its LF) instead of the read
@@ -164,6 +186,8 @@ class ScpiConnection:
             self._resource.timeout = max(1, int(timeout_s * 1000))
             self._resource.write(command)
         except (self._pyvisa.errors.Error, OSError) as e:
+            if not self._answered:
+                raise self._not_scpi(f"the connection failed before any answer: {os_cause(e)}") from None
             raise self._fail(f"write failed: {e}") from None
 
     def _read_sync(self, timeout_s: float) -> str:
@@ -184,11 +208,17 @@ class ScpiConnection:
             raise self._fail(f"read failed: {e}") from None
         if self.lost is not None:  # aborted while reading: what came back is not to be trusted
             raise ScpiConnectionLost(f"{self.label}: connection lost ({self.lost})")
+        if not self._answered:
+            self._attempt.hear(raw)
         try:
             text = decode_reply(raw)
         except ScpiError as e:
+            if not self._answered:
+                raise self._not_scpi(answered_not("SCPI", raw)) from None
             raise self._fail(str(e)) from None
         if _buffered(resource):  # two lines for one query: replies and queries no longer pair up
+            if not self._answered:
+                raise self._not_scpi(answered_not("SCPI", raw + _pending(resource))) from None
             raise self._fail(f"more than one reply line (after {text[:60]!r})")
         return text
 
@@ -202,7 +232,12 @@ class ScpiConnection:
             stray = sock.recv(64, socket.MSG_PEEK)
             reason = f"unsolicited bytes {stray[:32]!r}" if stray else "connection closed by the switch"
         except (OSError, ValueError) as e:
-            reason = f"connection failed: {e}"
+            stray, reason = None, f"connection failed: {e}"
+        if not self._answered:  # before any answer: this is not an SCPI switch (or not one that lets us in)
+            self._attempt.hear(stray or b"")
+            if stray:
+                raise self._not_scpi(answered_not("SCPI", stray, ", before any command"))
+            raise self._not_scpi("closed the connection without answering" if stray == b"" else reason)
         self.lost = self.lost or reason
         raise ScpiNotSent(f"{self.label}: {reason}")
 
@@ -218,6 +253,8 @@ class ScpiConnection:
                 if self.lost is not None:
                     raise ScpiConnectionLost(f"{self.label}: connection lost ({self.lost})")
                 if sock.recv(1, socket.MSG_PEEK) == b"":
+                    if not self._answered:
+                        raise self._not_scpi("closed the connection without answering")
                     raise self._fail("connection closed by the switch")
                 return
             except (OSError, ValueError) as e:  # ValueError: the socket was closed under us
@@ -235,7 +272,13 @@ class ScpiConnection:
 
     # -- from the loop -------------------------------------------------------------------------------------
     async def open(self, timeout_s: float) -> None:
-        await self.worker.call(lambda: self._open_sync(timeout_s))
+        self._attempt = current_attempt(self.label)
+        self._attempt.dialling(self.address, "SCPI")
+        try:
+            await self.worker.call(lambda: self._open_sync(timeout_s))
+        except asyncio.CancelledError:
+            self._attempt.interrupted = True
+            raise
 
     async def write(self, command: str, timeout_s: float) -> None:
         line = encode_command(command)
@@ -246,14 +289,31 @@ class ScpiConnection:
 
         def exchange() -> str:
             self._write_sync(line, timeout_s)
-            return self._read_sync(timeout_s)
+            text = self._read_sync(timeout_s)
+            if not self._answered:
+                self._first_answer(command, text)
+            return text
 
+        if not self._answered:
+            self._attempt.waiting_for = f"no answer to {command}"
         return await self._guarded(exchange)
+
+    def _first_answer(self, command: str, text: str) -> None:
+        """On the worker: the first reply of the session. To `*IDN?` it must be an identity (a web server's
+        or a shell's line is not); then the peer speaks SCPI."""
+        if command == IDENTITY_QUERY:
+            try:
+                parse_identity(text)
+            except ScpiError:
+                raise self._not_scpi(answered_not("SCPI", text.encode(), f" to {command}")) from None
+        self._answered = self._attempt.understood = True
 
     async def _guarded(self, fn: Callable[[], T]) -> T:
         try:
             return await self.worker.call(fn)
         except asyncio.CancelledError:
+            if not self._answered:
+                self._attempt.interrupted = True
             self.abort("abandoned mid-command (deadline)")
             raise
 
@@ -286,6 +346,12 @@ def _buffered(resource: Any) -> bool:
     loudly if it goes)."""
     session = getattr(getattr(resource, "visalib", None), "sessions", {}).get(resource.session)
     return bool(getattr(session, "_pending_buffer", b""))
+
+
+def _pending(resource: Any) -> bytes:
+    """What pyvisa-py read past the reply line (see `_buffered`)."""
+    session = getattr(getattr(resource, "visalib", None), "sessions", {}).get(resource.session)
+    return bytes(getattr(session, "_pending_buffer", b""))
 
 
 def _finish(future: asyncio.Future[None]) -> None:
