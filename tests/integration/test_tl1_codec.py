@@ -14,7 +14,7 @@ from labctl.core.errors import InputError
 from labctl.core.events import Event
 from labctl.inventory.config import Secret
 from labctl.inventory.mapping import PortSpace
-from labctl.ocs.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Deny, Tl1Endpoint
+from labctl.ocs.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Deny, Tl1Endpoint, Tl1LoginRefused
 from tests.helpers.tl1_codec import PW, autonomous, deny, reply
 
 
@@ -163,9 +163,9 @@ async def test_transcript_login_denied_never_shows_the_password() -> None:
     events: list[Event] = []
     async with script.serve():
         sw = make_driver(script.port, events)
-        with pytest.raises(Tl1Deny) as info:
+        with pytest.raises(Tl1LoginRefused) as info:
             await sw.connect()
-    assert info.value.code == "PIUC"
+    assert info.value.code == "PIUC" and "authentication failed for user 'admin'" in str(info.value)
     assert PW not in str(info.value) and PW not in repr(info.value.args)
     assert all(PW not in str(e) for e in events)
 

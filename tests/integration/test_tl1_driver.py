@@ -21,7 +21,7 @@ from labctl.inventory.config import Secret
 from labctl.inventory.mapping import MappingDiff, PortSpace
 from labctl.inventory.profiles import resolve_profile
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
-from labctl.ocs.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Deny, Tl1Endpoint
+from labctl.ocs.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Deny, Tl1Endpoint, Tl1LoginRefused
 from labctl.ocs.protocol import OpticalSwitch, TimeoutPolicy
 
 SPACE = PortSpace(32, 32)
@@ -405,7 +405,7 @@ async def test_no_password_in_logs_exceptions_or_run_dir(
     texts: list[str] = []
     wrong = "Wr0ng-" + PW
     bad = driver(emulator, [], password=wrong)
-    with pytest.raises(Tl1Deny) as info:
+    with pytest.raises(Tl1LoginRefused) as info:
         await bad.connect()
     texts += [str(info.value), repr(info.value)]
     sw = PolatisTl1Switch(
@@ -510,6 +510,7 @@ def test_cli_emulate_and_ocs_commands(tmp_path: Path) -> None:
         env["POLATIS_PASSWORD"] = "wrong-" + PW
         denied = run("show")
         assert denied.returncode == 1 and "PIUC" in denied.stderr and PW not in denied.stderr
+        assert "authentication failed for user" in denied.stderr and denied.stderr.count("\n") == 1
         assert "Traceback" not in denied.stderr
     finally:
         emu.terminate()

@@ -101,7 +101,18 @@ def open_serial(url: str, settings: LineSettings, label: str | None = None) -> A
                 # rfc2217:// supports no write timeout; a local device is locked against a second opener
                 write_timeout=None if url.startswith("rfc2217://") else 5.0,
                 exclusive=True if "://" not in url else None,
+                do_not_open=True,
             )
+            if url.startswith("socket://"):
+                # pyserial's socket open() flushes what already arrived, unread: a foreign peer's banner
+                # (an SSH server's, say) would be lost, and with it the one clue to what answered.
+                port.reset_input_buffer = lambda: None
+                try:
+                    port.open()
+                finally:
+                    del port.reset_input_buffer
+            else:
+                port.open()
     except (serial.SerialException, OSError, ValueError, NotImplementedError) as e:
         if label is not None:
             raise PortOpenFailed(label, url, _open_cause(url, e)) from None
@@ -174,8 +185,11 @@ class SerialLine:
         self._attempt.connected = True
         try:
             if not self._understood:
+                # Not yet a DiCon switch: what the peer says unasked is kept, never flushed unread (a
+                # banner arriving between a read and a flush would be lost, and with it the cause).
                 self._listen_first(self._port)
-            self._port.reset_input_buffer()  # what a device said before we listened is not an answer
+            else:
+                self._port.reset_input_buffer()  # what a device said before we listened is not an answer
         except Exception as e:  # pyserial raises its own and OSError alike
             self._close_port()
             if not self._understood:

@@ -20,6 +20,7 @@ from labctl.core.errors import HardwareError, InputError
 from labctl.core.events import Kind
 from labctl.inventory.config import Secret, SecretRef
 from labctl.inventory.mapping import Mapping, MappingDiff, PortSpace
+from labctl.ocs.connect_errors import ConnectFailed, format_address
 from labctl.ocs.protocol import (
     EventSink,
     Timed,
@@ -50,6 +51,19 @@ from .connection import Tl1Connection, Tl1ConnectionLost, log
 T = TypeVar("T")
 
 MAX_PORTS_PER_COMMAND = 64  # keeps AIDs short; a DLT-PATCH list longer than this is split
+
+
+class Tl1LoginRefused(ConnectFailed):
+    """The switch refused ACT-USER (wrong user or password). Not retried: another try is refused too."""
+
+    def __init__(self, switch: str, address: str, user: str, code: str | None) -> None:
+        self.code = code
+        super().__init__(
+            switch,
+            address,
+            f"authentication failed for user {user!r} (wrong user or password: the switch answered "
+            f"{code or 'DENY'})",
+        )
 
 
 class Tl1Deny(HardwareError):
@@ -217,7 +231,12 @@ class PolatisTl1Switch(VerifiedSwitch):
                 aid=self.user,
                 blocks=("", self._secret if self._secret is not None else ""),
             )
-            reply = await self._exchange(conn, login)
+            try:
+                reply = await self._exchange(conn, login)
+            except Tl1Deny as e:  # a refused login: said as such, and not retried (it would be refused again)
+                raise Tl1LoginRefused(
+                    self.name, format_address(self.endpoint.host, self.endpoint.port), self.user, e.code
+                ) from None
             self.sid = reply.sid
             size = parse_size((await self._exchange(conn, self._size_command(conn))).lines)
         except BaseException:
