@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -28,26 +28,58 @@ from labctl.cli.common import (
 )
 from labctl.core.errors import InputError
 
+if TYPE_CHECKING:
+    from labctl.scheduler.store import Store
+
 DbOpt = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--db",
         envvar="LABCTL_QUEUE_DB",
         show_default=False,
-        help="The queue database (SQLite, WAL) that `serve` and the clients share. Default: "
+        help="The queue that `serve` and the clients share: a SQLite file (WAL; one serve runs it) or a "
+        "postgresql://USER@HOST:PORT/DB URL (any number of serves, on any machines, share it; the password "
+        "comes from $PGPASSWORD or ~/.pgpass, never from the command line). Default: "
         "$XDG_DATA_HOME/labctl/queue.sqlite, i.e. ~/.local/share/labctl/queue.sqlite of the user running "
         "labctl (under sudo: root's).",
     ),
 ]
 
 
-def _queue_db(db: Path | None) -> Path:
-    from labctl.scheduler.store import LEGACY_DB, resolve_db
+def _queue_db(db: str | None) -> str | Path:
+    """The queue to use: a PostgreSQL URL as given, else the SQLite file (the default's folder created)."""
+    from labctl.scheduler.store import LEGACY_DB, is_url, resolve_db
 
-    path = resolve_db(db)
+    if db is not None and is_url(db):
+        return db
+    path = resolve_db(Path(db) if db is not None else None)
     if db is None and LEGACY_DB.is_file() and LEGACY_DB.resolve() != path.resolve():
         err.print(f"note: using {path}; a queue from an older labctl is at ./{LEGACY_DB} (--db {LEGACY_DB})")
     return path
+
+
+def _from_env(db: str | None) -> bool:
+    """Whether --db came from $LABCTL_QUEUE_DB (where a password in the URL is accepted)."""
+    import os
+
+    return db is not None and os.environ.get("LABCTL_QUEUE_DB") == db
+
+
+def _open(db: str | None, where: str | Path) -> Store:
+    from labctl.scheduler.store import open_store
+
+    return open_store(where, from_env=_from_env(db))
+
+
+def _missing(where: str | Path) -> bool:
+    """A SQLite queue file that does not exist (reading must not create one where a path was mistyped)."""
+    return isinstance(where, Path) and not where.exists()
+
+
+def _label(where: str | Path) -> str:
+    from labctl.scheduler.store import mask_url
+
+    return mask_url(where) if isinstance(where, str) else str(where)
 
 
 def serve(
@@ -59,6 +91,16 @@ def serve(
         typer.Option("--exit-when-idle", help="Exit once no run is queued or running and no schedule is on."),
     ] = False,
     poll_s: Annotated[float, typer.Option("--poll", help="Seconds between queue checks.", min=0.05)] = 0.5,
+    lease_s: Annotated[
+        float,
+        typer.Option(
+            "--lease",
+            help="PostgreSQL queue: seconds a run's resource leases live unless this serve renews them (it "
+            "does every third of that while the run lives); a serve that dies frees them after this long.",
+            min=0.5,
+            max=3600,
+        ),
+    ] = 10.0,
     log_level: LogLevelOpt = "info",
     log_format: LogFormatOpt = None,
 ) -> None:
@@ -68,14 +110,29 @@ def serve(
     priority never preempts a running run. Ctrl-C/SIGTERM stops running runs (each restores its baseline)
     and leaves queued ones queued. After a crash, the next `serve` restores the baseline of every run that
     was going, marks it interrupted and queues one retry.
+
+    On a PostgreSQL queue (--db postgresql://...) several serves, on one machine or several, take runs from
+    one queue: each run is claimed by one serve with a row lock, its OCS ports and hosts are leased for as
+    long as that serve renews the lease, and a serve that dies has its runs recovered and retried once by
+    another after the lease expires.
     """
     import asyncio
 
     from labctl.scheduler.service import serve_main
 
     start_logging(log_level, log_format)
-    db = _queue_db(db)
-    asyncio.run(serve_main(db, out_dir, plots=not no_plots, exit_when_idle=exit_when_idle, poll_s=poll_s))
+    where = _queue_db(db)
+    asyncio.run(
+        serve_main(
+            where,
+            out_dir,
+            plots=not no_plots,
+            exit_when_idle=exit_when_idle,
+            poll_s=poll_s,
+            lease_s=lease_s,
+            from_env=_from_env(db),
+        )
+    )
 
 
 def submit(
@@ -97,7 +154,6 @@ def submit(
 ) -> None:
     """Queue a run (or, with --cron, a recurring schedule). The experiment is validated now, in full."""
     from labctl.scheduler.plan import declare
-    from labctl.scheduler.store import QueueStore
     from labctl.scheduler.timing import SystemClock, parse_at, validate_cron
 
     if at is not None and cron is not None:
@@ -108,7 +164,7 @@ def submit(
 
         load(inventory).profile(profile)
     now = SystemClock().wall_ns()
-    store = QueueStore(_queue_db(db))
+    store = _open(db, _queue_db(db))
     try:
         if cron is not None:
             sid = store.add_schedule(
@@ -141,19 +197,18 @@ def queue(
     """Show queued and running runs (in start order) and active cron schedules."""
     from rich.table import Table
 
-    from labctl.scheduler.store import QueueStore
     from labctl.scheduler.timing import fmt_wall
 
-    db = _queue_db(db)
-    if not db.exists():  # reading must not create a queue file where the user mistyped a path
+    where = _queue_db(db)
+    if _missing(where):  # reading must not create a queue file where the user mistyped a path
         if as_json:
             print(json.dumps({"runs": [], "schedules": []}))
         else:
-            out.print(f"no queue at {db} yet (labctl submit creates it)")
+            out.print(f"no queue at {where} yet (labctl submit creates it)")
         return
-    store = QueueStore(db)
+    store = _open(db, where)
     try:
-        rows, schedules = store.active(), store.schedules()
+        rows, schedules, leases = store.active(), store.schedules(), store.leases()
     finally:
         store.close()
     if as_json:
@@ -170,6 +225,8 @@ def queue(
                             "hosts": sorted(r.resources.hosts),
                             "ports": len(r.resources.ports),
                             "run_dir": r.run_dir,
+                            "attempt": r.attempt,
+                            "serve": r.owner if r.state == "running" else None,
                         }
                         for r in rows
                     ],
@@ -177,16 +234,35 @@ def queue(
                         {"id": f"c{s.id}", "name": s.name, "cron": s.cron, "next_fire_ns": s.next_fire_ns}
                         for s in schedules
                     ],
+                    **(
+                        {
+                            "leases": [
+                                {
+                                    "resource": lease["resource"],
+                                    "run_id": lease["run_id"],
+                                    "serve": lease["owner"],
+                                    "expires": lease["expires_at"].isoformat(),
+                                    "expired": lease["expired"],
+                                }
+                                for lease in leases
+                            ]
+                        }
+                        if store.shared
+                        else {}
+                    ),
                 },
                 indent=2,
             )
         )
         return
     table = Table(title="queue", title_justify="left")
-    for col in ("id", "name", "state", "prio", "due", "hosts", "ports", "run dir"):
+    columns = ["id", "name", "state", "prio", "due", "hosts", "ports", "run dir"]
+    if store.shared:
+        columns.append("serve")
+    for col in columns:
         table.add_column(col)
     for r in rows:
-        table.add_row(
+        cells = [
             str(r.id),
             r.name,
             r.state + (" (cancel requested)" if r.cancel_requested else ""),
@@ -195,7 +271,10 @@ def queue(
             ",".join(sorted(r.resources.hosts)),
             str(len(r.resources.ports)),
             r.run_dir or "",
-        )
+        ]
+        if store.shared:
+            cells.append((r.owner or "") if r.state == "running" else "")
+        table.add_row(*cells)
     out.print(table)
     if schedules:
         st = Table(title="schedules", title_justify="left")
@@ -214,18 +293,16 @@ def cancel(
 
     By name, it cancels every queued or running run with that name and disables the schedules with it.
     """
-    from labctl.scheduler.store import QueueStore
-
-    db = _queue_db(db)
-    if not db.exists():
-        raise InputError(f"{db}: no queue database here (labctl submit creates it)")
-    store = QueueStore(db)
+    where = _queue_db(db)
+    if _missing(where):
+        raise InputError(f"{where}: no queue database here (labctl submit creates it)")
+    store = _open(db, where)
     try:
         done = store.cancel(ident)
     finally:
         store.close()
     if not done:
-        raise InputError(f"cancel {ident}: no such run, schedule or name in {db}")
+        raise InputError(f"cancel {ident}: no such run, schedule or name in {_label(where)}")
     for line in done:
         out.print(line)
 
@@ -235,24 +312,26 @@ def history(
     limit: Annotated[int, typer.Option(help="How many of the newest runs.", min=1)] = 20,
     as_json: JsonOpt = False,
 ) -> None:
-    """Finished runs, newest first: state, start and end, run directory, error."""
+    """Finished runs, newest first: state, start and end, run directory, error, and each run's headline
+    results from its summary.json (reconfigurations; each measured phase's median, with its unit and n)."""
     from rich.table import Table
 
-    from labctl.scheduler.store import QueueStore
+    from labctl.scheduler.results import headline, headline_text
     from labctl.scheduler.timing import fmt_wall
 
-    db = _queue_db(db)
-    if not db.exists():
+    where = _queue_db(db)
+    if _missing(where):
         if as_json:
             print("[]")
         else:
-            out.print(f"no queue at {db} yet (labctl submit creates it)")
+            out.print(f"no queue at {where} yet (labctl submit creates it)")
         return
-    store = QueueStore(db)
+    store = _open(db, where)
     try:
-        rows = store.runs("state NOT IN ('queued','running')", (), "id DESC")[:limit]
+        rows = store.runs("state NOT IN ('queued','running')", (), f"id DESC LIMIT {int(limit)}")
     finally:
         store.close()
+    results = {r.id: headline(r.run_dir) for r in rows}
     if as_json:
         print(
             json.dumps(
@@ -268,6 +347,7 @@ def history(
                         "run_dir": r.run_dir,
                         "error": r.error,
                         "recovery": json.loads(r.recovery) if r.recovery else None,
+                        "results": results[r.id],
                     }
                     for r in rows
                 ],
@@ -276,7 +356,7 @@ def history(
         )
         return
     table = Table(title="history", title_justify="left")
-    for col in ("id", "name", "state", "started", "finished", "run dir", "note"):
+    for col in ("id", "name", "state", "started", "finished", "results", "run dir", "note"):
         table.add_column(col)
     for r in rows:
         note = r.error or ""
@@ -285,7 +365,14 @@ def history(
         if r.missed_fires:
             note = f"{r.missed_fires} missed cron fire(s) merged; {note}".rstrip("; ")
         table.add_row(
-            str(r.id), r.name, r.state, fmt_wall(r.started_ns), fmt_wall(r.finished_ns), r.run_dir or "", note
+            str(r.id),
+            r.name,
+            r.state,
+            fmt_wall(r.started_ns),
+            fmt_wall(r.finished_ns),
+            headline_text(results[r.id]),
+            r.run_dir or "",
+            note,
         )
     out.print(table)
 

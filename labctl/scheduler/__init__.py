@@ -1,8 +1,11 @@
-"""`labctl serve`: a queue of experiment runs in SQLite, started by priority, due date and cron schedule.
+"""`labctl serve`: a queue of experiment runs, started by priority, due date and cron schedule.
 
-- The queue is a SQLite file in WAL mode. Inside `serve`, one writer task makes every state change in a
-  short transaction; the CLI clients (`submit`, `cancel`) make single-statement inserts/updates, so no
-  transaction ever waits on a run (the QCoDeS lock complaints came from long-lived writers).
+- The queue is a SQLite file in WAL mode (the default; one `serve` per file) or a PostgreSQL database that
+  several `serve`s share (decision 0061): runs claimed with row locks, their resources leased with an expiry
+  the holding serve renews, a dead serve's runs taken over and retried once after its leases expire. Inside
+  `serve`, one writer task makes every state change in a short transaction; the CLI clients (`submit`,
+  `cancel`) make short ones too, so no transaction ever waits on a run (the QCoDeS lock complaints came
+  from long-lived writers).
 - Each run declares what it touches: the OCS ports of its rails (every fiber of the rail, as
   `topology.rail_scope`) and the hosts of its plan. Runs on disjoint resources run at the same time.
 - Order: priority (high first), then due time, then submission order. A run that waits for resources
@@ -19,8 +22,11 @@ The modules, each importing only those above it:
 - `timing`: the injectable wall clock, `--at` parsing, cron expressions (croniter, imported on first use).
 - `plan`: what a run touches (`Resources`), `declare` (validate an experiment, derive its resources and
   baseline) and `pick`, the conservative-backfill choice of which due runs start now.
-- `store`: the queue on disk: the SQLite schema, the run state machine, `RunRow`/`ScheduleRow`,
-  `QueueStore`.
+- `store`: the queue's interface (`Store`, a Protocol), the run state machine, `RunRow`/`ScheduleRow`, the
+  SQL both backends share, the SQLite backend (`QueueStore`) and `open_store` (a path or a URL).
+- `store_pg`: the PostgreSQL backend (psycopg, the `[postgres]` extra, imported only for a URL): claims,
+  leases, takeover.
+- `results`: a finished run's headline numbers from its summary.json (`history`, `serve`'s log line).
 - `worker`: executing one run: the `Executor` protocol and `SubprocessExecutor`, and the worker process
   itself (`python -m labctl.scheduler worker ARGS`, through `__main__`).
 - `service`: the `serve` engine (`Scheduler`), recovery of runs left `running`, `serve_main`.

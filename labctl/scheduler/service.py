@@ -9,15 +9,25 @@ import json
 import logging
 import os
 import random
+import secrets
 import signal
+import socket
 from collections.abc import Callable, Iterator
 from datetime import tzinfo
 from pathlib import Path
 from typing import Any, TypeVar
 
 from labctl.core.errors import InputError, LabctlError
-from labctl.scheduler.plan import Declaration, pick
-from labctl.scheduler.store import TRANSITIONS, QueueStore, RunRow
+from labctl.scheduler.results import headline, headline_text
+from labctl.scheduler.store import (
+    DEFAULT_LEASE_S,
+    TRANSITIONS,
+    QueueStore,
+    RunRow,
+    Store,
+    StoreUnavailable,
+    open_store,
+)
 from labctl.scheduler.timing import Clock, SystemClock
 from labctl.scheduler.worker import Executor, SubprocessExecutor, _pid_alive
 
@@ -90,12 +100,22 @@ def _only_in_process_switches(row: RunRow) -> bool:
 
 
 # -- serve -----------------------------------------------------------------------------------------------
+def _owner_id() -> str:
+    """This serve as a lease holder: `host:pid:token` (the token tells a restarted serve with the same pid
+    from the one before it)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
 class Scheduler:
-    """The `serve` engine. All database writes go through one writer task."""
+    """The `serve` engine. All database writes go through one writer task.
+
+    On a shared queue (PostgreSQL) a heartbeat task renews the leases of this serve's runs every third of
+    `lease_s`, and each pass takes over the runs of serves that stopped renewing theirs (recovered as a
+    crashed run is: baseline restored, `interrupted`, one retry)."""
 
     def __init__(
         self,
-        db_path: Path,
+        db: Path | str | Store,
         *,
         executor: Executor | None = None,
         out_dir: Path = Path("runs"),
@@ -103,19 +123,30 @@ class Scheduler:
         tz: tzinfo | None = None,
         poll_s: float = 0.5,
         plots: bool = True,
+        lease_s: float = DEFAULT_LEASE_S,
     ) -> None:
-        self.db_path = db_path
-        self.store = QueueStore(db_path)
+        self.store: Store = open_store(db) if isinstance(db, str | Path) else db
+        self.db_label = self.store.label
         self.out_dir = out_dir = out_dir.resolve()  # run_dir in the queue must not depend on serve's cwd
-        self.executor: Executor = executor or SubprocessExecutor(
-            out_dir, db_path.with_name(db_path.name + ".logs"), plots=plots
-        )
+        if isinstance(self.store, QueueStore):
+            log_dir = self.store.path.with_name(self.store.path.name + ".logs")
+        else:
+            log_dir = out_dir.with_name(out_dir.name + ".logs")
+        self.executor: Executor = executor or SubprocessExecutor(out_dir, log_dir, plots=plots)
         self.clock = clock or SystemClock()
         self.tz = tz
         self.poll_s = poll_s
+        self.lease_s = lease_s
+        self.host = socket.gethostname()
+        self.owner = _owner_id()
         self._writes: asyncio.Queue[tuple[Callable[[], Any], asyncio.Future[Any]]] = asyncio.Queue()
         self._wake = asyncio.Event()
         self._monitors: dict[int, asyncio.Task[None]] = {}
+        self._recovering: dict[int, asyncio.Task[None]] = {}
+        self._ending: set[int] = set()  # runs whose end is being written (their leases go with it)
+        self._lost: set[int] = set()  # runs another serve took over from this one
+        self._fenced: set[int] = set()  # runs stopped because their leases could not be renewed
+        self._launching: set[int] = set()  # claimed, worker not started yet
         self._stopping_ids: set[int] = set()
 
     async def write(self, fn: Callable[[], T]) -> T:
@@ -137,16 +168,21 @@ class Scheduler:
 
     # -- recovery of rows left `running` -------------------------------------------------------------------
     async def recover(self, row: RunRow, reason: str) -> None:
-        """Make a dead run's row consistent: wait for its worker to be gone, restore the baseline, mark it
-        interrupted, update its run.json, queue a retry."""
-        for _ in range(300):  # the worker may still be restoring the baseline itself (SIGTERM on our death)
+        """Make a dead run's row consistent: wait for its worker to be gone (where it ran on this machine),
+        restore the baseline, mark it interrupted, update its run.json, queue a retry. A run that ended by
+        itself before its serve could record it (run.json says completed or failed) is recorded as it
+        ended instead: it is never run a second time."""
+        local = row.owner_host in (None, self.host)
+        for _ in range(300 if local else 0):  # the worker may still be restoring the baseline itself
             if not _pid_alive(row.pid):
                 break
             await asyncio.sleep(0.1)
         else:
-            assert row.pid is not None
-            with contextlib.suppress(OSError):
-                os.kill(row.pid, signal.SIGKILL)
+            if local and row.pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(row.pid, signal.SIGKILL)
+        if await self._record_if_ended(row):
+            return
         run_dir = Path(row.run_dir) if row.run_dir else None
         events_path = (
             run_dir / RECOVERY_EVENTS
@@ -179,26 +215,16 @@ class Scheduler:
                 log.error("run %d: cannot update %s: %s", row.id, run_dir / "run.json", e)
         now = self.clock.wall_ns()
         rec_json = json.dumps(recovery)
-
-        def finish() -> int | None:
-            self.store.transition(row.id, "interrupted", finished_ns=now, error=reason, recovery=rec_json)
-            if row.attempt >= MAX_ATTEMPTS:
-                return None
-            return self.store.submit(
-                Path(row.experiment),
-                Path(row.inventory),
-                Declaration(row.name, row.resources, row.baseline),
+        retry = await self.write(
+            lambda: self.store.interrupt(
+                row,
+                self.owner,
                 now_ns=now,
-                priority=row.priority,
-                due_ns=row.due_ns,
-                name=row.name,
-                profile=row.profile,
-                schedule_id=row.schedule_id,
-                attempt=row.attempt + 1,
-                retry_of=row.id,
+                reason=reason,
+                recovery=rec_json,
+                retry=row.attempt < MAX_ATTEMPTS,
             )
-
-        retry = await self.write(finish)
+        )
         log.warning(
             "run %d interrupted (%s); baseline restored: %s; retry: %s",
             row.id,
@@ -211,18 +237,104 @@ class Scheduler:
                 "error": reason,
                 "baseline_restored": recovery["ok"],
                 "retry_id": retry,
+                "attempt": row.attempt,
             },
         )
 
+    async def _record_if_ended(self, row: RunRow) -> bool:
+        """Whether the run's own record (run.json) says it ended by itself (completed, failed, or aborted on
+        a cancel): then that is what the queue records, with no baseline to restore and no retry."""
+        if not row.run_dir:
+            return False
+        try:
+            meta = json.loads((Path(row.run_dir) / "run.json").read_text())
+        except (OSError, ValueError):
+            return False
+        status = meta.get("status")
+        if not (status in ("completed", "failed") or (status == "aborted" and row.cancel_requested)):
+            return False
+        finished = meta.get("finished_wall_ns")
+        now = int(finished) if isinstance(finished, int) else self.clock.wall_ns()
+        error = meta.get("error")
+        recorded = await self.write(
+            lambda: self.store.finish(row.id, self.owner, status, finished_ns=now, error=error)
+        )
+        if recorded:
+            results = headline(row.run_dir)
+            text = headline_text(results)
+            log.warning(
+                "run %d finished: %s (recorded on recovery: its serve ended before it could)%s",
+                row.id,
+                status,
+                f"; {text}" if text else "",
+                extra={"run_id": row.id, "status": status, "run_dir": row.run_dir, "results": results},
+            )
+        return True
+
+    def _recover_in_background(self, row: RunRow, reason: str) -> None:
+        async def go() -> None:
+            try:
+                await self.recover(row, reason)
+            except LabctlError as e:  # another serve holds it now, or the queue went away: it stays `running`
+                log.error("run %d: recovery not recorded: %s", row.id, e, extra={"run_id": row.id})
+            finally:
+                self._recovering.pop(row.id, None)
+                self._wake.set()
+
+        self._recovering[row.id] = asyncio.create_task(go(), name=f"recover:{row.id}")
+
+    # -- leases ---------------------------------------------------------------------------------------------
+    async def _heartbeat(self) -> None:
+        """Renew this serve's leases every third of `lease_s`. A run another serve took over meanwhile has its
+        worker killed; a run still held with nothing running it (its end could not be recorded) is recovered.
+        When renewals fail for two thirds of the lease (the database is out of reach), this serve stops its
+        runs before their leases expire, so that another serve's takeover never meets a live worker."""
+        loop = asyncio.get_running_loop()
+        renewed = loop.time()
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                held = await self.write(lambda: self.store.renew(self.owner, self.lease_s))
+            except StoreUnavailable as e:
+                log.warning("leases not renewed: %s", e, extra={"db": self.db_label})
+                if loop.time() - renewed > self.lease_s * 2 / 3:
+                    for run_id in list(self._monitors):
+                        if run_id in self._fenced or run_id in self._ending or run_id in self._lost:
+                            continue
+                        self._fenced.add(run_id)
+                        log.error(
+                            "run %d: its leases were not renewed for %.1f s: stopping it before they expire",
+                            run_id,
+                            loop.time() - renewed,
+                            extra={"run_id": run_id, "owner": self.owner},
+                        )
+                        self.executor.stop(run_id)
+                continue
+            renewed = loop.time()
+            busy = {*self._monitors, *self._recovering, *self._launching, *self._ending}
+            for run_id in list(self._monitors):
+                if run_id in held or run_id in self._ending or run_id in self._lost:
+                    continue
+                self._lost.add(run_id)
+                log.error(
+                    "run %d: another serve took it over (this one did not renew its lease in time): "
+                    "stopping its worker",
+                    run_id,
+                    extra={"run_id": run_id, "owner": self.owner},
+                )
+                self.executor.kill(run_id)
+            for run_id in sorted(held - busy):
+                try:
+                    row = self.store.run(run_id)
+                except LabctlError:
+                    continue
+                if row.state == "running":
+                    self._recover_in_background(row, "its serve could not record how it ended")
+
     # -- running one row ------------------------------------------------------------------------------------
     async def _launch(self, row: RunRow) -> bool:
-        started = self.clock.wall_ns()
-        # Mark running before the worker exists: if serve dies in between, the next serve recovers the row.
-        try:
-            await self.write(lambda: self.store.transition(row.id, "running", started_ns=started, pid=None))
-        except LabctlError as e:  # cancelled by a client since this pass read the queue: skip it
-            log.info("run %d not started: %s", row.id, e)
-            return False
+        """Start the worker of a run this serve has claimed (its row is `running` already: if serve dies
+        before the worker exists, the run is recovered like any other)."""
 
         async def on_started(pid: int, run_dir: str | None) -> None:
             fields: dict[str, Any] = {"pid": pid}
@@ -238,7 +350,9 @@ class Scheduler:
                 "run %d: %s", row.id, error, extra={"run_id": row.id, "status": "failed", "error": error}
             )
             await self.write(
-                lambda: self.store.transition(row.id, "failed", finished_ns=self.clock.wall_ns(), error=error)
+                lambda: self.store.finish(
+                    row.id, self.owner, "failed", finished_ns=self.clock.wall_ns(), error=error
+                )
             )
             return False
         self._monitors[row.id] = asyncio.create_task(self._monitor(row.id), name=f"monitor:{row.id}")
@@ -254,7 +368,9 @@ class Scheduler:
                 "inventory": row.inventory,
                 "priority": row.priority,
                 "attempt": row.attempt,
+                "retry_of": row.retry_of,
                 "schedule_id": row.schedule_id,
+                "owner": self.owner,
             },
         )
         return True
@@ -263,69 +379,135 @@ class Scheduler:
         try:
             result = await self.executor.wait(run_id)
             now = self.clock.wall_ns()
+            if run_id in self._lost:
+                log.error(
+                    "run %d ended here as %s after another serve took it over: not recorded",
+                    run_id,
+                    result.status,
+                    extra={"run_id": run_id, "status": result.status, "run_dir": result.run_dir},
+                )
+                return
+            if run_id in self._fenced:
+                try:
+                    await self.recover(self.store.run(run_id), "its serve lost the queue database")
+                except LabctlError as e:  # still unreachable: the heartbeat or another serve recovers it
+                    log.error("run %d: stopped, not recorded yet: %s", run_id, e, extra={"run_id": run_id})
+                return
             if result.status == "crashed":
                 row = self.store.run(run_id)
                 if result.run_dir and not row.run_dir:
                     await self.write(lambda: self.store.set_fields(run_id, run_dir=result.run_dir))
                     row = self.store.run(run_id)
                 await self.recover(row, result.error or "worker crashed")
-            else:
-                state = result.status if result.status in TRANSITIONS["running"] else "failed"
-                await self.write(
-                    lambda: self.store.transition(
-                        run_id, state, finished_ns=now, error=result.error, run_dir=result.run_dir
-                    )
+                return
+            state = result.status if result.status in TRANSITIONS["running"] else "failed"
+            self._ending.add(run_id)
+            recorded = await self.write(
+                lambda: self.store.finish(
+                    run_id, self.owner, state, finished_ns=now, error=result.error, run_dir=result.run_dir
                 )
-                (log.info if state == "completed" else log.warning)(
-                    "run %d finished: %s%s",
+            )
+            if not recorded:
+                log.error(
+                    "run %d ended as %s but another serve holds it now: not recorded",
                     run_id,
                     state,
-                    f" ({result.error})" if result.error else "",
-                    extra={
-                        "run_id": run_id,
-                        "status": state,
-                        "run_dir": result.run_dir,
-                        "error": result.error,
-                    },
+                    extra={"run_id": run_id, "status": state, "run_dir": result.run_dir},
                 )
+                return
+            results = headline(result.run_dir)
+            text = headline_text(results)
+            (log.info if state == "completed" else log.warning)(
+                "run %d finished: %s%s%s",
+                run_id,
+                state,
+                f" ({result.error})" if result.error else "",
+                f"; {text}" if text else "",
+                extra={
+                    "run_id": run_id,
+                    "status": state,
+                    "run_dir": result.run_dir,
+                    "error": result.error,
+                    "results": results,
+                },
+            )
         finally:
             self._monitors.pop(run_id, None)
+            self._ending.discard(run_id)
+            self._lost.discard(run_id)
+            self._fenced.discard(run_id)
             self._wake.set()
 
     async def step(self) -> list[int]:
-        """One scheduling pass: fire cron schedules, stop cancelled runs, start what may start."""
+        """One scheduling pass: fire cron schedules, take over runs of dead serves (shared queue), stop
+        cancelled runs, claim and start what may start."""
         now = self.clock.wall_ns()
         await self.write(lambda: self.store.fire_schedules(now, self.tz))
-        running = self.store.runs("state='running'")
-        for row in running:
-            if row.cancel_requested and row.id not in self._stopping_ids and row.id in self._monitors:
+        if self.store.shared:
+            for row in await self.write(lambda: self.store.take_over_lost(self.owner, self.lease_s)):
+                log.warning(
+                    "run %d: its serve (%s) stopped renewing its lease: recovering it",
+                    row.id,
+                    row.owner,
+                    extra={"run_id": row.id, "lost_owner": row.owner, "owner": self.owner},
+                )
+                self._recover_in_background(row, f"lost: its serve {row.owner} stopped renewing its lease")
+        for row in self.store.runs("state='running' AND cancel_requested=1"):
+            if row.id not in self._stopping_ids and row.id in self._monitors:
                 self._stopping_ids.add(row.id)
                 log.info("run %d: cancelled, stopping it", row.id, extra={"run_id": row.id})
                 self.executor.stop(row.id)
+
+        def claim() -> list[RunRow]:
+            rows = self.store.claim(now, self.owner, self.lease_s)
+            self._launching.update(r.id for r in rows)
+            return rows
+
         started = []
-        for row in pick(self.store.due(now), running):
-            if await self._launch(row):
-                started.append(row.id)
+        for row in await self.write(claim):
+            try:
+                if await self._launch(row):
+                    started.append(row.id)
+            finally:
+                self._launching.discard(row.id)
         return started
 
     def idle(self) -> bool:
-        return not self._monitors and not self.store.active() and not self.store.schedules()
+        return (
+            not self._monitors
+            and not self._recovering
+            and not self.store.active()
+            and not self.store.schedules()
+        )
 
     async def serve(self, *, exit_when_idle: bool = False, ready: Callable[[], None] | None = None) -> None:
         writer = asyncio.create_task(self._writer(), name="queue-writer")
+        heartbeat = (
+            asyncio.create_task(self._heartbeat(), name="queue-heartbeat") if self.store.shared else None
+        )
         log.info(
             "serving queue %s (runs in %s)",
-            self.db_path,
+            self.db_label,
             self.out_dir,
-            extra={"db": str(self.db_path), "out_dir": str(self.out_dir), "poll_s": self.poll_s},
+            extra={
+                "db": self.db_label,
+                "out_dir": str(self.out_dir),
+                "poll_s": self.poll_s,
+                "shared": self.store.shared,
+                "owner": self.owner,
+                "lease_s": self.lease_s if self.store.shared else None,
+            },
         )
         try:
-            for row in self.store.runs("state='running'"):
+            for row in await self.write(lambda: self.store.orphans_at_start(self.owner, self.lease_s)):
                 await self.recover(row, "interrupted: serve stopped while the run was going")
             if ready is not None:
                 ready()
             while True:
-                await self.step()
+                try:
+                    await self.step()
+                except StoreUnavailable as e:
+                    log.warning("queue unavailable: %s (trying again)", e, extra={"db": self.db_label})
                 if exit_when_idle and self.idle():
                     break
                 self._wake.clear()
@@ -335,21 +517,29 @@ class Scheduler:
                     async with asyncio.timeout(self.poll_s):
                         await self._wake.wait()
         finally:
-            # Stop our workers (each restores its baseline) and record how they ended.
+            # Stop our workers (each restores its baseline) and record how they ended; the heartbeat keeps
+            # their leases meanwhile.
             for run_id in list(self._monitors):
                 self.executor.stop(run_id)
-            monitors = list(self._monitors.values())
-            if monitors:
-                _, late = await asyncio.wait(monitors, timeout=STOP_GRACE_S)
+            pending = [*self._monitors.values(), *self._recovering.values()]
+            if pending:
+                _, late = await asyncio.wait(pending, timeout=STOP_GRACE_S)
                 for run_id in [r for r, task in self._monitors.items() if task in late]:
                     log.error("run %d did not stop within %g s: killed", run_id, STOP_GRACE_S)
                     self.executor.kill(run_id)
-                await asyncio.gather(*monitors, return_exceptions=True)
+                for task in self._recovering.values():
+                    if task in late:
+                        task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+            if heartbeat is not None:
+                heartbeat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await heartbeat
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
             self.store.close()
-            log.info("serve stopped", extra={"db": str(self.db_path)})
+            log.info("serve stopped", extra={"db": self.db_label})
 
 
 @contextlib.contextmanager
@@ -370,14 +560,35 @@ def exclusive_serve(db: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-async def serve_main(db: Path, out_dir: Path, *, plots: bool, exit_when_idle: bool, poll_s: float) -> None:
-    """`labctl serve`: runs until SIGINT/SIGTERM, then stops running runs (baselines restored) and exits."""
-    with exclusive_serve(db):
-        await _serve(db, out_dir, plots=plots, exit_when_idle=exit_when_idle, poll_s=poll_s)
+async def serve_main(
+    db: Path | str,
+    out_dir: Path,
+    *,
+    plots: bool,
+    exit_when_idle: bool,
+    poll_s: float,
+    lease_s: float = DEFAULT_LEASE_S,
+    from_env: bool = False,
+) -> None:
+    """`labctl serve`: runs until SIGINT/SIGTERM, then stops running runs (baselines restored) and exits.
+    A SQLite queue has one serve (a file lock next to it); a PostgreSQL queue any number."""
+    store = open_store(db, from_env=from_env)
+    try:
+        with contextlib.ExitStack() as stack:
+            if isinstance(store, QueueStore):
+                stack.enter_context(exclusive_serve(store.path))
+            await _serve(
+                store, out_dir, plots=plots, exit_when_idle=exit_when_idle, poll_s=poll_s, lease_s=lease_s
+            )
+    except BaseException:
+        store.close()  # serve() closes it once started; closing twice is harmless
+        raise
 
 
-async def _serve(db: Path, out_dir: Path, *, plots: bool, exit_when_idle: bool, poll_s: float) -> None:
-    sched = Scheduler(db, out_dir=out_dir, plots=plots, poll_s=poll_s)
+async def _serve(
+    store: Store, out_dir: Path, *, plots: bool, exit_when_idle: bool, poll_s: float, lease_s: float
+) -> None:
+    sched = Scheduler(store, out_dir=out_dir, plots=plots, poll_s=poll_s, lease_s=lease_s)
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(sched.serve(exit_when_idle=exit_when_idle))
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -10,7 +10,7 @@ import sys
 from labctl.core.registry import SWITCH_DRIVERS
 from tests.helpers.architecture import MODULES
 
-OPTIONAL = ("cuda", "ncclient", "pyvisa", "serial", "pyverbs")  # the extras' top-level packages
+OPTIONAL = ("cuda", "ncclient", "pyvisa", "serial", "pyverbs", "psycopg")  # the extras' top-level packages
 
 
 def test_loading_the_lab_contract_loads_no_driver_probe_or_lab_kind() -> None:

@@ -382,3 +382,46 @@ async def test_a_replay_experiment_is_queued_with_its_rails_and_runs(tmp_path: P
         store.close()
     assert row.state == "completed", row
     assert list((tmp_path / "runs").glob("*/replay_steps.csv"))
+
+
+async def test_a_serve_that_cannot_renew_its_leases_stops_its_run_and_it_is_retried(
+    lab: dict[str, Path], tmp_path: Path
+) -> None:
+    """Fencing: a serve whose lease renewals fail for two thirds of the lease stops its runs before another
+    serve could take them over; the run is recorded interrupted and retried once."""
+    from labctl.scheduler.store import StoreUnavailable
+
+    class Flaky(QueueStore):
+        shared = True  # a shared queue's serve: a heartbeat renews its leases
+        down = False
+
+        def renew(self, owner: str, lease_s: float) -> set[int]:
+            if self.down:
+                raise StoreUnavailable("q: connection lost")
+            return super().renew(owner, lease_s)
+
+    store = Flaky(tmp_path / "q.sqlite")
+    ex = RecordingExecutor()
+    sched = Scheduler(store, executor=ex, lease_s=0.3, poll_s=0.05, out_dir=tmp_path / "runs")
+    inv = lab["inventory"]
+    rid = store.submit(lab["quick"], inv, declare(lab["quick"], inv), now_ns=T0)
+    serving = asyncio.create_task(sched.serve())
+    try:
+        for _ in range(400):
+            if ex.started:
+                break
+            await asyncio.sleep(0.025)
+        assert ex.started == [rid]
+        store.down = True
+        for _ in range(800):
+            if store.run(rid).state == "interrupted":
+                break
+            await asyncio.sleep(0.025)
+        row = store.run(rid)
+        assert (row.state, row.error) == ("interrupted", "its serve lost the queue database")
+        # Retried once (the retry itself meets the same outage: its fate is not this test's point).
+        [retry] = store.runs("retry_of=?", (rid,))
+        assert retry.attempt == 2
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)

@@ -162,3 +162,56 @@ def test_a_queue_database_of_another_user_is_named_as_such(
     monkeypatch.setattr(store.os, "access", lambda p, mode: False if Path(p) == db else real_access(p, mode))
     with pytest.raises(InputError, match=r"no write permission on the queue database \(it belongs to uid"):
         store.QueueStore(db)
+
+
+# -- the shared queue (decision 0061) ---------------------------------------------------------------------------
+def test_queue_urls_are_checked_and_their_passwords_masked() -> None:
+    from labctl.scheduler.store import check_url, is_url, mask_url
+
+    assert is_url("postgresql://u@h:5432/q") and not is_url("/var/lib/q.sqlite") and not is_url("q.sqlite")
+    assert mask_url("postgresql://u:pw@h:5432/q") == "postgresql://u:***@h:5432/q"
+    assert mask_url("postgresql://u@h/q") == "postgresql://u@h/q"
+    assert check_url("postgresql://u@h:5432/q", from_env=False)
+    assert check_url("postgresql://u:pw@h/q", from_env=True)  # from $LABCTL_QUEUE_DB: accepted
+    for bad, message in (
+        ("postgresql://u:pw@h/q", "PGPASSWORD"),
+        ("postgresql://u@h:0/q", "out of range"),
+        ("postgresql://u@h", "no database name"),
+        ("postgresql:///q", "no host"),
+        ("http://h/q", "unknown scheme"),
+    ):
+        with pytest.raises(InputError, match=message) as caught:
+            check_url(bad, from_env=False)
+        assert "pw" not in str(caught.value).replace("PGPASSWORD", "")
+
+
+def test_headline_results_read_from_summary_json(tmp_path: Path) -> None:
+    import json
+
+    from labctl.scheduler.results import headline, headline_text
+
+    assert headline(None) is None and headline(tmp_path) is None and headline_text(None) == ""
+    (tmp_path / "summary.json").write_text(
+        json.dumps(
+            {
+                "reconfigurations": 4,
+                "phases": {
+                    "switch": {"unit": "switch command", "n": 4, "median": 25_000_000},
+                    "firmware": {"unit": "port", "n": 0, "median": None},
+                    "total": {"unit": "port", "n": 16, "median": 6_102_000_000},
+                },
+            }
+        )
+    )
+    h = headline(tmp_path)
+    assert h == {
+        "reconfigurations": 4,
+        "phases": {
+            "switch": {"median_ns": 25_000_000, "unit": "switch command", "n": 4},
+            "total": {"median_ns": 6_102_000_000, "unit": "port", "n": 16},
+        },
+    }
+    assert (
+        headline_text(h)
+        == "4 reconfigurations; switch 25.0 ms (n=4 switch command), total 6.102 s (n=16 port)"
+    )
