@@ -63,11 +63,15 @@ FACTS = """
 import json, sys
 from labctl.inventory.schema import load_inventory
 from labctl.labs import check
+from labctl.agents.broker import CONTROLLER, secret_env
 inv = load_inventory(sys.argv[1])
 check(inv, secrets=False)
 [(name, sw)] = inv.switches.items()
+ids = inv.model.broker.identities if inv.model.broker else None
+secrets = {n: secret_env(ids, n) for n in (CONTROLLER, *inv.hosts)} if ids else {}
 print(json.dumps({'lab': inv.lab, 'switch': name, 'driver': sw.driver, 'address': sw.address,
-  'port': sw.port, 'user': sw.user, 'password_env': sw.password.env_name if sw.password else None,
+  'secrets': secrets, 'port': sw.port, 'user': sw.user,
+  'password_env': sw.password.env_name if sw.password else None,
   'broker': inv.model.broker.url if inv.model.broker else None, 'hosts': inv.hosts,
   'meters': {n: [m.address, m.port] for n, m in inv.model.power_meters.items()}}))
 """
@@ -113,6 +117,17 @@ def inventory_facts(inventory: Path) -> dict[str, object]:
         raise RehearsalError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "inventory")
     facts: dict[str, object] = json.loads(out.stdout)
     return facts
+
+
+def mosquitto_user() -> tuple[int, int] | None:
+    """(uid, gid) of the user mosquitto drops root for, where it exists."""
+    import pwd
+
+    try:
+        entry = pwd.getpwnam("mosquitto")
+    except KeyError:
+        return None
+    return entry.pw_uid, entry.pw_gid
 
 
 def port_free(host: str, port: int) -> bool:
@@ -297,6 +312,14 @@ def up(inventory: Path, agent_timeout_s: float = AGENT_ONLINE_TIMEOUT_S) -> None
     password_env = facts["password_env"]
     if password_env is None or not os.environ.get(str(password_env)):
         raise RehearsalError(f"set {password_env or 'a password variable'} to the switch password")
+    # Per-host broker identities (decision 0067): a secret per agent and one for the controller.
+    identity_env: dict[str, str] = dict(facts.get("secrets") or {})  # type: ignore[call-overload]
+    missing = [env for env in identity_env.values() if not os.environ.get(env)]
+    if missing:
+        raise RehearsalError(
+            f"set the broker secrets {', '.join(missing)} "
+            f"(e.g. `export {missing[0]}=$(openssl rand -hex 16)` for each)"
+        )
     broker = urlsplit(str(facts["broker"]))
     broker_port = broker.port or 1883
     switch_host, switch_port = str(facts["address"]), int(str(facts["port"] or 3082))
@@ -313,8 +336,8 @@ def up(inventory: Path, agent_timeout_s: float = AGENT_ONLINE_TIMEOUT_S) -> None
     children: dict[str, Child] = {}
     write_state(state, inventory, logs, children)  # from here on, `down` can undo whatever got started
 
-    def start(name: str, cmd: list[str]) -> Child:
-        child = children[name] = spawn(name, cmd, logs / f"{name.replace(':', '-')}.log")
+    def start(name: str, cmd: list[str], env: dict[str, str] | None = None) -> Child:
+        child = children[name] = spawn(name, cmd, logs / f"{name.replace(':', '-')}.log", env)
         write_state(state, inventory, logs, children)
         return child
 
@@ -328,11 +351,23 @@ def up(inventory: Path, agent_timeout_s: float = AGENT_ONLINE_TIMEOUT_S) -> None
             )
         listeners = [broker.hostname or "127.0.0.1"]
         listeners += [h["management"]["controller_ip"] for h in fabric["hosts"].values()]
-        conf = logs / "mosquitto.conf"
-        conf.write_text(
-            "".join(f"listener {broker_port} {ip}\n" for ip in listeners)
-            + "allow_anonymous true\npersistence false\nset_tcp_nodelay true\n"
-        )
+        if identity_env:
+            # Users, passwords and ACL from the inventory, as a lab's broker gets them.
+            conf_dir = logs / "broker"
+            listen = [arg for ip in listeners for arg in ("--listen", f"{ip}:{broker_port}")]
+            labctl("lab", "broker-config", "-i", str(inventory), "--out", str(conf_dir), *listen)
+            conf = conf_dir / "mosquitto.conf"
+            conf.write_text(conf.read_text() + "persistence false\n")
+            owner = mosquitto_user()
+            for path in (conf_dir, conf_dir / "passwd", conf_dir / "acl"):
+                if owner is not None:  # mosquitto reads them after dropping root for its own user
+                    os.chown(path, *owner)
+        else:
+            conf = logs / "mosquitto.conf"
+            conf.write_text(
+                "".join(f"listener {broker_port} {ip}\n" for ip in listeners)
+                + "allow_anonymous true\npersistence false\nset_tcp_nodelay true\n"
+            )
         mosquitto = start("mosquitto", ["mosquitto", "-c", str(conf)])
         wait_for_port(broker.hostname or "127.0.0.1", broker_port, mosquitto)
         switch_cmd = [
@@ -364,7 +399,10 @@ def up(inventory: Path, agent_timeout_s: float = AGENT_ONLINE_TIMEOUT_S) -> None
             url = f"mqtt://{info['management']['controller_ip']}:{broker_port}"
             netns_exec = ["ip", "netns", "exec", info["netns"]]
             agent_cmd = [*netns_exec, *LABCTL, "agent", "--host", host, "-i", str(inventory), "--broker", url]
-            agents[host] = start(f"agent:{host}", agent_cmd)
+            # Each agent holds its own broker secret only, as on its own host.
+            not_its_own = {env for name, env in identity_env.items() if name != host}
+            env = {k: v for k, v in os.environ.items() if k not in not_its_own}
+            agents[host] = start(f"agent:{host}", agent_cmd, env)
         wait_agents_online(inventory, agents, others, agent_timeout_s)
     except BaseException:
         take_down(inventory, facts, children)

@@ -26,10 +26,13 @@ Topics (`<lab>` and `<host>` from the inventory):
 The controller hands every message to its client as soon as it is queued (no waiting for the previous
 ones' PUBACKs) and, when it stops, waits until the broker has acknowledged them all; an agent told to stop
 (SIGTERM) stops its probes, publishes what they sampled and its replies in flight, then says `offline`.
-Every payload is `MAC BODY`: MAC is HMAC-SHA256 over topic and body with the inventory's
-`broker.auth_key` (`-` without a key). Messages that do not decode or validate are *malformed*; a bad
-MAC, an unknown host, or a batch carrying events of another host's ports are *unauthorised*; both are
-dropped and counted, never acted on.
+Every payload is `MAC STAMP BODY`: MAC is HMAC-SHA256 over topic, stamp and body with the key of the
+host whose topic it is (per-host identities, decision 0067; the world feed carries one MAC per host) or the
+inventory's shared `broker.auth_key` (`-` without a key); STAMP names the signer and a counter that only
+grows. Messages that do not decode or validate are *malformed*; a bad MAC, an unknown host, or a batch
+carrying events of another host's ports are *unauthorised*; a stamp seen before is *replayed*; a valid
+signature by another host than the topic's is *forged*; all are dropped and counted, never acted on. With
+per-host identities the broker's ACL (`labctl lab broker-config`) already refuses most of these.
 
 Clock (decision 0040): the controller exchanges timestamped ping/pongs with each agent over the broker, a
 burst every `clock_sync_interval_s` while its probes run, keeps the fastest of each burst and fits offset

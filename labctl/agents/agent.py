@@ -3,28 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
 import random
 import secrets
+import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import aiomqtt
 import msgspec
 import numpy as np
 
-from labctl.agents.broker import (
-    BrokerSettings,
-)
+from labctl.agents.broker import BrokerSettings, login_failure
 from labctl.agents.clock import HostClock, clock_identity
 from labctl.agents.clockping import ClockResponder, local_address_towards
 from labctl.agents.inspect import inspect_host
 from labctl.agents.wire import (
     ANNOUNCED,
+    CONTROLLER,
     HAPPENS,
     WITHDRAWN,
     WORLD_KINDS,
@@ -34,6 +36,7 @@ from labctl.agents.wire import (
     PingArgs,
     Rejected,
     Rejections,
+    ReplayGuard,
     Reply,
     Signer,
     StartArgs,
@@ -50,7 +53,7 @@ from labctl.agents.wire import (
     world_topic,
 )
 from labctl.core.clock import now_ns
-from labctl.core.errors import InputError
+from labctl.core.errors import HardwareError, InputError
 from labctl.core.events import Event
 from labctl.inventory.profiles import Profile
 from labctl.inventory.schema import Inventory, NicPort
@@ -64,6 +67,7 @@ from labctl.probes.base import probe_kinds
 from labctl.probes.sampling import CircuitProbe, ModelSchedule, Probe, ProbeSettings
 
 log = logging.getLogger("labctl.agents")
+T = TypeVar("T")
 
 BATCH_MAX = 512
 BATCH_GAP_NS = 20_000_000
@@ -73,7 +77,35 @@ no mark, it only tells the controller of a recovery that much later (a mirror la
 OUTBOX_MAX = 200_000
 RECONNECT_MAX_S = 2.0  # agents retry a lost broker with backoff up to this
 MIRROR_WAKE_NS = 4_000_000  # a lagging mirror's samplers wake this often (ModelSchedule.wake_ns)
-WIND_DOWN_S = 3.0  # an agent told to stop publishes what it still holds for at most this long
+WIND_DOWN_S = 1.0  # an agent told to stop publishes what it still holds for at most this long
+STOP_BUDGET_S = 1.5
+"""An agent told to stop (SIGTERM, SIGINT) has ended `run()` within this, whatever state it was in
+(connecting, backing off, connected, probes running, its broker going away): every wait on the way out is
+cut to what is left of it. `labctl agent` exits at STOP_BUDGET_S + a little at the latest (decision 0068)."""
+
+
+class DaemonThreads(concurrent.futures.ThreadPoolExecutor):
+    """An executor whose every call runs on a daemon thread of its own: what is still blocked (a TCP or TLS
+    connect to a broker that went away) neither delays the loop's shutdown nor the interpreter's exit. (A
+    ThreadPoolExecutor only in name: asyncio takes no other kind as the loop's default; its pool of
+    workers, joined at exit, is never used.)"""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def call() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as e:  # handed to the awaiting coroutine
+                future.set_exception(e)
+
+        threading.Thread(target=call, daemon=True, name="labctl-agent-call").start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Nothing to wait for: a call still running is abandoned with its daemon thread."""
 
 
 # -- the agent's view of a simulated lab -----------------------------------------------------------------
@@ -350,7 +382,7 @@ class Agent:
         self.ports = [p for p in inventory.ports if p.host == host]
         self.sources = {p.source for p in self.ports}
         self.all_sources = {p.source for p in inventory.ports}
-        self.signer = Signer(broker.auth_key)
+        self.replays = ReplayGuard()
         self.rejections = Rejections()
         # The controller's behaviour model, replayed from its world feed, where the lab kind has one (the
         # probes of a real lab read the host's own interfaces): built by each `start`.
@@ -362,6 +394,10 @@ class Agent:
         self.lost_batches = 0  # publish failed (broker away): the controller sees the gap
         self.reconnects = 0
         self.connected = asyncio.Event()
+        self.stopping = False
+        self._stop_at: float | None = None  # loop time by which run() must have ended
+        self._task: asyncio.Task[None] | None = None
+        self._mqtt: aiomqtt.Client | None = None  # the client of the session in progress (connected or not)
         self._client: aiomqtt.Client | None = None
         self._outbox: deque[Event] = deque()
         self._outbox_dropped = 0
@@ -379,6 +415,12 @@ class Agent:
         self._topics = {leaf: topic(broker.lab, host, leaf) for leaf in ("events", "cmd", "reply", "status")}
         self._world = world_topic(broker.lab)
 
+    @functools.cached_property
+    def signer(self) -> Signer:
+        """Signs this host's messages and checks the controller's, with this host's key (decision 0067);
+        read from the environment when first needed (`run()` does at once)."""
+        return Signer(self.broker.key_for(self.host), self.host)
+
     def now(self) -> int:
         return self.clock.local(now_ns())
 
@@ -387,19 +429,58 @@ class Agent:
         return self._outbox_dropped + sum(p.dropped for p in self._probes.values())
 
     # -- main loop ----------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """End `run()` within STOP_BUDGET_S, whatever it is doing: connecting (a connect blocked on a
+        broker that does not answer is abandoned), backing off, connected with probes running (their last
+        samples go out if the broker takes them in time). Safe to call more than once (a second signal)."""
+        loop = asyncio.get_running_loop()
+        if not self.stopping:
+            self.stopping = True
+            self._stop_at = loop.time() + STOP_BUDGET_S
+        if self._mqtt is not None:
+            self._mqtt.timeout = self._left(0.3)  # aiomqtt's own waits (its disconnect) too
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    def _left(self, cap: float) -> float:
+        """What is left of the stop budget, at most `cap` (`cap` when not stopping); never quite 0."""
+        if self._stop_at is None:
+            return cap
+        return max(0.01, min(cap, self._stop_at - asyncio.get_running_loop().time()))
+
+    def _interrupted(self) -> bool:
+        """Stopping, or this task was cancelled: a CancelledError that aiomqtt turned into an MqttError on
+        its way out (its disconnect timing out against a broker that went away) must still end `run()`."""
+        task = asyncio.current_task()
+        return self.stopping or (task is not None and task.cancelling() > 0)
+
     async def run(self) -> None:
-        """Connect, and reconnect whenever the broker goes away, until cancelled; probes keep sampling."""
+        """Connect, and reconnect whenever the broker goes away, until stopped (`stop()`) or cancelled; probes
+        keep sampling. A login the broker refuses, or TLS that fails, ends it with one line naming this
+        host (HardwareError): retrying cannot fix a wrong secret or certificate."""
+        self._task = asyncio.current_task()
+        self.broker.credentials()  # this host's secret is set: one line now, naming it
+        assert self.signer
+        if self.broker.tls:
+            self.broker.tls_context()  # its files readable: one line now
         try:
             delay = self.reconnect_s
-            while True:
+            while not self.stopping:
                 started = now_ns()
                 try:
                     await self._session()
                 except aiomqtt.MqttError as e:
+                    if self._interrupted():
+                        break
+                    failure = login_failure(self.broker, e)
+                    if failure is not None:
+                        raise HardwareError(failure) from None
                     # Once per outage at warning level; the retries of a long outage only at debug.
                     (log.warning if delay == self.reconnect_s else log.debug)(
                         "agent %s: broker connection lost: %s", self.host, e
                     )
+                if self._interrupted():
+                    break
                 self.reconnects += 1
                 if now_ns() - started > 5_000_000_000:  # that session was up for a while: a new outage
                     delay = self.reconnect_s
@@ -409,7 +490,10 @@ class Agent:
             for t in [*self._replying, *self._sending]:
                 t.cancel()
             await asyncio.gather(*self._replying, *self._sending, return_exceptions=True)
-            await self._stop_probes(list(self._probes))
+            try:
+                await asyncio.wait_for(self._stop_probes(list(self._probes)), self._left(5.0))
+            except TimeoutError:
+                log.warning("agent %s: probes still stopping at exit: %s", self.host, ", ".join(self._probes))
             if self.mirror is not None:
                 self.mirror.cancel_pending()
             if self.clock_responder is not None:
@@ -444,7 +528,23 @@ class Agent:
         )
         will = aiomqtt.Will(status, offline, qos=1, retain=True)
         ident = f"labctl-agent-{self.broker.lab}-{self.host}-{secrets.token_hex(3)}"
-        async with self.broker.client(ident, will) as client:
+        self._mqtt = self.broker.client(ident, will)
+        if self.stopping:
+            self._mqtt.timeout = self._left(0.3)
+        try:
+            await self._connected_session(self._mqtt, status, online, offline)
+        finally:
+            # A broker that dropped the connection after the session stopped listening (stopping, its
+            # broker going away together with it) leaves aiomqtt's disconnect future failed and unread:
+            # read here, or asyncio logs it as an error at exit.
+            gone = getattr(self._mqtt, "_disconnected", None)
+            if isinstance(gone, asyncio.Future) and gone.done() and not gone.cancelled():
+                gone.exception()
+
+    async def _connected_session(
+        self, mqtt: aiomqtt.Client, status: str, online: bytes, offline: bytes
+    ) -> None:
+        async with mqtt as client:
             await self._start_clock_responder()
             await client.subscribe(self._topics["cmd"], qos=1)
             if self.mirrors_world:
@@ -483,7 +583,11 @@ class Agent:
                     self.mirror.stale = True
                 # A clean exit sends no last will: say `offline` ourselves so no stale `online` is retained.
                 with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
-                    await asyncio.wait_for(client.publish(status, offline, qos=1, retain=True), 1.0)
+                    await asyncio.wait_for(
+                        client.publish(status, offline, qos=1, retain=True), self._left(1.0) / 2
+                    )
+                if self.stopping:  # the disconnect waits for the broker at most what is left
+                    client.timeout = self._left(0.3)
 
     async def _wind_down(self) -> None:
         """Stop the probes, publish everything they sampled, and let the replies in flight finish, within
@@ -496,7 +600,8 @@ class Agent:
                 await asyncio.wait(list(self._replying))
 
         try:
-            await asyncio.wait_for(wind_down(), WIND_DOWN_S)
+            # Within the stop budget, leaving some for the `offline` status and the disconnect.
+            await asyncio.wait_for(wind_down(), max(0.01, self._left(WIND_DOWN_S + 0.4) - 0.4))
         except (TimeoutError, aiomqtt.MqttError) as e:
             log.warning("agent %s: stopping before its last events were acknowledged: %r", self.host, e)
 
@@ -573,7 +678,13 @@ class Agent:
         try:
             if not isinstance(payload, bytes):
                 raise Rejected("malformed", "payload is not bytes")
-            body = self.signer.open(topic_name, payload)
+            sealed = self.signer.open_sealed(topic_name, payload)
+            if (
+                sealed.signer != CONTROLLER and self.signer.keyed
+            ):  # this host's key, signing as someone else than the controller
+                raise Rejected("forged", f"signed as {sealed.signer!r}, not by the controller")
+            self.replays.check(topic_name, sealed)
+            body = sealed.body
             if topic_name == self._world:
                 try:
                     world = decode(World, body)
@@ -732,7 +843,8 @@ class Agent:
             await asyncio.sleep(self.mirror_lag_ns / 1e9)
         stats = await self._stop_probes(names)
         await self.flush()  # everything sampled so far goes out before the reply that counts it
-        data: dict[str, Any] = {"probes": stats}  # by probe name
+        # By probe name; and what this agent refused so far (run.json agents.agent_rejected.<host>).
+        data: dict[str, Any] = {"probes": stats, "rejected": self.rejections.as_dict()}
         if self.mirror is not None:
             data["world"] = self.mirror.stats()
         return Reply(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -17,9 +18,7 @@ from typing import Any, Self
 import aiomqtt
 import msgspec
 
-from labctl.agents.broker import (
-    BrokerSettings,
-)
+from labctl.agents.broker import BrokerSettings, login_failure, secret_env
 from labctl.agents.clock import (
     ClockIdentity,
     HostClockModel,
@@ -28,11 +27,14 @@ from labctl.agents.clock import (
 )
 from labctl.agents.clockping import ClockPinger
 from labctl.agents.wire import (
+    CONTROLLER,
     Batch,
     Command,
     Rejected,
     Rejections,
+    ReplayGuard,
     Reply,
+    Sealed,
     Signer,
     World,
     WorldItem,
@@ -53,20 +55,6 @@ from labctl.linux.timesync import clock_sync_state
 from labctl.probes.sampling import ProbeSettings
 
 log = logging.getLogger("labctl.agents")
-
-
-# CONNACK codes that mean "you may not", not "not now": MQTT 3.1.1 4 and 5, MQTT 5 134, 135 and 138.
-_REFUSALS = frozenset({4, 5, 134, 135, 138})
-
-
-def _is_refusal(error: aiomqtt.MqttError) -> bool:
-    rc = getattr(error, "rc", None)
-    return isinstance(error, aiomqtt.MqttCodeError) and int(getattr(rc, "value", rc) or 0) in _REFUSALS
-
-
-def _connack_reason(error: aiomqtt.MqttError | None) -> str:
-    rc = getattr(error, "rc", None)
-    return str(rc).lower() if rc is not None else "refused"
 
 
 @dataclass
@@ -114,6 +102,8 @@ class HostLink:
     clock_via: str | None = None  # how the latest burst went: "udp" or "broker"
     udp_unanswered: bool = False  # UDP pings to it got no pong: measured through the broker from then on
     last_event_ns: int | None = None  # the latest stamp among this run's events from the host (run timebase)
+    bad_signatures: int = 0  # messages on its topics whose MAC its key does not check: a secret that differs
+    agent_rejections: dict[str, Any] | None = None  # what the agent itself refused (from its stop reply)
 
     def gap(self, missing: int, before_ns: int | None) -> None:
         """Events of this host went missing (a broker outage): say so in the stream, between the latest
@@ -232,6 +222,7 @@ class _Outgoing:
     # A request's caller gives up at its timeout: a command still unsent then (no broker) is dropped, so a
     # `start` the controller already reported as failed cannot reach an agent after a reconnect.
     expires_ns: int | None = None
+    host: str | None = None  # whose key signs it (None: every host's, the world feed)
 
 
 APPLIED_EVERY_NS = 50_000_000
@@ -255,7 +246,8 @@ class AgentHub:
         self.inventory = inventory
         self.broker = broker
         self.lab = broker.lab
-        self.signer = Signer(broker.auth_key)
+        self.signer = Signer(broker.auth_key)  # the shared key (unsigned without one): stamps the world feed
+        self.replays = ReplayGuard()
         self.links = {
             host: HostLink(host, {p.source for p in inventory.ports if p.host == host})
             for host in inventory.hosts
@@ -285,13 +277,24 @@ class AgentHub:
         self._client: aiomqtt.Client | None = None
         self._last_error: aiomqtt.MqttError | None = None
         self._refused = asyncio.Event()
+        self._refusal: str | None = None  # the one line for a login or TLS failure
         self._nagle_warned = False
         self._pingers: dict[str, ClockPinger] = {}
         self.world_messages = 0
         self.world_items = 0  # the broker answered and said no: waiting longer cannot help
 
+    @functools.cached_property
+    def signers(self) -> dict[str, Signer]:
+        """What signs the messages to each host and checks those from it: the host's own key with per-host
+        identities (decision 0067), else the shared one. Read from the environment when first needed."""
+        return {host: Signer(self.broker.key_for(host), CONTROLLER) for host in self.inventory.hosts}
+
     # -- lifecycle ----------------------------------------------------------------------------------------
     async def start(self, timeout_s: float = 10.0) -> None:
+        self.broker.credentials()  # every secret this side needs is set: one line now, naming it
+        assert self.signers
+        if self.broker.tls:
+            self.broker.tls_context()  # its files readable: one line now, not a connection that never comes
         self.controller_time_sync = await asyncio.to_thread(clock_sync_state)
         self._tasks = [
             asyncio.create_task(self._connection(), name="hub:connection"),
@@ -308,11 +311,8 @@ class AgentHub:
             return
         await self.stop()
         where = f"MQTT broker {self.broker.hostname}:{self.broker.port}"
-        if self._refused.is_set():
-            raise HardwareError(
-                f"{where} refused the controller: {_connack_reason(self._last_error)} (check the inventory's "
-                "broker username/password and the broker's ACL)"
-            )
+        if self._refused.is_set() and self._refusal is not None:
+            raise HardwareError(self._refusal)
         last = f" (last error: {self._last_error})" if self._last_error is not None else ""
         raise HardwareError(f"{where} not reachable within {timeout_s:g} s{last}")
 
@@ -347,6 +347,12 @@ class AgentHub:
                 "expired_commands": self.expired_commands,
                 "world": {"messages": self.world_messages, "items": self.world_items},
                 "rejected": self.rejections.as_dict(),
+                "identities": "per-host" if self.broker.per_host else "shared",
+                "agent_rejected": {
+                    host: link.agent_rejections
+                    for host, link in self.links.items()
+                    if link.agent_rejections is not None
+                },
                 "streams": {host: link.stats() for host, link in self.links.items() if link.started},
                 "lost": {
                     host: {
@@ -377,7 +383,9 @@ class AgentHub:
                         t_rx = now_ns()
                         self._on_message(str(message.topic), message.payload, t_rx)
             except aiomqtt.MqttError as e:
-                if _is_refusal(e):
+                refusal = login_failure(self.broker, e)
+                if refusal is not None:
+                    self._refusal = refusal
                     self._refused.set()
                 # Once per outage at warning level; the retries of a long outage only at debug.
                 (log.debug if self._last_error is not None else log.warning)(
@@ -432,12 +440,35 @@ class AgentHub:
 
     async def _publish(self, client: aiomqtt.Client, key: int, item: _Outgoing) -> None:
         try:
-            await client.publish(item.topic, self.signer.seal(item.topic, item.body()), qos=1, timeout=5)
+            await client.publish(item.topic, self._seal(item), qos=1, timeout=5)
         except aiomqtt.MqttError:
             if client is self._client:  # (a new connection already got everything unacknowledged)
                 self._outgoing.put_nowait(_RESEND)
         else:
             self._unacked.pop(key, None)
+
+    def _seal(self, item: _Outgoing) -> bytes:
+        body = item.body()
+        if item.host is not None:
+            return self.signers[item.host].seal(item.topic, body)
+        if self.broker.per_host:  # the world feed: one MAC per host, each agent checks its own
+            return self.signer.seal_for(item.topic, body, self.signers)
+        return self.signer.seal(item.topic, body)
+
+    def _open(self, host: str, topic_name: str, payload: bytes) -> Sealed:
+        """Check a message on `host`'s topics with the key of whoever it says signed it: the host's own
+        (its messages), or, where another host's key checks it, that host posing as this one: forged."""
+        mine = self.signers[host]
+        claimed = Signer.peek(payload)
+        if not mine.keyed:  # unsigned lab: who signed is only a claim, nothing can check it
+            return claimed
+        if claimed.signer == host:
+            return mine.open_sealed(topic_name, payload)
+        other = self.signers.get(claimed.signer)
+        if other is not None and other.keyed:
+            other.open_sealed(topic_name, payload)  # raises unless that host's key really signed it
+            raise Rejected("forged", f"{claimed.signer} signed a message on {host}'s topic")
+        raise Rejected("unauthorised", f"signed as {claimed.signer!r} on {host}'s topic")
 
     async def drain(self, timeout_s: float = 2.0) -> bool:
         """Until everything queued has been sent and acknowledged by the broker (or `timeout_s`): a clean
@@ -466,8 +497,16 @@ class AgentHub:
                 raise Rejected("unauthorised", f"host {parts[2]!r} is not in the inventory")
             if not isinstance(payload, bytes):
                 raise Rejected("malformed", "payload is not bytes")
-            body = self.signer.open(topic_name, payload)
             leaf = parts[3]
+            try:
+                sealed = self._open(link.host, topic_name, payload)
+            except Rejected as r:
+                if r.reason == "bad MAC":
+                    link.bad_signatures += 1
+                raise
+            if leaf != "status":  # retained and last wills are old by design (decision 0024)
+                self.replays.check(topic_name, sealed)
+            body = sealed.body
             if leaf == "events":
                 self._on_batch(link, body, t_rx)
             elif leaf == "reply":
@@ -637,7 +676,7 @@ class AgentHub:
         def body() -> bytes:
             return _enc.encode(Command(id=cmd_id, op=op, args={**args, **(stamp() if stamp else {})}))
 
-        self._outgoing.put_nowait(_Outgoing(topic(self.lab, host, "cmd"), body, expires_ns))
+        self._outgoing.put_nowait(_Outgoing(topic(self.lab, host, "cmd"), body, expires_ns, host))
         return cmd_id
 
     async def request(self, host: str, op: str, args: dict[str, Any], timeout_s: float = 10.0) -> Reply:
@@ -728,7 +767,7 @@ class AgentHub:
                 pinger.close()
             try:
                 pinger = self._pingers[host] = await ClockPinger.connect(
-                    address, self.lab, host, self.signer, now_ns
+                    address, self.lab, host, self.signers[host], now_ns
                 )
             except OSError:
                 self._pingers.pop(host, None)
@@ -839,6 +878,14 @@ class AgentHub:
         try:
             await asyncio.wait_for(self.links[host].online.wait(), timeout_s)
         except TimeoutError:
+            link = self.links[host]
+            if link.bad_signatures:
+                ids = self.inventory.model.broker.identities if self.inventory.model.broker else None
+                secret = secret_env(ids, host) if ids is not None else "broker.auth_key"
+                raise HardwareError(
+                    f"agent {host}: {link.bad_signatures} message(s) on its topics failed the signature "
+                    f"check: {secret} differs between this controller and the agent on {host}"
+                ) from None
             raise HardwareError(
                 f"agent {host} is not online at {self.broker.hostname}:{self.broker.port} "
                 f"(start it with `labctl agent --host {host}`)"
@@ -923,6 +970,9 @@ class RemoteProbe:
                 return
             self.link.stopped = True
             if reply.data is not None:
+                rejected = reply.data.get("rejected")
+                if isinstance(rejected, dict):
+                    self.link.agent_rejections = rejected
                 world = reply.data.get("world")
                 self._stats = {**reply.data.get("probes", {}), **({"world": world} if world else {})}
             # Everything the agent sent precedes its reply on the broker; what never came is lost.

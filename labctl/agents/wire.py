@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-from collections import Counter
+import secrets
+import time
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,45 +157,152 @@ def parse_status(body: bytes) -> tuple[str, str]:
 class Rejected(Exception):
     def __init__(self, kind: str, reason: str) -> None:
         super().__init__(reason)
-        self.kind = kind  # "malformed" | "unauthorised"
+        self.kind = kind  # "malformed" | "unauthorised" | "replayed" | "forged"
         self.reason = reason
 
 
+CONTROLLER = "controller"
+"""The name the controller signs as (an agent signs as its host)."""
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """An opened message: who signed it (as it says; checked by the MAC where there is a key), the signing
+    process's session and counter, and the body."""
+
+    signer: str
+    session: str
+    counter: int
+    body: bytes
+
+
 class Signer:
-    """HMAC-SHA256 over topic and body; binding the topic stops a message being replayed onto another
-    host's topic. Without a key nothing is signed and nothing can be checked (the inventory decides)."""
+    """HMAC-SHA256 over topic, stamp and body. A payload is `MAC STAMP BODY`: STAMP is `signer.session.n`,
+    the signer's name (`controller` or a host), a random session per signing object and a counter that
+    only grows (wall-clock ns, at least one more than the last), so a receiver can tell a message that was
+    captured and published again (`ReplayGuard`) and, with per-host keys, who really signed it. Binding
+    the topic stops a message being replayed onto another host's topic. Without a key the MAC is `-`:
+    nothing can be checked (the inventory decides). A message for several receivers with their own keys
+    (the world feed) carries one MAC per receiver: `name=MAC,name=MAC`."""
 
-    def __init__(self, key: Secret | None) -> None:
+    def __init__(self, key: Secret | None, name: str = CONTROLLER) -> None:
         self._key = key.reveal().encode() if key is not None else None
+        self.name = name
+        self.session = secrets.token_hex(4)
+        self._last = 0
 
-    def _mac(self, topic_name: str, body: bytes) -> bytes:
+    @property
+    def keyed(self) -> bool:
+        return self._key is not None
+
+    def _mac(self, topic_name: str, stamp: bytes, body: bytes) -> bytes:
         assert self._key is not None
-        return hmac.new(self._key, topic_name.encode() + b"\0" + body, hashlib.sha256).hexdigest().encode()
+        msg = topic_name.encode() + b"\0" + stamp + b"\0" + body
+        return hmac.new(self._key, msg, hashlib.sha256).hexdigest().encode()
+
+    def stamp(self) -> bytes:
+        n = max(time.time_ns(), self._last + 1)
+        self._last = n
+        return f"{self.name}.{self.session}.{n}".encode()
 
     def seal(self, topic_name: str, body: bytes) -> bytes:
-        mac = self._mac(topic_name, body) if self._key is not None else b"-"
-        return mac + b" " + body
+        stamp = self.stamp()
+        mac = self._mac(topic_name, stamp, body) if self._key is not None else b"-"
+        return mac + b" " + stamp + b" " + body
 
-    def open(self, topic_name: str, payload: bytes) -> bytes:
-        mac, sep, body = payload.partition(b" ")
+    def seal_for(self, topic_name: str, body: bytes, receivers: dict[str, Signer]) -> bytes:
+        """One message for several receivers, each checking it with its own key (the receivers' signers
+        on this side); this signer's stamp."""
+        stamp = self.stamp()
+        macs = [
+            name.encode() + b"=" + signer._mac(topic_name, stamp, body)
+            for name, signer in receivers.items()
+            if signer._key is not None
+        ]
+        return (b",".join(macs) or b"-") + b" " + stamp + b" " + body
+
+    @staticmethod
+    def _fields(payload: bytes) -> tuple[bytes, bytes, bytes]:
+        mac, sep, rest = payload.partition(b" ")
         if not sep:
             raise Rejected("malformed", "no MAC field")
-        if self._key is not None and not hmac.compare_digest(mac, self._mac(topic_name, body)):
+        stamp, _, body = rest.partition(b" ")
+        return mac, stamp, body
+
+    @staticmethod
+    def peek(payload: bytes) -> Sealed:
+        """The stamp and body, unchecked (which key checks it may depend on who it says signed it)."""
+        _, stamp, body = Signer._fields(payload)
+        parts = stamp.decode(errors="replace").rsplit(".", 2)
+        if len(parts) != 3 or not parts[0] or not parts[2].isdigit():
+            raise Rejected("malformed", "no signer stamp")
+        return Sealed(parts[0], parts[1], int(parts[2]), body)
+
+    def open_sealed(self, topic_name: str, payload: bytes) -> Sealed:
+        """Check the MAC with this signer's key (for a message to several receivers: the MAC for this
+        signer's name), then read the stamp; the stamp and body."""
+        if self._key is None:
+            return self.peek(payload)
+        mac, stamp, body = self._fields(payload)
+        if b"=" in mac:
+            mine = self.name.encode() + b"="
+            mac = next((m[len(mine) :] for m in mac.split(b",") if m.startswith(mine)), b"")
+            if not mac:
+                raise Rejected("unauthorised", f"not signed for {self.name}")
+        if not hmac.compare_digest(mac, self._mac(topic_name, stamp, body)):
             raise Rejected("unauthorised", "bad MAC")
-        return body
+        return self.peek(payload)
+
+    def open(self, topic_name: str, payload: bytes) -> bytes:
+        return self.open_sealed(topic_name, payload).body
+
+
+REPLAY_WINDOW_NS = 600_000_000_000
+"""A message from a signer session the receiver has not seen is accepted only if its stamp is at most this
+old on the receiver's wall clock (10 min: loose enough for hosts whose clocks disagree by minutes; the
+sessions seen are then held to their counters)."""
+
+
+class ReplayGuard:
+    """Refuses a message whose stamp is not newer than the last one seen from the same signer session on
+    the same topic (a capture published again; a QoS-1 redelivery of the very same message counts here
+    too), and one from an unknown session older than REPLAY_WINDOW_NS. Status messages are not checked:
+    they are retained and last wills, old by design (decision 0024 tells a stale one)."""
+
+    MAX_SESSIONS = 4096
+
+    def __init__(self) -> None:
+        self._last: OrderedDict[tuple[str, str, str], int] = OrderedDict()
+
+    def check(self, topic_name: str, sealed: Sealed) -> None:
+        key = (topic_name, sealed.signer, sealed.session)
+        last = self._last.get(key)
+        if last is None:
+            if sealed.counter < time.time_ns() - REPLAY_WINDOW_NS:
+                raise Rejected("replayed", "stamped before the replay window by a sender session not seen")
+        elif sealed.counter <= last:
+            raise Rejected("replayed", "not newer than the last message of its sender")
+        self._last[key] = sealed.counter
+        self._last.move_to_end(key)
+        while len(self._last) > self.MAX_SESSIONS:
+            self._last.popitem(last=False)
 
 
 @dataclass
 class Rejections:
-    """Messages dropped on receipt, by class and reason."""
+    """Messages dropped on receipt, by class and reason: malformed (does not decode or validate),
+    unauthorised (bad MAC, unknown host, another host's ports), replayed (a stamp seen before), forged (a
+    valid signature by another identity than the topic's own: one host posing as another)."""
 
     malformed: int = 0
     unauthorised: int = 0
+    replayed: int = 0
+    forged: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
 
     def add(self, kind: str, reason: str, where: str) -> None:
-        if kind == "unauthorised":
-            self.unauthorised += 1
+        if kind in ("unauthorised", "replayed", "forged"):
+            setattr(self, kind, getattr(self, kind) + 1)
         else:
             self.malformed += 1
         self.reasons[f"{kind}: {reason}"] += 1
@@ -201,4 +310,10 @@ class Rejections:
             log.warning("rejected %s message on %s: %s", kind, where, reason)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"malformed": self.malformed, "unauthorised": self.unauthorised, "reasons": dict(self.reasons)}
+        return {
+            "malformed": self.malformed,
+            "unauthorised": self.unauthorised,
+            "replayed": self.replayed,
+            "forged": self.forged,
+            "reasons": dict(self.reasons),
+        }

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from labctl.cli.common import DEFAULT_INVENTORY, InventoryOpt, JsonOpt, bounded, out
 
-lab_app = typer.Typer(help="The lab as a whole: check that it is ready for a run.", no_args_is_help=True)
+lab_app = typer.Typer(
+    help="The lab as a whole: check that it is ready for a run; write its broker's configuration.",
+    no_args_is_help=True,
+)
 
 
 @lab_app.command("check")
@@ -52,6 +56,66 @@ def lab_check(
         out.print(f"[red]{len(failed)} check(s) failed[/]" if failed else "[green]ready[/]")
     if failed:
         raise typer.Exit(1)
+
+
+@lab_app.command("broker-config")
+def broker_config(
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Directory to write passwd, acl, mosquitto.conf into.")
+    ],
+    inventory: InventoryOpt = DEFAULT_INVENTORY,
+    listen: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--listen",
+            help="ADDRESS:PORT of a listener, repeatable (default: the inventory's broker address).",
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option("--tls-cert", help="The broker's certificate (PEM).")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="The broker's private key (PEM).")] = None,
+    tls_ca: Annotated[
+        Path | None,
+        typer.Option("--tls-ca", help="CA of the clients' certificates (with --require-client-cert)."),
+    ] = None,
+    require_client_cert: Annotated[
+        bool, typer.Option("--require-client-cert", help="Clients must present a certificate the CA signed.")
+    ] = False,
+) -> None:
+    """Write mosquitto's password file, ACL file and a configuration using them, for the inventory's
+    per-host identities (`broker: {identities: ...}`, decision 0067): a user and secret per agent and one
+    for the controller; each agent may publish only its own host's topics and read only its own commands,
+    the controller alone publishes commands. Every identity's secret must be in the environment
+    (LABCTL_MQTT_SECRET_CONTROLLER, LABCTL_MQTT_SECRET_<HOST>, ...); the password file holds their hashes
+    (mode 0600), never a secret. Run mosquitto with `-c OUT/mosquitto.conf`."""
+    from labctl.agents.brokerconf import ServerTls, parse_listener, write_broker_config
+    from labctl.core.errors import InputError
+    from labctl.inventory.schema import load_inventory
+
+    inv = load_inventory(inventory)
+    if (tls_cert is None) != (tls_key is None):
+        raise InputError("--tls-cert and --tls-key go together")
+    if (tls_ca is not None or require_client_cert) and tls_cert is None:
+        raise InputError("--tls-ca and --require-client-cert need --tls-cert and --tls-key")
+    if require_client_cert and tls_ca is None:
+        raise InputError(
+            "--require-client-cert needs --tls-ca (the CA that signed the clients' certificates)"
+        )
+    tls = (
+        ServerTls(
+            tls_cert.resolve(), tls_key.resolve(), tls_ca.resolve() if tls_ca else None, require_client_cert
+        )
+        if tls_cert is not None and tls_key is not None
+        else None
+    )
+    listeners = [parse_listener(text) for text in listen] if listen else None
+    paths = write_broker_config(inv, out_dir, listeners, tls)
+    users = 1 + len(inv.hosts)
+    out.print(
+        f"{paths['conf']}: {users} users (the controller and {len(inv.hosts)} agents), ACL {paths['acl']}, "
+        f"passwords {paths['passwd']}{' over TLS' if tls else ''}; run `mosquitto -c {paths['conf']}`"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -106,8 +106,47 @@ class BrokerTlsSpec(ConfigModel):
     ca_file: str | None = Field(
         default=None, description="CA certificate file the broker's certificate is checked against"
     )
-    cert_file: str | None = Field(default=None, description="client certificate file (mutual TLS)")
-    key_file: str | None = Field(default=None, description="the client certificate's private key file")
+    cert_file: str | None = Field(
+        default=None,
+        description="client certificate file (mutual TLS); `{identity}` in the path becomes `controller` or "
+        "the agent's host name, so each identity presents its own",
+    )
+    key_file: str | None = Field(
+        default=None, description="the client certificate's private key file (`{identity}` as in cert_file)"
+    )
+
+    @model_validator(mode="after")
+    def _cert_and_key(self) -> BrokerTlsSpec:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("a client certificate needs both cert_file and key_file")
+        for name in ("ca_file", "cert_file", "key_file"):
+            value = getattr(self, name)
+            if value is not None and "{" in value.replace("{identity}", ""):
+                raise ValueError(f"{name}: the only placeholder is {{identity}}")
+        return self
+
+
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class BrokerIdentitiesSpec(ConfigModel):
+    """Per-host identities on the broker (decision 0067): the controller and each host's agent log in as
+    their own user, `<user_prefix>-controller` and `<user_prefix>-agent-<host>`, and sign with their own
+    key; each identity's secret comes from the environment variable `<secret_env>_<NAME>` (NAME: CONTROLLER
+    or the host name in capitals, other characters as `_`). An agent holds only its own secret; the
+    controller holds all of them. `labctl lab broker-config` writes the broker's password and ACL files."""
+
+    secret_env: str = Field(
+        default="LABCTL_MQTT_SECRET",
+        pattern=_ENV_NAME,
+        description="prefix of the environment variables holding each identity's secret "
+        "(LABCTL_MQTT_SECRET_CONTROLLER, LABCTL_MQTT_SECRET_H1, ...)",
+    )
+    user_prefix: str = Field(
+        default="labctl",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="broker user names: <prefix>-controller and <prefix>-agent-<host>",
+    )
 
 
 class BrokerSpec(ConfigModel):
@@ -118,6 +157,12 @@ class BrokerSpec(ConfigModel):
     password: SecretRef | None = Field(default=None, description="broker password, as ${ENV_VAR}")
     auth_key: SecretRef | None = Field(
         default=None, description="HMAC-SHA256 key: every labctl message is signed and checked with it"
+    )
+    identities: BrokerIdentitiesSpec | None = Field(
+        default=None,
+        description="per-host broker users and signing keys (instead of username/password/auth_key shared "
+        "by every agent and the controller): each agent may publish only its own host's topics and read "
+        "only its own commands (decision 0067)",
     )
     tls: BrokerTlsSpec | None = Field(default=None, description="TLS client settings (with mqtts://)")
     clock_sync_interval_s: float = Field(
@@ -176,6 +221,18 @@ class BrokerSpec(ConfigModel):
         except ValueError as e:
             raise ValueError(f"broker url: {e}") from None
         return value
+
+    @model_validator(mode="after")
+    def _one_way_to_log_in(self) -> BrokerSpec:
+        if self.identities is not None:
+            shared = [
+                name for name in ("username", "password", "auth_key") if getattr(self, name) is not None
+            ]
+            if shared:
+                raise ValueError(
+                    f"with `identities:` every host logs in and signs as itself: drop {', '.join(shared)}"
+                )
+        return self
 
 
 class PowerMeterChannelSpec(ConfigModel):

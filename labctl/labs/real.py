@@ -47,8 +47,12 @@ def require_rdma_ports(inventory: Inventory) -> None:
 
 
 def check(inventory: Inventory) -> None:
-    if inventory.model.broker is None:
-        raise inventory.fail(("broker",), "a real lab needs a `broker:` section (url: mqtt://HOST:PORT)")
+    """What a real lab refuses. A switch-only inventory (no hosts) is valid, as `labctl ocs` takes it: no
+    agents, so no broker; only a run needs hosts (`build` says so)."""
+    if inventory.hosts and inventory.model.broker is None:
+        raise inventory.fail(
+            ("broker",), "a real lab with hosts needs a `broker:` section (url: mqtt://HOST:PORT)"
+        )
     for name, spec in inventory.switches.items():
         if switch_drivers.get(spec.driver).open is None:
             raise inventory.fail(
@@ -67,6 +71,12 @@ def check(inventory: Inventory) -> None:
 
 
 def build(ctx: LabContext) -> Lab:
+    if not ctx.inventory.hosts:
+        raise ctx.inventory.fail(
+            ("hosts",),
+            "a run on a real lab needs hosts, each with its agent, and a `broker:` section; this inventory "
+            "has switches only (it serves `labctl ocs`)",
+        )
     require_transport(ctx.probes, "real", tuple(TRAFFIC_PROBE))
     no_extra_probes(ctx.probes, "real")
     if ctx.probes.transport == "rdma":

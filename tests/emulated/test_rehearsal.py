@@ -59,6 +59,10 @@ def rehearsal() -> Iterator[dict[str, str]]:
     )
     require(not STATE.exists(), f"a rehearsal is already up ({STATE}): not ours to take down")
     env = {**os.environ, "LABCTL_REHEARSAL_PASSWORD": secrets.token_urlsafe(12)}
+    # The broker identities of the controller and each host's agent (decision 0067).
+    env |= {
+        f"LABCTL_REHEARSAL_MQTT_{n}": secrets.token_hex(16) for n in ("CONTROLLER", "H1", "H2", "H3", "H4")
+    }
     try:
         # Inside the try: a timeout kills `up` before its own clean-up, and `down` must still run.
         up = subprocess.run(

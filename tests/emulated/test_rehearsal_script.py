@@ -117,6 +117,13 @@ def test_stop_signals_only_the_process_it_started(tmp_path: Path, children: list
 
 
 # -- agents online ------------------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _broker_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rehearsal inventory's per-host broker identities (decision 0067): every secret set."""
+    for name in ("CONTROLLER", "H1", "H2", "H3", "H4"):
+        monkeypatch.setenv(f"LABCTL_REHEARSAL_MQTT_{name}", f"rehearsal-{name.lower()}-secret")
+
+
 def _rehearsal_copy(tmp_path: Path, lab: str, broker_port: int, switch_port: int) -> Path:
     path = tmp_path / f"{lab}.yaml"
     path.write_text(

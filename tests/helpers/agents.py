@@ -11,7 +11,7 @@ import pytest
 
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.hub import AgentHub, HostLink
-from labctl.agents.wire import topic
+from labctl.agents.wire import Signer, topic
 from labctl.inventory.schema import load_inventory
 
 # Zero-width ranges: every draw of the profile is the same, so two runs of the same experiment must give
@@ -93,7 +93,8 @@ async def hub(tmp_path: Path, lost: list[str]) -> AsyncIterator[AgentHub]:
 
 def _status(hub: AgentHub, host: str, body: str, t_ns: int) -> None:
     name = topic(hub.lab, host, "status")
-    hub._on_message(name, hub.signer.seal(name, body.encode()), t_ns)
+    signer = Signer(hub.broker.key_for(host), host)  # as the host's agent signs it
+    hub._on_message(name, signer.seal(name, body.encode()), t_ns)
 
 
 def _loss(link: HostLink) -> tuple[int | None, str | None]:

@@ -580,7 +580,10 @@ async def test_malformed_and_unauthorised_messages_are_rejected_and_counted(
     agent = Agent(inventory, "h1", settings)
     agent_task = asyncio.create_task(agent.run())
     await hub.start()
+    # The controller signs commands; h1 signs what it publishes (the stamp names the signer).
     good, bad = Signer(Secret("K", "right-key")), Signer(Secret("K", "wrong-key"))
+    good_h1, bad_h1 = Signer(Secret("K", "right-key"), "h1"), Signer(Secret("K", "wrong-key"), "h1")
+    as_h2 = Signer(Secret("K", "right-key"), "h2")
     lab = inventory.lab
     ev_topic, cmd_topic = topic(lab, "h1", "events"), topic(lab, "h1", "cmd")
     enc = msgspec.json.Encoder()
@@ -602,19 +605,26 @@ async def test_malformed_and_unauthorised_messages_are_rejected_and_counted(
         async with aiomqtt.Client("127.0.0.1", broker.port) as rogue:
             # To the controller.
             await rogue.publish(ev_topic, b"garbage", qos=1)  # malformed: no MAC field
-            await rogue.publish(ev_topic, good.seal(ev_topic, b"{"), qos=1)  # malformed JSON
-            await rogue.publish(ev_topic, bad.seal(ev_topic, batch(0, "h1", "nic:h1/p0")), qos=1)  # wrong key
+            await rogue.publish(ev_topic, good_h1.seal(ev_topic, b"{"), qos=1)  # malformed JSON
             await rogue.publish(
-                ev_topic, good.seal(ev_topic, batch(0, "h2", "nic:h2/p0")), qos=1
+                ev_topic, bad_h1.seal(ev_topic, batch(0, "h1", "nic:h1/p0")), qos=1
+            )  # wrong key
+            await rogue.publish(
+                ev_topic, good_h1.seal(ev_topic, batch(0, "h2", "nic:h2/p0")), qos=1
             )  # other host
             other = topic(lab, "h9", "events")
             await rogue.publish(
-                other, good.seal(other, batch(0, "h9", "nic:h9/p0")), qos=1
+                other, good_h1.seal(other, batch(0, "h9", "nic:h9/p0")), qos=1
             )  # not in inventory
             await rogue.publish(
-                ev_topic, good.seal(ev_topic, batch(0, "h1", "nic:h2/p1")), qos=1
+                ev_topic, good_h1.seal(ev_topic, batch(0, "h1", "nic:h2/p1")), qos=1
             )  # h2's port
-            await rogue.publish(ev_topic, good.seal(ev_topic, batch(1, "h1", "nic:h1/p0")), qos=1)  # valid
+            valid = good_h1.seal(ev_topic, batch(1, "h1", "nic:h1/p0"))
+            await rogue.publish(ev_topic, valid, qos=1)  # valid
+            await rogue.publish(ev_topic, valid, qos=1)  # the same message again: replayed
+            await rogue.publish(
+                ev_topic, as_h2.seal(ev_topic, batch(2, "h1", "nic:h1/p0")), qos=1
+            )  # signed as h2 on h1's topic: forged
             # To the agent.
             shell = enc.encode(Command(id=900, op="shell", args={"cmd": "touch /tmp/pwned"}))
             await rogue.publish(cmd_topic, good.seal(cmd_topic, shell), qos=1)  # not on the allow-list
@@ -628,16 +638,27 @@ async def test_malformed_and_unauthorised_messages_are_rejected_and_counted(
             await rogue.publish(cmd_topic, good.seal(cmd_topic, circuits), qos=1)  # another host's port
             ping = enc.encode(Command(id=903, op="ping", args={"t1": 5}))
             await rogue.publish(cmd_topic, bad.seal(cmd_topic, ping), qos=1)  # wrong key
-            await rogue.publish(cmd_topic, b"- " + ping, qos=1)  # unsigned
+            await rogue.publish(cmd_topic, b"- controller.x.1 " + ping, qos=1)  # unsigned
+            ping_ok = good.seal(cmd_topic, enc.encode(Command(id=904, op="ping", args={"t1": 5})))
+            await rogue.publish(cmd_topic, ping_ok, qos=1)  # valid
+            await rogue.publish(cmd_topic, ping_ok, qos=1)  # replayed
 
         link = hub.links["h1"]
         await _wait_until(
-            lambda: hub.rejections.malformed + hub.rejections.unauthorised >= 6 and len(link.queue) >= 1
+            lambda: (
+                hub.rejections.malformed + hub.rejections.unauthorised >= 6
+                and hub.rejections.forged >= 1
+                and len(link.queue) >= 1
+            )
         )
         await _wait_until(lambda: agent.rejections.malformed + agent.rejections.unauthorised >= 5)
+        await _wait_until(lambda: agent.rejections.replayed >= 1)
         await asyncio.sleep(0.2)  # anything else in flight would show up now
         assert (hub.rejections.malformed, hub.rejections.unauthorised) == (2, 4), hub.rejections
+        assert (hub.rejections.replayed, hub.rejections.forged) == (1, 1), hub.rejections
         assert (agent.rejections.malformed, agent.rejections.unauthorised) == (1, 4), agent.rejections
+        assert (agent.rejections.replayed, agent.rejections.forged) == (1, 0), agent.rejections
+        assert hub.report()["agents"]["rejected"]["forged"] == 1
         accepted = [e async for e in _drain(link.queue)]
         assert [(e.source, e.kind) for e in accepted] == [("nic:h1/p0", "carrier")]
         assert link.missing_batches == 0  # the batch with a foreign event still counts as received
