@@ -261,8 +261,8 @@ def test_lab_check_reports_each_failure_with_its_reason(rehearsal: dict[str, str
     assert (
         code == 1
         and login["ok"] is False
-        and "ACT-USER" in str(login["detail"])
-        and "denied" in str(login["detail"])
+        and "authentication failed for user" in str(login["detail"])
+        and "PIUC" in str(login["detail"])
     )
 
     # A missing interface on a host.

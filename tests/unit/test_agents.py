@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from labctl.agents.agent import Agent, FabricMirror
 from labctl.agents.broker import BrokerSettings
@@ -111,9 +112,13 @@ def test_agent_stamps_in_event_meta_move_with_the_event() -> None:
     assert ev.meta == {"prev_ns": 3_000, "detected_ns": 6_000, "sampling_period_ns": 1_000, "lane": 1}
 
 
-def test_agents_build_a_world_mirror_only_for_modeled_probes(tmp_path: Path) -> None:
+def test_agents_build_a_world_mirror_only_for_modeled_probes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A real lab's agents read their host's interfaces: no mirror of a behaviour model, no world feed.
     Each agent is its own process to the controller: a fresh incarnation per agent."""
+    for identity in ("CONTROLLER", "H1", "H2", "H3", "H4"):  # the rehearsal's per-host broker secrets
+        monkeypatch.setenv(f"LABCTL_REHEARSAL_MQTT_{identity}", f"secret-{identity.lower()}")
     inv_path, _ = write_lab(tmp_path, broker_section("mqtt://127.0.0.1:1"))
     modeled = load_inventory(inv_path)
     settings = BrokerSettings.from_inventory(modeled)

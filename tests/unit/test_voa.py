@@ -4,7 +4,6 @@ compiled to `Attenuate` steps (bad input is one line with file:line)."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,19 +11,14 @@ from typing import Any
 
 import pytest
 
-from labctl.core.clock import now_ns
 from labctl.core.errors import InputError
-from labctl.core.events import Event
 from labctl.inventory.mapping import PortSpace
 from labctl.inventory.profiles import resolve_profile
 from labctl.inventory.schema import load_inventory
-from labctl.models.fabric import SimFabric
 from labctl.models.switch import INSERTION_LOSS_DB, MAX_ATTENUATION_DB, OpmConfig, SwitchModel, VoaSetting
 from labctl.ocs.drivers.sim.switch import SimSwitch
-from labctl.ocs.protocol import OCS_VOA, VariableAttenuator, attenuator_of
 from labctl.run.experiment import build_plan, load_experiment
 from labctl.run.steps import Attenuate, Reconfigure
-from labctl.testing.harnesses import tiny_inventory
 
 
 def _model() -> SwitchModel:
@@ -68,42 +62,6 @@ def test_the_power_monitor_offset_is_added_to_readings_only() -> None:
     assert model.opm == {}
     with pytest.raises(ValueError, match=r"1260\.\.1640"):
         model.set_opm(1, OpmConfig(wavelength_nm=900.0))
-
-
-async def test_the_sim_driver_attenuates_the_rx_power_the_nic_reads(tmp_path: Path) -> None:
-    inv = tiny_inventory(tmp_path)
-    profile = inv.profile()
-    rng = random.Random(3)
-    models = SwitchModel.many({n: s.space for n, s in inv.switches.items()}, profile, rng)
-    fabric = SimFabric(inv, models, profile, rng)
-    events: list[Event] = []
-    switch = SimSwitch(models["ocs1"], events.append)
-    assert isinstance(switch, VariableAttenuator) and attenuator_of(switch) is switch
-    assert attenuator_of(SimpleNamespace(switch=switch)) is switch and attenuator_of(object()) is None
-    a, b = inv.ports
-    await switch.connect()
-    try:
-        await switch.set_attenuation([b.rx], 4.0)  # before the light: it applies when the light comes
-        await switch.apply({(a.tx, b.rx), (b.tx, a.rx)})
-        await asyncio.sleep(profile.optical_settle_ms[1] / 1000 + 0.05)
-        level = fabric.state(b).rx_level_dbm
-        resolution = profile.rx_noise_db + 0.01
-        assert fabric.rx_power_dbm(b, now_ns()) == pytest.approx(level - 4.0, abs=resolution)
-        await switch.set_attenuation([b.rx], 10.0)
-        assert fabric.rx_power_dbm(b, now_ns()) == pytest.approx(level - 10.0, abs=resolution)
-        assert (await switch.read_attenuation([b.rx, a.rx])).value == {b.rx: 10.0, a.rx: 0.0}
-        await switch.set_attenuation([b.rx], 0.0)
-        assert fabric.rx_power_dbm(b, now_ns()) == pytest.approx(level, abs=resolution)
-        assert [e.value for e in events if e.kind == OCS_VOA] == [4.0, 10.0, 0.0]
-        with pytest.raises(InputError, match="ingress"):
-            await switch.set_attenuation([a.tx], 1.0)
-        with pytest.raises(InputError, match=r"0\.\.40 dB"):
-            await switch.set_attenuation([b.rx], 41.0)
-    finally:
-        await switch.close()
-        fabric.cancel_pending()
-        for model in models.values():
-            model.cancel_pending()
 
 
 SWEEP = """\
