@@ -62,6 +62,7 @@ class Settings:
 
 SCRIPTS: dict[str, Settings] = {
     "agents": Settings(quick=("--runs", "2"), tools=("mosquitto",)),
+    "catalog": Settings(quick=("--runs", "20", "--repeat", "1")),
     "carrier": Settings(
         quick_env={"BENCH_CYCLES": "50", "BENCH_MANY_CYCLES": "20"}, root=True, tools=("ip",)
     ),

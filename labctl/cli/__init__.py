@@ -28,7 +28,7 @@ COMMANDS = {
     **dict.fromkeys(("serve", "submit", "queue", "cancel", "history"), "queue"),
     "agent": "agent",
     # plain commands before the groups: typer lists them so when all are built
-    **{command: command for command in ("init", "plugins", "schema", "export", "cost")},
+    **{command: command for command in ("runs", "init", "plugins", "schema", "export", "cost")},
     **{group: group for group in ("inventory", "lab", "ocs", "emulate", "probe", "dom", "bench", "plan")},
     "replay": "replay",
 }

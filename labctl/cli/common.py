@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.console import Console
 
 from labctl.core.errors import InputError
 from labctl.core.units import fmt_ns
+
+if TYPE_CHECKING:
+    from labctl.analysis.catalog import Filters
 
 __all__ = ["fmt_ns"]  # re-exported: every command formats durations the same way
 
@@ -145,3 +148,41 @@ def bounded(low: float, high: float) -> Callable[[float | None], float | None]:
         return value
 
     return check
+
+
+# The run catalogue's filters: `labctl runs`, `report` and `compare` take them alike.
+ExperimentFilter = Annotated[
+    str | None,
+    typer.Option("--experiment", help="Only runs of this experiment (its name; a shell glob: 'fig1*')."),
+]
+LabFilter = Annotated[
+    str | None, typer.Option("--lab", help="Only runs on this lab (the inventory's `lab`).")
+]
+ProfileFilter = Annotated[str | None, typer.Option("--profile", help="Only runs with this delay profile.")]
+SinceFilter = Annotated[
+    str | None,
+    typer.Option(
+        "--since",
+        metavar="DATE",
+        help="Only runs started at or after DATE: 2026-12-01, 2026-12-01T14:00 (local time unless it names "
+        "its offset or Z), today, yesterday, monday (the latest Monday), or an age: 36h, 7d, 2w.",
+    ),
+]
+StatusFilter = Annotated[
+    str | None,
+    typer.Option(
+        "--status",
+        metavar="STATUS,...",
+        help="Only runs with these statuses: completed, failed, aborted, running, crashed (recorded running, "
+        "its process gone).",
+    ),
+]
+
+
+def filters(
+    experiment: str | None, lab: str | None, profile: str | None, since: str | None, status: str | None
+) -> Filters:
+    """The options as catalogue filters (a bad date or status: one line, exit code 2)."""
+    from labctl.analysis.catalog import filters_from
+
+    return filters_from(experiment=experiment, lab=lab, profile=profile, since=since, status=status)

@@ -13,15 +13,19 @@ from labctl.cli.common import (
     EXIT_ABORTED,
     RUNS,
     ExperimentArg,
+    ExperimentFilter,
     InventoryOpt,
     JsonOpt,
+    LabFilter,
     NoPlotsOpt,
     OutOpt,
     PlotFormatOpt,
+    ProfileFilter,
     ProfileOpt,
+    SinceFilter,
+    StatusFilter,
     err,
-    fmt_ns,
-    fmt_range_ns,
+    filters,
     out,
     parse_plot_formats,
 )
@@ -30,6 +34,7 @@ from labctl.core.errors import InputError
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from labctl.analysis.catalog import Filters
     from labctl.run.steps import Stage
 
 
@@ -100,28 +105,45 @@ def _rate_label(key: str) -> str:
 
 UNIT_LABELS = {"switch command": "sw cmd", "circuit end": "circ. end"}
 
+STAT_COLUMNS = ("min", "median", "p95", "max")
+
 
 def _summary_table(summary: dict[str, Any], title: str) -> Table:
     """One row per phase: its unit and n (flagged values are not in n), the spread, and the median with
-    its 95% confidence interval (the caption says what the interval resampled)."""
+    its 95% confidence interval (the caption says what the interval resampled). Each time column is in one
+    unit, chosen for its values and named in its header; the CI is in the median's unit."""
     from rich.table import Table
 
+    from labctl.core.units import UnitColumn
+
+    phases = summary.get("phases", {})
+    units = {stat: UnitColumn.of(s.get(stat) for s in phases.values()) for stat in STAT_COLUMNS}
     table = Table(title=title, title_justify="left", caption=ci_caption(summary), caption_justify="left")
-    for col in ("phase", "unit", "n", "min", "median", "95% CI", "p95", "max", "flagged"):
+    headers = (
+        "phase",
+        "unit",
+        "n",
+        units["min"].header("min"),
+        units["median"].header("median"),
+        units["median"].header("95% CI"),
+        units["p95"].header("p95"),
+        units["max"].header("max"),
+        "flagged",
+    )
+    for col in headers:
         table.add_column(col, justify="left" if col in ("phase", "unit") else "right", no_wrap=True)
-    for name, stats in summary.get("phases", {}).items():
-        ci = stats.get("median_ci")
+    for name, stats in phases.items():
         flagged = (stats.get("impossible") or 0) + (stats.get("unresolved") or 0)
         unit = stats.get("unit", "port row")
         table.add_row(
             name,
             UNIT_LABELS.get(unit, unit),
             str(stats.get("n", stats.get("count", 0))),
-            fmt_ns(stats["min"]),
-            fmt_ns(stats["median"]),
-            fmt_range_ns(ci[0], ci[1], stats["median"]) if ci else "—",
-            fmt_ns(stats["p95"]),
-            fmt_ns(stats["max"]),
+            units["min"].cell(stats["min"]),
+            units["median"].cell(stats["median"]),
+            units["median"].interval(stats.get("median_ci"), stats["median"]),
+            units["p95"].cell(stats["p95"]),
+            units["max"].cell(stats["max"]),
             f"[red]{flagged}[/]" if flagged else "0",
         )
     return table
@@ -169,25 +191,41 @@ def _run_meta(run_dir: Path) -> dict[str, Any]:
 def clock_table(meta: dict[str, Any]) -> Table | None:
     """Per agent host: which source set its clock offset (shared-clock, exchange, chrony/ptp4l), the offset
     removed from its stamps and the uncertainty that bounds every phase crossing from the controller's clock
-    to it, its drift, and the exchange-based estimate beside it (decision 0040). None without agents."""
+    to it, its drift, and the exchange-based estimate beside it (decision 0040). None without agents. Each
+    time column in one unit (its header names it)."""
     offsets = meta.get("clock_offsets") or {}
     if not offsets:
         return None
     from rich.table import Table
 
+    from labctl.core.units import UnitColumn
+
+    records = [rec for _, rec in sorted(offsets.items())]
+    fields = {
+        "offset": "offset_ns",
+        "± uncertainty": "uncertainty_ns",
+        "exchange ±": "exchange_uncertainty_ns",
+        "fastest RTT": "rtt_min_ns",
+    }
+    units = {name: UnitColumn.of(rec.get(key) for rec in records) for name, key in fields.items()}
     table = Table(title="agent clocks (offset: agent − controller)", title_justify="left")
-    for name in ("host", "source", "offset", "± uncertainty", "drift", "exchange ±", "fastest RTT", "via"):
-        table.add_column(name, justify="left" if name in ("host", "source", "via") else "right")
+    for name in ("host", "source", *fields, "drift", "via"):
+        header = units[name].header(name) if name in units else name
+        table.add_column(header, justify="left" if name in ("host", "source", "via") else "right")
     for host, rec in sorted(offsets.items()):
         drift = rec.get("drift_ppb")
+        cells = {
+            # a shared clock's offset and uncertainty are 0, not unknown; the exchange's are blank without one
+            name: units[name].cell(rec.get(key) or 0)
+            if name in ("offset", "± uncertainty")
+            else (units[name].cell(rec[key]) if rec.get(key) else "")
+            for name, key in fields.items()
+        }
         table.add_row(
             host,
             str(rec.get("source", "exchange")),
-            fmt_ns(rec.get("offset_ns")) if rec.get("offset_ns") else "0",
-            fmt_ns(rec.get("uncertainty_ns")) if rec.get("uncertainty_ns") else "0",
+            *cells.values(),
             "" if drift is None else f"{drift / 1000:+.2f} ppm",
-            fmt_ns(rec["exchange_uncertainty_ns"]) if rec.get("exchange_uncertainty_ns") else "",
-            fmt_ns(rec["rtt_min_ns"]) if rec.get("rtt_min_ns") else "",
             str(rec.get("exchange_via", "")),  # udp: straight to the agent; broker: through MQTT
         )
     return table
@@ -195,7 +233,10 @@ def clock_table(meta: dict[str, Any]) -> Table | None:
 
 def quality_lines(summary: dict[str, Any], probes: dict[str, Any] | None = None) -> list[str]:
     """What limits the numbers above: flagged rows (never silently in the statistics), each sampled
-    mark's resolution, and the modules' DOM update interval where the poller measured one."""
+    mark's resolution, and the modules' DOM update interval where the poller measured one. Two durations
+    said together share one unit, and each statistic says how many it is over."""
+    from labctl.core.units import fmt_pair
+
     lines = []
     flagged = summary.get("flagged_rows") or 0
     if flagged:
@@ -209,11 +250,13 @@ def quality_lines(summary: dict[str, Any], probes: dict[str, Any] | None = None)
             "the statistics (breakdown.csv columns impossible/unresolved name them)[/]"
         )
     names = {"t2": "optical (t2)", "t3": "firmware (t3)", "t4": "carrier (t4)", "t5": "traffic (t5)"}
-    marks = [
-        f"{names.get(mark, mark)} median {fmt_ns(r['median'])}, worst {fmt_ns(r['max'])}"
-        for mark, r in summary.get("resolution", {}).items()
-        if r.get("max")
-    ]
+    marks = []
+    for mark, r in summary.get("resolution", {}).items():
+        if not r.get("max"):
+            continue
+        typical, worst, unit = fmt_pair(r["median"], r["max"])
+        over = f" over {r['n']} port rows" if r.get("n") else ""
+        marks.append(f"{names.get(mark, mark)} median {typical} {unit}, worst {worst} {unit}{over}")
     if marks:
         lines.append("mark resolution (previous sample to mark): " + "; ".join(marks))
     rx = [
@@ -225,10 +268,11 @@ def quality_lines(summary: dict[str, Any], probes: dict[str, Any] | None = None)
         lanes = sum(r["module_update_estimated"] for r in rx)
         longest = max(r["module_update_ns_max"] for r in rx)
         median = rx[0]["module_update_ns_median"] if len(rx) == 1 else None
-        where = f"median {fmt_ns(median)}, " if median is not None else ""
+        median_text, longest_text, unit = fmt_pair(median, longest)
+        where = f"median {median_text} {unit}, " if median is not None else ""
         lines.append(
-            f"module DOM update interval: {where}longest {fmt_ns(longest)} over {lanes} lanes (where longer "
-            "than the sampling period it widens the optical mark's resolution)"
+            f"module DOM update interval: {where}longest {longest_text} {unit} over {lanes} lanes (where "
+            "longer than the sampling period it widens the optical mark's resolution)"
         )
     return lines
 
@@ -388,55 +432,127 @@ def _dry_run(experiment: Path, inventory_path: Path, profile: str | None) -> Non
 
 def report(
     run_paths: Annotated[
-        list[Path],
+        list[Path] | None,
         typer.Argument(
-            metavar="RUN...",
+            metavar="RUN",
             help="A run directory, or runs/ for the newest run. Several runs (same experiment, other seeds "
-            "or days): one table pooled over all of them, with each run's median.",
+            "or days): one table pooled over all of them, with each run's median. With filters: a runs "
+            "directory means every run in it that passes them (default: runs).",
+            show_default=False,
         ),
-    ],
+    ] = None,
+    experiment: ExperimentFilter = None,
+    lab: LabFilter = None,
+    profile: ProfileFilter = None,
+    since: SinceFilter = None,
+    status: StatusFilter = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Summarize a run: status, each link-up phase over its own unit (n, min, median with a 95% bootstrap CI,
-    p95, max), flagged rows, and what limits the marks' resolution. Several runs: pooled."""
-    if len(run_paths) > 1:
-        _report_many(run_paths, as_json)
-        return
+    p95, max), flagged rows, and what limits the marks' resolution. Several runs, or the runs the filters
+    select from the catalogue (`labctl runs`): pooled, each run's median beside the pooled one.
+
+    Reads each run's summary.json and breakdown.parquet (never events.jsonl, but for a run without a
+    usable breakdown, which is said)."""
+    from labctl.analysis.catalog import select_runs
+
+    chosen = filters(experiment, lab, profile, since, status)
+    if not run_paths and not chosen:
+        raise InputError(
+            "give a run directory (runs/ for the newest run), or filters: --experiment, --lab, --profile, "
+            "--since, --status"
+        )
+    runs = select_runs(run_paths or [], chosen)
+    if not runs:
+        where = ", ".join(map(str, run_paths)) if run_paths else str(RUNS)
+        raise InputError(f"no run in {where} passes the filters (`labctl runs` lists them)")
+    if len(runs) > 1:
+        _report_many(runs, as_json)
+    else:
+        _report_one(runs[0], as_json)
+
+
+def _run_summary(run_dir: Path, meta: dict[str, Any]) -> tuple[dict[str, Any], int | None, list[str]]:
+    """A run's summary, its event count and what was wrong on disk: summary.json as written, else computed
+    from breakdown.parquet, else (a run that ended before its analysis, a damaged file) from events.jsonl,
+    each fallback named in a note."""
+    from labctl.analysis.store import BREAKDOWN_PARQUET, EVENTS, SUMMARY, damage_notes
+
+    notes = damage_notes(run_dir) if (run_dir / EVENTS).is_file() else []
+    events = meta.get("events") if isinstance(meta.get("events"), int) else None
+    summary_file = run_dir / SUMMARY
+    if summary_file.is_file():
+        try:
+            summary = json.loads(summary_file.read_text(encoding="utf-8"))
+            if not isinstance(summary, dict):
+                raise ValueError(f"expected a JSON object, found {type(summary).__name__}")
+            if "flagged_rows" in summary:
+                return summary, events, notes
+            notes.append(f"{SUMMARY} predates per-unit statistics and flags: recomputed")
+        except (OSError, ValueError) as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            notes.append(f"{SUMMARY} is damaged ({reason}): recomputed from the breakdown")
     from labctl.analysis.breakdown import summarize
+
+    parquet = run_dir / BREAKDOWN_PARQUET
+    why = f"no {BREAKDOWN_PARQUET} (the run ended before its analysis)"
+    if parquet.is_file():
+        import pandas as pd
+
+        try:
+            frame = pd.read_parquet(parquet)
+            if "impossible" in frame:
+                return summarize(frame), events, notes
+            why = f"{BREAKDOWN_PARQUET} predates the impossible/unresolved flags"
+        except Exception as e:  # pyarrow's errors for a damaged file have no common base but Exception
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            why = f"{BREAKDOWN_PARQUET} is damaged ({reason})"
     from labctl.analysis.store import load_run
 
-    run_data = load_run(run_paths[0])
-    summary = run_data.summary or summarize(run_data.breakdown)
-    meta = run_data.meta
+    run = load_run(run_dir)  # reads events.jsonl: said in the note
+    notes.append(f"{why}: the breakdown was computed from {EVENTS}")
+    notes += [n for n in run.notes if n not in notes]
+    return summarize(run.breakdown), len(run.events), notes
+
+
+def _report_one(row: dict[str, Any], as_json: bool) -> None:
+    from labctl.analysis.store import read_run_json
+
+    run_dir = Path(row["path"])
+    meta = read_run_json(run_dir)
+    summary, events, notes = _run_summary(run_dir, meta)
+    status = row["status"]
     if as_json:
         print(
             json.dumps(
                 {
-                    "run": str(run_data.path),
+                    "run": str(run_dir),
                     "run_id": meta.get("run_id"),
-                    "status": run_data.status,
+                    "status": status,
+                    "recorded_status": meta.get("status", "unknown"),
                     "error": meta.get("error"),
-                    "events": len(run_data.events),
-                    "notes": run_data.notes,
+                    "events": events,
+                    "notes": notes,
                     "summary": summary,
                 },
                 indent=2,
             )
         )
         return
-    for note in run_data.notes:
+    for note in notes:
         err.print(f"[yellow]note: {note}[/]", highlight=False)
     out.print(
-        f"run {meta.get('run_id')}  status: [bold]{run_data.status}[/]"
+        f"run {meta.get('run_id')}  status: [bold]{status}[/]"
         + (f"  ({meta['error']})" if meta.get("error") else "")
     )
-    if run_data.status == "running":
+    if status in ("running", "crashed"):
+        gone = "that process is gone: the run crashed" if status == "crashed" else "the run is still going"
         out.print(
-            f"[yellow]run.json still says running (pid {meta.get('pid')}): the process was killed or is "
-            "still going; the breakdown below is computed from the events on disk[/]"
+            f"[yellow]run.json still says running (pid {meta.get('pid')}); {gone}. The breakdown below is "
+            "of the events on disk[/]"
         )
     out.print(
-        f"{len(run_data.events)} events, profile {meta.get('profile', {}).get('name')}, "
+        f"{'?' if events is None else events} events, profile {(meta.get('profile') or {}).get('name')}, "
         f"seed {meta.get('seed')}"
     )
     for name, stats in flat_probe_stats(meta.get("probes", {})):  # what each sampler achieved
@@ -458,42 +574,124 @@ def report(
         out.print(f"time sync {host}: {state} ({daemons}; est. error {sync.get('est_error_us')} µs)")
 
 
-def _report_many(run_paths: list[Path], as_json: bool) -> None:
-    from labctl.analysis.compare import aggregate
+LISTED_RUNS = 12
+"""Up to this many pooled runs are named one per line, and their medians one column each."""
 
-    summary = aggregate(run_paths)
+
+def _tally(runs: list[dict[str, Any]], key: str) -> str:
+    counts: dict[str, int] = {}
+    for run in runs:
+        counts[str(run.get(key))] = counts.get(str(run.get(key)), 0) + 1
+    return ", ".join(f"{value} ({n})" for value, n in sorted(counts.items()))
+
+
+def _report_many(rows: list[dict[str, Any]], as_json: bool) -> None:
+    import duckdb
+
+    from labctl.analysis.compare import Pool, pooled_summary
+
+    con = duckdb.connect()
+    try:
+        summary = pooled_summary(Pool(rows, con, "pooled"))
+    finally:
+        con.close()
     if as_json:
         print(json.dumps(summary, indent=2))
         return
+    for note in summary["notes"]:
+        err.print(f"[yellow]note: {note}[/]", highlight=False)
     runs = summary["runs"]
     if len(summary["experiments"]) > 1:
         err.print(
             f"[yellow]note: the runs are of different experiments: {', '.join(summary['experiments'])}[/]"
         )
-    for run in runs:
+    if len(runs) <= LISTED_RUNS:
+        for run in runs:
+            out.print(
+                f"run {run['run_id']}  status: {run['status']}, seed {run['seed']}, profile {run['profile']}",
+                highlight=False,
+            )
+    else:
+        started = sorted(r["started"] for r in runs if r["started"])
         out.print(
-            f"run {run['run_id']}  status: {run['status']}, seed {run['seed']}, profile {run['profile']}"
+            f"{len(runs)} runs: status {_tally(runs, 'status')}; profile {_tally(runs, 'profile')}; "
+            f"lab {_tally(runs, 'lab')}; labctl {_tally(runs, 'labctl_version')}"
+            + (f"; started {started[0]} to {started[-1]}" if started else ""),
+            highlight=False,
         )
     title = (
-        f"link-up breakdown pooled over {len(runs)} runs ({summary['reconfigurations']} reconfiguration "
-        f"numbers, {summary['rows']} port rows)"
+        f"link-up breakdown pooled over {len(runs)} runs ({summary['run_reconfigurations']} "
+        f"reconfigurations, {summary['rows']} port rows)"
     )
     out.print(_summary_table(summary, title))
     for line in quality_lines(summary):
         out.print(line, highlight=False)
+    out.print(run_medians_table(summary))
+
+
+def run_medians_table(summary: dict[str, Any]) -> Table:
+    """Each run's median of each phase beside the pooled median: how many runs have one, the median,
+    smallest and largest of them, and (up to LISTED_RUNS runs) each one. One unit per column."""
+    import statistics
+
     from rich.table import Table
 
-    table = Table(title="median of each run", title_justify="left")
+    from labctl.core.units import UnitColumn
+
+    phases = summary["phases"]
+    runs = summary["runs"]
+    present = {name: [m for m in stats["run_medians"] if m is not None] for name, stats in phases.items()}
+    spread = {
+        name: ((round(statistics.median(ms)), min(ms), max(ms)) if ms else (None, None, None))
+        for name, ms in present.items()
+    }
+    pooled_col = UnitColumn.of(stats["median"] for stats in phases.values())
+    cols = [UnitColumn.of(s[i] for s in spread.values()) for i in range(3)]
+    each = len(runs) <= LISTED_RUNS
+    per_run = (
+        [UnitColumn.of(stats["run_medians"][i] for stats in phases.values()) for i in range(len(runs))]
+        if each
+        else []
+    )
+    table = Table(
+        title=f"median of each run ({len(runs)} runs; each phase over its own unit, as above)",
+        title_justify="left",
+    )
     table.add_column("phase")
-    for i in range(1, len(runs) + 1):
-        table.add_column(f"#{i}", justify="right", no_wrap=True)
-    for name, stats in summary["phases"].items():
-        table.add_row(name, *(fmt_ns(m) for m in stats["run_medians"]))
-    out.print(table)
+    for header in (
+        "runs",
+        pooled_col.header("pooled median"),
+        cols[0].header("median of runs"),
+        cols[1].header("lowest run"),
+        cols[2].header("highest run"),
+        *(col.header(f"#{i}") for i, col in enumerate(per_run, 1)),
+    ):
+        table.add_column(header, justify="right", no_wrap=True)
+    for name, stats in phases.items():
+        table.add_row(
+            name,
+            str(len(present[name])),
+            pooled_col.cell(stats["median"]),
+            *(col.cell(value) for col, value in zip(cols, spread[name], strict=True)),
+            *(col.cell(stats["run_medians"][i]) for i, col in enumerate(per_run)),
+        )
+    return table
 
 
-def _with_ci(value: int | None, ci: list[int] | tuple[int, int] | None) -> str:
-    return fmt_ns(value) + (f" [{fmt_range_ns(ci[0], ci[1], value)}]" if ci and value is not None else "")
+def _side(tokens: list[str]) -> tuple[list[str], Filters]:
+    """A compare side's tokens: run or runs directories, and key=value filters (FILTER_KEYS) narrowing it."""
+    from labctl.analysis.catalog import FILTER_KEYS, filters_from
+
+    paths, given = [], {}
+    for token in tokens:
+        key, eq, value = token.partition("=")
+        if eq and key in FILTER_KEYS and not Path(token).exists():
+            given[key] = value
+        elif eq and not Path(token).exists():
+            raise InputError(f"{token}: not a run directory, nor a filter ({', '.join(FILTER_KEYS)}=VALUE)")
+        else:
+            paths.append(token)
+    return paths, filters_from(**given)
 
 
 def compare(
@@ -501,24 +699,50 @@ def compare(
         list[str],
         typer.Argument(
             metavar="RUN... vs RUN...",
-            help="Two sets of run directories separated by the word vs, e.g. "
-            "`labctl compare runs/a* vs runs/b*`.",
+            help="Two sets of runs separated by the word vs, e.g. `labctl compare runs/a* vs runs/b*`. A "
+            "side may hold filters as key=value (experiment, lab, profile, since, status), over the runs "
+            "directories it names (default: runs): `labctl compare --experiment fig10 profile=fast vs "
+            "profile=opus-testbed`.",
         ),
     ],
+    experiment: ExperimentFilter = None,
+    lab: LabFilter = None,
+    profile: ProfileFilter = None,
+    since: SinceFilter = None,
+    status: StatusFilter = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Compare two sets of runs phase by phase: each set's median with its 95% bootstrap CI, and the
-    difference of medians (second set minus first) with its own CI: the table a reviewer asks for."""
-    from labctl.analysis.compare import compare as compare_sets
-    from labctl.analysis.compare import split_sets
+    difference of medians (second set minus first) with its own CI: the table a reviewer asks for. The
+    filter options apply to both sets; a warning says where the sets ran different profiles, labs or
+    labctl versions."""
+    from labctl.analysis.catalog import select_runs
+    from labctl.analysis.compare import compare_runs, split_sets
+    from labctl.core.units import UnitColumn
 
-    a, b = split_sets(runs)
-    result = compare_sets(a, b)
+    a_tokens, b_tokens = split_sets(runs)
+    shared = filters(experiment, lab, profile, since, status)
+    sets = []
+    for side, tokens in (("A", a_tokens), ("B", b_tokens)):
+        paths, own = _side(tokens)
+        chosen = shared.narrowed(own)
+        picked = select_runs(paths, chosen)
+        if not picked:
+            raise InputError(f"set {side}: no run in {', '.join(paths) or RUNS} passes its filters")
+        sets.append(picked)
+    result = compare_runs(sets[0], sets[1])
     if as_json:
         print(json.dumps(result, indent=2))
         return
     from rich.table import Table
 
+    for note in result["notes"]:
+        err.print(f"[yellow]note: {note}[/]", highlight=False)
+    for warning in result["warnings"]:
+        out.print(f"[yellow]warning: {warning}[/]", highlight=False)
+    phases = result["phases"]
+    medians = UnitColumn.of(e[s]["median"] for e in phases.values() for s in ("a", "b"))
+    diffs = UnitColumn.of(e.get("difference") for e in phases.values())
     table = Table(
         title=f"A: {len(result['a']['runs'])} runs  vs  B: {len(result['b']['runs'])} runs",
         title_justify="left",
@@ -527,40 +751,37 @@ def compare(
         "phase",
         "unit",
         "n A",
-        "median A [95% CI]",
+        medians.header("median A [95% CI]"),
         "n B",
-        "median B [95% CI]",
-        "B − A [95% CI]",
+        medians.header("median B [95% CI]"),
+        diffs.header("B − A [95% CI]"),
         "B/A",
     ):
         table.add_column(col, justify="left" if col in ("phase", "unit") else "right", no_wrap=True)
-    for name, entry in result["phases"].items():
-        sides = []
-        for side in ("a", "b"):
-            stats = entry[side]
-            ci = stats.get("median_ci")
-            text = fmt_ns(stats["median"]) + (
-                f" [{fmt_range_ns(ci[0], ci[1], stats['median'])}]" if ci else ""
-            )
-            sides.append((str(stats["n"]), text))
+    for name, entry in phases.items():
         diff = entry.get("difference")
-        dci = entry.get("difference_ci")
         table.add_row(
             name,
             UNIT_LABELS.get(entry["unit"], entry["unit"]),
-            sides[0][0],
-            sides[0][1],
-            sides[1][0],
-            sides[1][1],
-            (fmt_ns(diff) + (f" [{fmt_range_ns(dci[0], dci[1], diff)}]" if dci else ""))
-            if diff is not None
-            else "—",
+            str(entry["a"]["n"]),
+            medians.with_interval(entry["a"]["median"], entry["a"].get("median_ci")),
+            str(entry["b"]["n"]),
+            medians.with_interval(entry["b"]["median"], entry["b"].get("median_ci")),
+            diffs.with_interval(diff, entry.get("difference_ci")) if diff is not None else "—",
             f"{entry['ratio']:.3f}" if entry.get("ratio") else "—",
         )
     out.print(table)
+    clusters = {
+        f"{side.upper()} {entry[side]['median_ci_clusters']}"
+        for entry in phases.values()
+        for side in ("a", "b")
+        if entry[side]["n"]
+    }
     out.print(
         "intervals: "
         + result.get("ci", "95% percentile bootstrap of the median over each phase's units, pooled per set")
+        + (f" (reconfigurations resampled: {', '.join(sorted(clusters))})" if clusters else ""),
+        highlight=False,
     )
 
 

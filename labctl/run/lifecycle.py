@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from labctl.analysis.catalog import write_record
 from labctl.analysis.pool import FigureWorkers
 from labctl.analysis.store import RunDir, new_run_id, versions
 from labctl.core import sched
@@ -98,6 +99,15 @@ def _git_describe() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
+
+
+def _write_catalog_record(run_dir: Path) -> None:
+    """The run's row of the catalogue (`labctl runs`), the last file its directory gets. It never fails the
+    run: the catalogue indexes a run without one from its run.json (decision 0058)."""
+    try:
+        write_record(run_dir)
+    except Exception:
+        log.exception("could not write the run's catalogue record")
 
 
 async def run_experiment(
@@ -237,6 +247,7 @@ async def run_experiment(
             events.emit(now_ns(), Kind.RUN_FAULT, "controller", cause, meta={"stage": "analysis"})
             events.emit(now_ns(), Kind.RUN_END, "controller", "failed", meta={"error": outcome.error})
             events.close()
+        _write_catalog_record(run.path)
         return outcome
     finally:
         await workers.close()

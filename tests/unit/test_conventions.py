@@ -125,7 +125,7 @@ def test_the_root_help_offers_completion(
     ("words", "expected"),
     [
         ("labctl ", list(COMMANDS)),  # every command, from the lazy table, in its order
-        ("labctl ru", ["run"]),
+        ("labctl ru", ["run", "runs"]),
         ("labctl inv", ["inventory"]),
         ("labctl inventory ", ["check"]),  # a group's own subcommands: its module built on demand
         ("labctl agent --log-", ["--log-level", "--log-format"]),
