@@ -30,6 +30,7 @@ from labctl.cli.common import (
     parse_plot_formats,
 )
 from labctl.core.errors import InputError
+from labctl.core.units import fmt_ns
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -571,7 +572,9 @@ def _report_one(row: dict[str, Any], as_json: bool) -> None:
     for host, sync in meta.get("time_sync", {}).items():
         state = "synchronized" if sync.get("synchronized") else "NOT synchronized"
         daemons = ", ".join(sync.get("daemons") or []) or "no time daemon"
-        out.print(f"time sync {host}: {state} ({daemons}; est. error {sync.get('est_error_us')} µs)")
+        est_us = sync.get("est_error_us")
+        est = fmt_ns(int(est_us) * 1000) if isinstance(est_us, int | float) else "unknown"
+        out.print(f"time sync {host}: {state} ({daemons}; est. error {est})")
 
 
 LISTED_RUNS = 12

@@ -193,8 +193,8 @@ class Attenuate(StepBase):
         attenuator = attenuator_of(run.lab.switches.get(self.switch))
         if attenuator is None:
             raise InputError(
-                f"switch {self.switch}: its driver has no variable optical attenuators (voa: needs sim or "
-                "polatis-netconf)"
+                f"switch {self.switch}: its driver has no variable optical attenuators (voa: needs sim, "
+                "polatis-netconf or polatis-tl1)"
             )
         await attenuator.set_attenuation(self.ports, self.atten_db)
         held = run.attenuated.setdefault(self.switch, set())

@@ -1,5 +1,6 @@
 """The emulators answer what public Polatis client code sends (issue 28, decision 0064), over real sockets:
-a legacy TL1 script that splits RTRV-NETYPE on whitespace, TL1 attenuator and power monitor commands; a
+a legacy TL1 script that splits RTRV-NETYPE on whitespace, TL1 attenuator and power monitor commands (and
+the TL1 driver's attenuator calls); a
 NETCONF client that sets a VOA (and the Rx power the NIC's probe reads drops by it), sets and reads the
 power monitors' wavelength, and subscribes to notifications of cross-connect and port changes."""
 
@@ -114,6 +115,44 @@ async def test_tl1_attenuator_and_power_monitor_commands_of_public_scripts(
     finally:
         writer.close()
         await writer.wait_closed()
+
+
+async def test_the_tl1_driver_attenuates_through_the_commands_public_scripts_send(
+    tl1: tuple[Tl1Emulator, SwitchModel],
+) -> None:
+    """The TL1 driver is a VariableAttenuator too: SET-PORT-ATTEN MODE=RELATIVE (0 dB: MODE=NONE), read
+    back with RTRV-PORT-ATTEN; the switch's own power reading drops by the attenuation; an ocs.voa event per
+    setting; an ingress port is refused before anything is sent."""
+    from labctl.ocs.drivers.polatis_tl1.switch import PolatisTl1Switch, Tl1Endpoint
+
+    emulator, model = tl1
+    model.transmitting[1] = 0.0
+    await model.execute(MappingDiff(remove=frozenset(), add=frozenset({(1, 5)})))
+    events: list[Event] = []
+    switch = PolatisTl1Switch(
+        "ocs1",
+        PortSpace(4, 4),
+        endpoint=Tl1Endpoint(*emulator.address),
+        user="admin",
+        password=Secret("TEST_PW", PASSWORD),
+        emit=events.append,
+        timeouts=TimeoutPolicy(connect_s=5.0, operation_s=5.0),
+    )
+    await switch.connect()
+    try:
+        assert isinstance(switch, VariableAttenuator)
+        before = (await switch.port_power([5])).value[5]
+        await switch.set_attenuation([5], 5.0)
+        assert (await switch.read_attenuation([5])).value == {5: 5.0}
+        after = (await switch.port_power([5])).value[5]
+        assert before is not None and after is not None and after == pytest.approx(before - 5.0, abs=0.02)
+        await switch.set_attenuation([5], 0.0)
+        assert (await switch.read_attenuation([5])).value == {5: 0.0}
+        assert [e.value for e in events if e.kind == OCS_VOA] == [5.0, 0.0]
+        with pytest.raises(InputError, match="ingress"):
+            await switch.set_attenuation([1], 3.0)
+    finally:
+        await switch.close()
 
 
 # -- NETCONF: VOA, OPM wavelength, notifications -------------------------------------------------------------

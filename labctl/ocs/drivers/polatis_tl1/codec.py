@@ -372,6 +372,27 @@ def parse_port_values(lines: Sequence[str], what: str) -> dict[int, str]:
     return out
 
 
+def parse_attenuation(lines: Sequence[str]) -> dict[int, float | None]:
+    """RTRV-PORT-ATTEN's `"<port>:<mode>,<level>,<reference>"` lines as dB below each port's patched light:
+    0.0 for NONE, the level for RELATIVE to the patched ingress (no or 0 reference), None for a setting of
+    another kind (a target power, maximum, fixed, or relative to a named port)."""
+    out: dict[int, float | None] = {}
+    for port, text in parse_port_values(lines, "RTRV-PORT-ATTEN").items():
+        mode, _, rest = text.partition(",")
+        level, _, reference = rest.partition(",")
+        mode = mode.strip().upper()
+        if mode == "NONE":
+            out[port] = 0.0
+        elif mode in ("RELATIVE", "REL") and reference.strip() in ("", "0"):
+            try:
+                out[port] = float(level)
+            except ValueError:
+                raise Tl1Error(f"RTRV-PORT-ATTEN level is not a number: {_clip(text)!r}") from None
+        else:
+            out[port] = None
+    return out
+
+
 def parse_power(lines: Sequence[str]) -> dict[int, float | None]:
     out: dict[int, float | None] = {}
     for port, text in parse_port_values(lines, "RTRV-PORT-POWER").items():

@@ -22,10 +22,12 @@ from labctl.inventory.config import Secret, SecretRef
 from labctl.inventory.mapping import Mapping, MappingDiff, PortSpace
 from labctl.ocs.connect_errors import ConnectFailed, format_address
 from labctl.ocs.protocol import (
+    OCS_VOA,
     EventSink,
     Timed,
     TimeoutPolicy,
     VerifiedSwitch,
+    check_attenuation,
     check_owned,
     check_ports,
     refuse_crossing,
@@ -41,6 +43,7 @@ from .codec import (
     Tl1Message,
     Tl1Response,
     format_ports,
+    parse_attenuation,
     parse_patches,
     parse_port_values,
     parse_power,
@@ -384,6 +387,34 @@ class PolatisTl1Switch(VerifiedSwitch):
         result = await self._timed("RTRV-PORT-POWER", read)
         self._emit_powers(result.value, result.end_ns)
         return result
+
+    # -- variable optical attenuators (VariableAttenuator) ---------------------------------------------------
+    async def set_attenuation(self, ports: Iterable[int], atten_db: float) -> Timed[None]:
+        """SET-PORT-ATTEN: each egress port's light `atten_db` dB below what its patch brings (MODE=RELATIVE
+        to the patched ingress; 0 dB: MODE=NONE). Writes an `ocs.voa` event per port."""
+        wanted = check_attenuation(self.name, self.space, ports, atten_db)
+        check_owned(self.name, self.owned, wanted, "the attenuation")
+        params = "MODE=NONE" if atten_db == 0 else f"MODE=RELATIVE,LEVEL={atten_db:.2f}"
+
+        async def run() -> None:
+            await self._call("SET-PORT-ATTEN", format_ports(wanted), ("", "", params), idempotent=True)
+
+        result = await self._timed("SET-PORT-ATTEN", run)
+        mode = "VOA_MODE_NONE" if atten_db == 0 else "VOA_MODE_RELATIVE"
+        for port in wanted:
+            self._emit(OCS_VOA, float(atten_db), result.end_ns, port=port, mode=mode, level=atten_db)
+        return result
+
+    async def read_attenuation(self, ports: Iterable[int]) -> Timed[dict[int, float | None]]:
+        """RTRV-PORT-ATTEN: dB below each egress port's patched light (None: a setting of another kind)."""
+        wanted = check_attenuation(self.name, self.space, ports, 0.0)
+
+        async def read() -> dict[int, float | None]:
+            reply = await self._call("RTRV-PORT-ATTEN", format_ports(wanted), idempotent=True)
+            levels = parse_attenuation(reply.lines)
+            return {p: levels.get(p, 0.0) for p in wanted}
+
+        return await self._timed("RTRV-PORT-ATTEN", read)
 
     # -- the rest of the TL1 command set ---------------------------------------------------------------------
     def _check_ports(self, ports: Sequence[int]) -> None:
