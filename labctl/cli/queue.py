@@ -66,7 +66,7 @@ def _from_env(db: str | None) -> bool:
 
 
 def _open(db: str | None, where: str | Path) -> Store:
-    from labctl.scheduler.store import open_store
+    from labctl.scheduler.backends import open_store
 
     return open_store(where, from_env=_from_env(db))
 

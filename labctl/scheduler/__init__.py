@@ -23,9 +23,10 @@ The modules, each importing only those above it:
 - `plan`: what a run touches (`Resources`), `declare` (validate an experiment, derive its resources and
   baseline) and `pick`, the conservative-backfill choice of which due runs start now.
 - `store`: the queue's interface (`Store`, a Protocol), the run state machine, `RunRow`/`ScheduleRow`, the
-  SQL both backends share, the SQLite backend (`QueueStore`) and `open_store` (a path or a URL).
+  SQL both backends share, the SQLite backend (`QueueStore`).
 - `store_pg`: the PostgreSQL backend (psycopg, the `[postgres]` extra, imported only for a URL): claims,
   leases, takeover.
+- `backends`: `open_store`, the backend a `--db` path or URL names.
 - `results`: a finished run's headline numbers from its summary.json (`history`, `serve`'s log line).
 - `worker`: executing one run: the `Executor` protocol and `SubprocessExecutor`, and the worker process
   itself (`python -m labctl.scheduler worker ARGS`, through `__main__`).

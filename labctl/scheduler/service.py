@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from labctl.core.errors import InputError, LabctlError
+from labctl.scheduler.backends import open_store
 from labctl.scheduler.results import headline, headline_text
 from labctl.scheduler.store import (
     DEFAULT_LEASE_S,
@@ -26,7 +27,6 @@ from labctl.scheduler.store import (
     RunRow,
     Store,
     StoreUnavailable,
-    open_store,
 )
 from labctl.scheduler.timing import Clock, SystemClock
 from labctl.scheduler.worker import Executor, SubprocessExecutor, _pid_alive

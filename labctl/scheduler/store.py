@@ -6,7 +6,8 @@
   or several machines. Runs are claimed with row locks (`FOR UPDATE SKIP LOCKED`) in the transaction that
   also takes their resource leases; a lease expires unless the serve holding it renews it (decision 0061).
 
-`open_store(db)` picks the backend from `--db`/$LABCTL_QUEUE_DB: a `postgresql://` URL or a file path.
+`labctl.scheduler.backends.open_store(db)` picks the backend from `--db`/$LABCTL_QUEUE_DB: a `postgresql://`
+URL or a file path.
 The SQL both share is written once here with `?` placeholders (the PostgreSQL backend rewrites them).
 """
 
@@ -734,14 +735,3 @@ class QueueStore(SqlStore):
             rows = self.runs("state='running'")
             self._exec("UPDATE runs SET owner=? WHERE state='running'", (owner,))
         return rows
-
-
-def open_store(db: str | Path | None, *, from_env: bool = False) -> Store:
-    """The queue `--db` names: a `postgresql://` URL (PostgreSQL, shared) or a SQLite file (the default)."""
-    if db is not None and is_url(db):
-        assert isinstance(db, str)
-        check_url(db, from_env=from_env)
-        from labctl.scheduler.store_pg import PostgresStore
-
-        return PostgresStore(db)
-    return QueueStore(Path(db) if db is not None else None)

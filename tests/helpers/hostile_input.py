@@ -146,6 +146,7 @@ FULL_EXPERIMENT: dict[str, Any] = {
     },
     "analysis": {"rx_power_threshold_dbm": -10.0},
     "gpu": {"device": 0, "peer_device": 1, "iterations": 10_000, "warmup": 2_000},
+    "voa": [{"switch": "ocs1", "ports": [5], "atten_db": [0.0, 5.0]}],
 }
 
 FULL_FAULTS: dict[str, Any] = {

@@ -202,8 +202,8 @@ async def test_switch_power_monitor_as_a_second_rx_power_source(tmp_path: Path, 
 
 
 def _assert_failed(outcome: Any, error: str, run_end: str = "failed") -> list[Event]:
-    """The run failed with `error`, run.json says the same, and the events end with run.end (`run_end`:
-    analysis comes after it, so a run whose analysis failed ended its events as completed)."""
+    """The run failed with `error`, run.json says the same, and the events end with run.end `run_end` (a
+    run whose analysis failed appends a last run.end `failed` after the experiment's own, decision 0069)."""
     assert (outcome.status, outcome.error) == ("failed", error)
     meta = json.loads((outcome.run_dir / "run.json").read_text())
     assert (meta["status"], meta["error"]) == ("failed", error)
@@ -278,8 +278,9 @@ async def test_a_failed_analysis_fails_the_run_and_keeps_its_events(
     outcome = await run_experiment(
         short_experiment, inventory_path, profile="fast", out_dir=tmp_path / "runs", seed=5, plots=False
     )
-    events = _assert_failed(outcome, "analysis failed: ZeroDivisionError: division by zero", "completed")
+    events = _assert_failed(outcome, "analysis failed: ZeroDivisionError: division by zero")
     assert [e.kind for e in events].count("phase") == 3
+    assert [e.value for e in events if e.kind == "run.end"] == ["completed", "failed"]
 
 
 async def test_steps_and_the_baseline_hold_before_the_next_reconfiguration(

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from labctl.core.events import read_events
-from labctl.scheduler.store import RunRow, Store, open_store, resource_keys
+from labctl.scheduler.backends import open_store
+from labctl.scheduler.store import RunRow, Store, resource_keys
 from tests.helpers import postgres as pg
 from tests.helpers.scheduler import SPLIT_INVENTORY, experiment
 
