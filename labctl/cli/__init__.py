@@ -38,7 +38,7 @@ app = typer.Typer(
     help="labctl: time optical circuit switch reconfigurations, from the switch command to traffic "
     "resuming.\n\n"
     "Start with `labctl run experiments/reconfig-timeline.yaml` (simulated Opus testbed, no root needed), "
-    "then `labctl report runs/` and open the run's timeline.png.",
+    "then `labctl report runs/` and open the run's headline.png and timeline.png.",
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,

@@ -64,10 +64,12 @@ def plugin_rows(of: list[Registry[Named]] | None = None) -> list[PluginRow]:
 
 
 def plugins(as_json: JsonOpt = False) -> None:
-    """List every switch driver, probe, lab kind and experiment kind: labctl's own and those installed
-    packages declare (entry points in the groups labctl.switch_drivers, labctl.probes, labctl.lab_kinds,
-    labctl.experiment_kinds), with the package and version each comes from and whether it loads. Exit 0
-    when every entry loads, 1 when one does not or two packages claim one name (all are still listed)."""
+    """List every switch driver, probe, lab kind and experiment kind, labctl's own and plugins'.
+
+    Those installed packages declare are entry points in the groups labctl.switch_drivers, labctl.probes,
+    labctl.lab_kinds and labctl.experiment_kinds; each row says the package and version it comes from and
+    whether it loads. Exit 0 when every entry loads, 1 when one does not or two packages claim one name
+    (all are still listed)."""
     rows = plugin_rows()
     bad = [row for row in rows if row.status != "ok"]
     if as_json:

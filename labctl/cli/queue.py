@@ -312,8 +312,10 @@ def history(
     limit: Annotated[int, typer.Option(help="How many of the newest runs.", min=1)] = 20,
     as_json: JsonOpt = False,
 ) -> None:
-    """Finished runs, newest first: state, start and end, run directory, error, and each run's headline
-    results from its summary.json (reconfigurations; each measured phase's median, with its unit and n)."""
+    """Finished runs, newest first, each with its headline results.
+
+    State, start and end, run directory, error, and the run's headline results from its summary.json
+    (reconfigurations; each measured phase's median, with its unit and n)."""
     from rich.table import Table
 
     from labctl.scheduler.results import headline, headline_text

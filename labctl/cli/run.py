@@ -449,9 +449,11 @@ def report(
     status: StatusFilter = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Summarize a run: status, each link-up phase over its own unit (n, min, median with a 95% bootstrap CI,
-    p95, max), flagged rows, and what limits the marks' resolution. Several runs, or the runs the filters
-    select from the catalogue (`labctl runs`): pooled, each run's median beside the pooled one.
+    """Summarize a run, or several pooled: each link-up phase over its own unit, with a 95% CI.
+
+    Status, each phase's n, min, median with a 95% bootstrap CI, p95 and max, flagged rows, and what
+    limits the marks' resolution. Several runs, or the runs the filters select from the catalogue (`labctl
+    runs`): pooled, each run's median beside the pooled one.
 
     Reads each run's summary.json and breakdown.parquet (never events.jsonl, but for a run without a
     usable breakdown, which is said)."""
@@ -715,10 +717,11 @@ def compare(
     status: StatusFilter = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Compare two sets of runs phase by phase: each set's median with its 95% bootstrap CI, and the
-    difference of medians (second set minus first) with its own CI: the table a reviewer asks for. The
-    filter options apply to both sets; a warning says where the sets ran different profiles, labs or
-    labctl versions."""
+    """Compare two sets of runs phase by phase: medians, their difference, and 95% CIs.
+
+    Each set's median with its 95% bootstrap CI, and the difference of medians (second set minus first)
+    with its own CI: the table a reviewer asks for. The filter options apply to both sets; a warning says
+    where the sets ran different profiles, labs or labctl versions."""
     from labctl.analysis.catalog import select_runs
     from labctl.analysis.compare import compare_runs, split_sets
     from labctl.core.units import UnitColumn
@@ -820,8 +823,10 @@ def plot(
         ),
     ] = "png",
 ) -> None:
-    """(Re)draw a run's timeline and phase distributions from its events.jsonl (an aborted run's too, which
-    draws none on its way out): PNG by default, `--format svg,pdf` (or all) for a paper."""
+    """(Re)draw a run's figures (headline, timeline, distributions) from its events.jsonl.
+
+    An aborted run's too, which draws none on its way out. PNG by default, `--format svg,pdf` (or all) for
+    a paper."""
     from labctl.analysis.plots import plot_run
     from labctl.analysis.store import damage_notes, resolve_run_path
 

@@ -53,8 +53,10 @@ def runs(
         ),
     ] = False,
 ) -> None:
-    """List the runs of a runs directory, oldest first: id, experiment, lab, profile, seed, labctl version,
-    start, duration, status, reconfigurations and the median total recovery; filtered by the options.
+    """List and filter the runs of a runs directory (the run catalogue), oldest first.
+
+    Each run's id, experiment, lab, profile, seed, labctl version, start, duration, status,
+    reconfigurations and median total recovery; filtered by the options.
 
     A run recorded running whose process is gone is listed as crashed. `--json` prints every catalogue
     field (experiment and inventory hashes, per-phase n/min/median/p95/max). The catalogue is

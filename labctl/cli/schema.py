@@ -501,8 +501,9 @@ def schema(
         ),
     ] = False,
 ) -> None:
-    """Print the JSON Schema of an inventory, experiment or delay profile, generated from labctl's models;
-    with --markdown, the reference of every field (docs/reference.md)."""
+    """Print the JSON Schema of an inventory, experiment or delay profile, from labctl's models.
+
+    With --markdown, the reference of every field (docs/reference.md)."""
     if markdown:
         if what is not None:
             raise InputError("--markdown documents every file: give no schema name with it")
