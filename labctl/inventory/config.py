@@ -86,8 +86,11 @@ def _secret_ref(value: Any) -> SecretRef:
 class SwitchConfig(ConfigModel):
     """Every switch: which driver, its port space, and the one deadline for an operation on it."""
 
-    driver: str
-    size: str = "32x32"
+    driver: str = Field(description="the switch driver (`labctl plugins` lists them)")
+    size: str = Field(
+        default="32x32",
+        description="the port space, INxOUT: 32x32 is ingress ports 1-32 and egress ports 33-64",
+    )
     timeout_s: float = Field(default=10.0, gt=0, le=3600, description="deadline for one switch operation")
     owned_ports: list[int | str] | None = Field(
         default=None,
@@ -160,10 +163,16 @@ class NetworkSwitchConfig(SwitchConfig):
     emulator around its own switch model (127.0.0.1, ephemeral port, a one-time password unless one is
     given) and the driver talks to that over real TCP; otherwise `address` and `user` are required."""
 
-    address: str | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)
-    user: str | None = None
-    password: SecretRef | None = None
+    address: str | None = Field(default=None, description="the switch's host name or IP address")
+    port: int | None = Field(
+        default=None, ge=1, le=65535, description="its TCP port (default: the protocol's usual one)"
+    )
+    user: str | None = Field(default=None, description="the user to log in as")
+    password: SecretRef | None = Field(
+        default=None,
+        description="the password, as a reference to the environment (`${POLATIS_PASSWORD}`): never the "
+        "password itself in the file",
+    )
     emulate: bool = Field(
         default=False,
         description="drive this driver's protocol emulator around the lab's switch model instead of an "

@@ -32,15 +32,17 @@ class DiconSerialConfig(NetworkSwitchConfig):
     `socket://host:port` or `rfc2217://host:port`), or `address` + `port` (default 10001) of a console
     server's raw TCP port; the line settings must be the switch's (115200 8N1, CR by default)."""
 
-    driver: Literal["dicon-serial"]
+    driver: Literal["dicon-serial"] = Field(
+        description="a DiCon MEMS matrix over a serial line or a console server's TCP port"
+    )
     url: str | None = Field(
         default=None,
         description="pyserial URL: a device path (/dev/ttyUSB0), socket://HOST:PORT or rfc2217://HOST:PORT",
     )
-    baudrate: int = Field(default=115200, ge=50, le=4_000_000)
-    bytesize: Literal[5, 6, 7, 8] = 8
-    parity: Literal["N", "E", "O"] = "N"
-    stopbits: Literal[1, 2] = 1
+    baudrate: int = Field(default=115200, ge=50, le=4_000_000, description="the line's speed, bit/s")
+    bytesize: Literal[5, 6, 7, 8] = Field(default=8, description="data bits per character")
+    parity: Literal["N", "E", "O"] = Field(default="N", description="parity: none, even or odd")
+    stopbits: Literal[1, 2] = Field(default=1, description="stop bits per character")
     line_ending: Literal["CR", "LF", "CRLF"] = Field(default="CR", description="what ends a command")
     reply_timeout_s: float = Field(
         default=1.0, gt=0, le=60, description="how long a query waits for its reply before it is asked again"

@@ -32,7 +32,9 @@ class PolatisNetconfConfig(NetworkSwitchConfig):
     `ssh-keygen -lf` prints it). An unknown key is refused before the password is sent. With
     `emulate: true` the driver pins the key its emulator generated for the run and these fields are unused."""
 
-    driver: Literal["polatis-netconf"]
+    driver: Literal["polatis-netconf"] = Field(
+        description="a Polatis switch over NETCONF (SSH, port 830 by default)"
+    )
     host_key: Literal["known-hosts", "pinned"] = Field(
         default="known-hosts", description="how the switch's SSH host key is checked"
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from labctl.inventory.config import NetworkSwitchConfig
 from labctl.models.switch import SwitchModel
@@ -23,7 +23,9 @@ class PolatisScpiConfig(NetworkSwitchConfig):
     """A Polatis switch over SCPI (raw TCP socket): `address`, `port` (default 5025). SCPI on this port
     has no login, so `user` and `password` are not needed (and not used)."""
 
-    driver: Literal["polatis-scpi"]
+    driver: Literal["polatis-scpi"] = Field(
+        description="a Polatis switch over SCPI (raw TCP, port 5025 by default)"
+    )
 
     @model_validator(mode="after")
     def _reachable(self) -> PolatisScpiConfig:  # replaces NetworkSwitchConfig's: no user to require

@@ -24,7 +24,9 @@ DEFAULT_PORT = 3082  # TL1-RAW on Polatis (reference §1.1)
 class PolatisTl1Config(NetworkSwitchConfig):
     """A Polatis switch over TL1: `address`, `port` (default 3082), `user`, `password: ${ENV}`."""
 
-    driver: Literal["polatis-tl1"]
+    driver: Literal["polatis-tl1"] = Field(
+        description="a Polatis switch over TL1 (TCP, port 3082 by default)"
+    )
     pipeline_depth: int = Field(
         default=16, ge=1, le=64, description="ENT-PATCH commands in flight at once (1: one at a time)"
     )

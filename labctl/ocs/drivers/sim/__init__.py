@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from labctl.inventory.config import SwitchConfig
 from labctl.models.switch import SwitchModel
 from labctl.ocs.protocol import EventSink
@@ -16,7 +18,7 @@ from labctl.ocs.switches import EmulatedSwitch, SwitchDriver
 class SimSwitchConfig(SwitchConfig):
     """A switch that exists only as the lab's behaviour model (no address, no protocol)."""
 
-    driver: Literal["sim"]
+    driver: Literal["sim"] = Field(description="the simulated switch: labctl's switch model, in process")
 
     @property
     def over_model(self) -> bool:
