@@ -1,14 +1,15 @@
 """A run's timeline as a Chrome trace-event JSON file that Perfetto's UI (ui.perfetto.dev) and
-chrome://tracing open (issue 27, first part).
+chrome://tracing open (issue 27).
 
 One process per host (the switches and the controller are hosts too), one track per NIC port. On each port's
 track, per reconfiguration, a slice for the whole recovery (t0 → t5) with its phases nested under it
-(optical t0 → t2, firmware t2 → t3, carrier t3 → t4, transport t4 → t5: the breakdown's definitions), and an
-instant per mark carrying its resolution (the bracket a sampled mark lies in). Each switch command is a slice
-on its switch's track (ocs.command → ocs.complete); Rx power (dBm) and the loop's lag are counters. Times
-are the run's CLOCK_MONOTONIC stamps in microseconds from the run's start (the format's unit), fractional, so
-no nanosecond is lost. A phase the breakdown flagged (impossible or unresolved) is drawn with its flag in the
-slice's arguments, never as a negative slice: Perfetto would reject it.
+(optical t0 → t2, firmware t2 → t3, carrier t3 → t4, transport t4 → t5: the breakdown's definitions), an
+instant per mark carrying its resolution, and a sampled mark's bracket (the previous sample, which did not
+see it, to the mark) as a slice nested at the end of the phase the mark closes. Each switch command is a
+slice on its switch's track (ocs.command → ocs.complete); Rx power (dBm) and the loop's lag are counters.
+Times are the run's CLOCK_MONOTONIC stamps in microseconds from the run's start (the format's unit),
+fractional, so no nanosecond is lost. A phase the breakdown flagged (impossible or unresolved) is drawn
+with its flag in the slice's arguments, never as a negative slice: Perfetto would reject it.
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ class TraceBuilder:
         if t0 is not None and t5 is not None and recovery:
             self.slice(where, f"reconfig {args['reconfig']}", "recovery", t0, t5, {**args, "flags": flags})
         cursor = t0 if recovery else None
+        drawn: dict[str, int] = {}  # end mark → start of the phase slice drawn up to it
         for name, start, end in PHASES:
             a, b = marks[start], marks[end]
             # A flagged phase (it ends before it starts) is no slice, nor one that would overlap the phase
@@ -131,12 +133,20 @@ class TraceBuilder:
             if recovery and t5 is not None and b > t5:
                 continue
             self.slice(where, name, "phase", a, b, {**args, "ns": b - a})
+            drawn[end] = a
             cursor = b
         for mark, t in marks.items():
-            if t is not None:
-                resolution = _ns(row.get(mark[:2] + "_resolution_ns"))
-                extra = {} if resolution is None else {"resolution_ns": resolution}
-                self.instant(where, mark.removesuffix("_ns"), t, {**args, "t_ns": t, **extra})
+            if t is None:
+                continue
+            resolution = _ns(row.get(mark[:2] + "_resolution_ns"))
+            extra = {} if resolution is None else {"resolution_ns": resolution}
+            name = mark.removesuffix("_ns")
+            # A sampled mark's bracket (the previous sample, which did not see it, to the mark) as a slice
+            # nested at the end of the phase it closes; where it would reach before that phase began, its
+            # width stays in the instant's arguments only.
+            if resolution and mark in drawn and t - resolution >= drawn[mark]:
+                self.slice(where, f"{name} bracket", "bracket", t - resolution, t, {**args, "ns": resolution})
+            self.instant(where, name, t, {**args, "t_ns": t, **extra})
 
     def stream(self, events: pd.DataFrame) -> None:
         """Switch commands as slices on their switch's track; Rx power and loop lag as counters."""

@@ -58,7 +58,11 @@ def test_slices_marks_and_a_flagged_phase() -> None:
     eth0, eth1 = (
         next(e["tid"] for e in trace if e["ph"] == "M" and e["args"]["name"] == p) for p in ("eth0", "eth1")
     )
-    assert {n for t, n in names if t == eth0} == {"reconfig 1", "optical", "firmware", "carrier", "transport"}
+    assert {n for t, n in names if t == eth0} == {
+        "reconfig 1", "optical", "firmware", "carrier", "transport", "t2_rx_power bracket"
+    }  # fmt: skip
+    bracket = next(e for e in slices if e["name"] == "t2_rx_power bracket")
+    assert (bracket["ts"], bracket["dur"], bracket["cat"]) == (35_000.0, 1_000.0, "bracket")  # 1 ms before t2
     assert {n for t, n in names if t == eth1} == {"reconfig 1", "optical"}  # firmware < 0: no slice; no t4
     flagged = next(e for e in slices if e["tid"] == eth1 and e["name"] == "reconfig 1")
     assert flagged["args"]["flags"] == "firmware" and flagged["ts"] == 10_000.0 and flagged["dur"] == 80_000.0
