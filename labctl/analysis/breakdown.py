@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -626,8 +626,18 @@ def median_ci(
     return percentile_interval(bootstrap_medians(values, seed=seed, clusters=clusters))
 
 
+MedianCi = Callable[[np.ndarray, "np.ndarray | None"], "tuple[int, int] | None"]
+"""How a median's CI is made from (values, clusters): `median_ci` here, or the pooled-runs bootstrap of
+labctl.analysis.compare (same draws, cheaper over many runs)."""
+
+
 def describe(
-    values: np.ndarray, unit: str, *, clusters: np.ndarray | None = None, cluster: str = CLUSTER
+    values: np.ndarray,
+    unit: str,
+    *,
+    clusters: np.ndarray | None = None,
+    cluster: str = CLUSTER,
+    ci: MedianCi | None = None,
 ) -> dict[str, Any]:
     """n, min/p5/median/p95/max and the median's CI of one phase's values (integer ns), and what the CI
     resampled: `cluster` (clusters labelling each value) and how many, else the values themselves."""
@@ -647,7 +657,7 @@ def describe(
             "median": round(float(median)),
             "p95": round(float(p95)),
             "max": int(values.max()),
-            "median_ci": median_ci(values, clusters=clusters),
+            "median_ci": (ci(values, clusters) if ci is not None else median_ci(values, clusters=clusters)),
         }
         | resampling
     )

@@ -32,6 +32,9 @@ from labctl.analysis.breakdown import (
     ci_text,
     percentile_interval,
 )
+from labctl.analysis.breakdown import (
+    describe as describe_phase,
+)
 from labctl.analysis.catalog import Filters, iso, load_breakdowns, select_runs
 from labctl.core.errors import InputError
 
@@ -135,27 +138,13 @@ def median_ci(values: np.ndarray, clusters: np.ndarray, *, seed: int = 0) -> tup
 
 
 def describe(values: np.ndarray, clusters: np.ndarray, unit: str) -> dict[str, Any]:
-    """As labctl.analysis.breakdown.describe(values, unit, clusters=..., cluster=POOLED_CLUSTER)."""
-    stats: dict[str, Any] = {"unit": unit, "n": int(values.size), "count": int(values.size)}
-    resampling = {
-        "median_ci_resampling": POOLED_CLUSTER,
-        "median_ci_clusters": int(np.unique(clusters).size),
-    }
-    if values.size == 0:
-        return stats | dict.fromkeys(("min", "p5", "median", "p95", "max", "median_ci")) | resampling
-    p5, median, p95 = np.percentile(values, [5, 50, 95], method="linear")
-    return (
-        stats
-        | {
-            "min": int(values.min()),
-            "p5": round(float(p5)),
-            "median": round(float(median)),
-            "p95": round(float(p95)),
-            "max": int(values.max()),
-            "median_ci": median_ci(values, clusters),
-        }
-        | resampling
-    )
+    """labctl.analysis.breakdown.describe over pooled runs: the clusters are each run's reconfigurations and
+    the median's CI comes from cluster_bootstrap_medians (the same draws, cheaper)."""
+
+    def ci(v: np.ndarray, c: np.ndarray | None) -> tuple[int, int] | None:
+        return median_ci(v, clusters if c is None else c)
+
+    return describe_phase(values, unit, clusters=clusters, cluster=POOLED_CLUSTER, ci=ci)
 
 
 # --- a pool of runs' rows --------------------------------------------------------------------------------
