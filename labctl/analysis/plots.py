@@ -22,7 +22,7 @@ import io
 import logging
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -265,6 +265,18 @@ def _save(fig: Any, out: Path, formats: Sequence[str] = DEFAULT_FORMATS) -> list
     return write_files(out, render_files(fig, formats))
 
 
+def _draw_and_save(
+    draw: Callable[[], Any], out: Path, style: str | os.PathLike[str] | None, formats: Sequence[str]
+) -> list[Path]:
+    """Draw a figure under `style`, write it to `out` in each format, close it; returns the paths."""
+    with styled(style):
+        fig = draw()
+        try:
+            return _save(fig, out, formats)
+        finally:
+            plt.close(fig)
+
+
 def render_files(fig: Any, formats: Sequence[str]) -> dict[str, bytes]:
     """The figure as each format's file holds it (what savefig writes), in memory."""
     return {fmt: _render(fig, fmt) for fmt in formats}
@@ -324,12 +336,7 @@ def plot_timeline(
     formats: Sequence[str] = DEFAULT_FORMATS,
 ) -> list[Path]:
     """Draw timeline_figure and write it to `out` in each format (.png by default); returns their paths."""
-    with styled(style):
-        fig = _draw_timeline(index, frame, reconfig, threshold_dbm)
-        try:
-            return _save(fig, out, formats)
-        finally:
-            plt.close(fig)
+    return _draw_and_save(lambda: _draw_timeline(index, frame, reconfig, threshold_dbm), out, style, formats)
 
 
 def timeline_figure(
@@ -828,12 +835,9 @@ def plot_headline(
     formats: Sequence[str] = DEFAULT_FORMATS,
 ) -> list[Path]:
     """Draw headline_figure and write it to `out` in each format (.png by default); returns their paths."""
-    with styled(style):
-        fig = render_headline(headline_data(index, frame, reconfig, threshold_dbm))
-        try:
-            return _save(fig, out, formats)
-        finally:
-            plt.close(fig)
+    return _draw_and_save(
+        lambda: render_headline(headline_data(index, frame, reconfig, threshold_dbm)), out, style, formats
+    )
 
 
 def headline_figure(
@@ -1232,12 +1236,7 @@ def plot_distributions(
     formats: Sequence[str] = DEFAULT_FORMATS,
 ) -> list[Path]:
     """Draw distributions_figure and write it to `out` in each format (.png by default); returns the paths."""
-    with styled(style):
-        fig = _draw_distributions(frame)
-        try:
-            return _save(fig, out, formats)
-        finally:
-            plt.close(fig)
+    return _draw_and_save(lambda: _draw_distributions(frame), out, style, formats)
 
 
 def distributions_figure(frame: pd.DataFrame, *, style: str | os.PathLike[str] | None = None) -> Any:
