@@ -281,6 +281,7 @@ async def test_a_failed_analysis_fails_the_run_and_keeps_its_events(
     events = _assert_failed(outcome, "analysis failed: ZeroDivisionError: division by zero")
     assert [e.kind for e in events].count("phase") == 3
     assert [e.value for e in events if e.kind == "run.end"] == ["completed", "failed"]
+    assert [e.seq for e in events] == list(range(len(events)))  # one log, seq continuing after the reopen
 
 
 async def test_steps_and_the_baseline_hold_before_the_next_reconfiguration(
