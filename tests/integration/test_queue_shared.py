@@ -10,13 +10,10 @@ start and end stamps (run.json), which are ordered by the leases whatever the ma
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
-import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 
@@ -26,7 +23,7 @@ from labctl.core.events import read_events
 from labctl.scheduler.backends import open_store
 from labctl.scheduler.store import RunRow, Store, resource_keys
 from tests.helpers import postgres as pg
-from tests.helpers.scheduler import SPLIT_INVENTORY, experiment
+from tests.helpers.scheduler import SPLIT_INVENTORY, experiment, labctl_argv, pid_gone, wait_for
 
 postgres_server, pg_url = pg.postgres_server, pg.pg_url  # fixtures
 
@@ -49,29 +46,6 @@ pytestmark = pytest.mark.xdist_group("agents")
 
 LEASE_S = "3"
 DEADLINE_S = 240.0
-
-
-def _labctl(*args: str) -> list[str]:
-    return [sys.executable, "-m", "labctl.cli", *args]
-
-
-def _wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def _pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
 
 
 def _rows(db: str) -> list[RunRow]:
@@ -117,7 +91,7 @@ def _submit(db: str, jobs: list[tuple[Path, Path]]) -> None:
     for exp, inv in jobs:
         prio = "5" if exp.name.startswith("long") else "0"
         proc = subprocess.run(
-            _labctl("submit", str(exp), "-i", str(inv), "--db", db, "--priority", prio),
+            labctl_argv("submit", str(exp), "-i", str(inv), "--db", db, "--priority", prio),
             capture_output=True,
             text=True,
             timeout=60,
@@ -219,10 +193,10 @@ def test_twenty_jobs_two_labs_a_killed_serve_and_each_job_once(
     serve = ("serve", "--db", db, "--out", str(runs), "--no-plots", "--poll", "0.1", "--lease", LEASE_S)
     logs = [open(tmp_path / f"serve-{i}.log", "wb") for i in range(3)]  # noqa: SIM115
     try:
-        first = subprocess.Popen(_labctl(*serve, "--exit-when-idle"), stderr=logs[0])
+        first = subprocess.Popen(labctl_argv(*serve, "--exit-when-idle"), stderr=logs[0])
         procs.append(first)
         if backend == "postgres":  # a second serve on the same queue, at the same time
-            second = subprocess.Popen(_labctl(*serve, "--exit-when-idle"), stderr=logs[1])
+            second = subprocess.Popen(labctl_argv(*serve, "--exit-when-idle"), stderr=logs[1])
             procs.append(second)
         found: list[tuple[RunRow, int]] = []
         watcher = open_store(db)
@@ -234,7 +208,7 @@ def test_twenty_jobs_two_labs_a_killed_serve_and_each_job_once(
             return hit is not None
 
         try:
-            _wait_for(mid_run, DEADLINE_S, "a long run to be mid-way")
+            wait_for(mid_run, DEADLINE_S, "a long run to be mid-way")
         finally:
             watcher.close()
         row, victim_pid = found[-1]
@@ -244,11 +218,11 @@ def test_twenty_jobs_two_labs_a_killed_serve_and_each_job_once(
         victim.wait(timeout=30)
         assert worker is not None
         # Its worker got SIGTERM from the kernel (PR_SET_PDEATHSIG) and stops: no second copy of the run.
-        _wait_for(lambda: _pid_gone(worker), 60, "the killed serve's worker to stop")
+        wait_for(lambda: pid_gone(worker), 60, "the killed serve's worker to stop")
         if backend == "postgres":
             survivor = next(p for p in procs if p is not victim)
         else:  # one serve per SQLite file: the next one recovers the killed serve's run at its start
-            survivor = subprocess.Popen(_labctl(*serve, "--exit-when-idle"), stderr=logs[2])
+            survivor = subprocess.Popen(labctl_argv(*serve, "--exit-when-idle"), stderr=logs[2])
             procs.append(survivor)
         assert survivor.wait(timeout=DEADLINE_S) == 0
     finally:

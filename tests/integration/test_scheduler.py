@@ -10,7 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from labctl.scheduler.service import Scheduler
 from labctl.scheduler.store import QueueStore, RunRow
 from tests.conftest import REPO
 from tests.helpers import scheduler as helpers
-from tests.helpers.scheduler import MIN, T0, FakeClock, RecordingExecutor
+from tests.helpers.scheduler import MIN, T0, FakeClock, RecordingExecutor, labctl_argv, pid_gone, wait_for
 
 lab, store = helpers.lab, helpers.store  # fixtures
 
@@ -103,28 +103,6 @@ async def test_priority_order_of_real_runs(lab: dict[str, Path], tmp_path: Path)
 
 
 # -- a killed serve ------------------------------------------------------------------------------------------
-def _labctl(*args: str) -> list[str]:
-    return [sys.executable, "-m", "labctl.cli", *args]
-
-
-def _wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def _pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # A zombie of a process we did not start still answers kill(0); look at its state.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
 
 
 @pytest.fixture
@@ -144,9 +122,9 @@ def test_killed_serve_leaves_consistent_queue_and_restart_restores_baseline(
     db, runs = tmp_path / "q.sqlite", tmp_path / "runs"
     inv = lab["inventory"]
     for exp in ("long", "quick"):
-        subprocess.run(_labctl("submit", str(lab[exp]), "-i", str(inv), "--db", str(db)), check=True)
+        subprocess.run(labctl_argv("submit", str(lab[exp]), "-i", str(inv), "--db", str(db)), check=True)
     serve_args = ("serve", "--db", str(db), "--out", str(runs), "--no-plots", "--poll", "0.05")
-    serve = subprocess.Popen(_labctl(*serve_args), stderr=subprocess.DEVNULL)
+    serve = subprocess.Popen(labctl_argv(*serve_args), stderr=subprocess.DEVNULL)
     procs.append(serve)
 
     def long_row() -> RunRow:
@@ -162,12 +140,12 @@ def test_killed_serve_leaves_consistent_queue_and_restart_restores_baseline(
             return False
         return sum(e.kind == "phase" for e in read_events(Path(row.run_dir) / "events.jsonl")) >= 2
 
-    _wait_for(reconfigured_twice, 60, "the long run to be mid-way")
+    wait_for(reconfigured_twice, 60, "the long run to be mid-way")
     worker = long_row().pid
     assert worker is not None
     serve.send_signal(signal.SIGKILL)
     serve.wait(timeout=10)
-    _wait_for(lambda: _pid_gone(worker), 30, "the orphaned worker to stop")
+    wait_for(lambda: pid_gone(worker), 30, "the orphaned worker to stop")
 
     # The queue as the dead serve left it: readable, intact, every row in a known state.
     with sqlite3.connect(db) as conn:
@@ -179,7 +157,7 @@ def test_killed_serve_leaves_consistent_queue_and_restart_restores_baseline(
         s.close()
     assert states == {1: "running", 2: "queued"}
 
-    restart = subprocess.Popen(_labctl(*serve_args, "--exit-when-idle"), stderr=subprocess.DEVNULL)
+    restart = subprocess.Popen(labctl_argv(*serve_args, "--exit-when-idle"), stderr=subprocess.DEVNULL)
     procs.append(restart)
     assert restart.wait(timeout=120) == 0
 
@@ -253,7 +231,7 @@ def test_submit_bad_schedules_are_one_line_exit_2(
     lab: dict[str, Path], tmp_path: Path, args: list[str], message: str
 ) -> None:
     proc = subprocess.run(
-        _labctl(
+        labctl_argv(
             "submit", str(lab["rail0"]), "-i", str(lab["inventory"]), "--db", str(tmp_path / "q.db"), *args
         ),
         capture_output=True,
@@ -269,7 +247,7 @@ def test_submit_bad_schedules_are_one_line_exit_2(
 def test_cancel_with_a_non_ascii_digit_is_not_a_crash(tmp_path: Path) -> None:
     QueueStore(tmp_path / "q.db").close()
     proc = subprocess.run(
-        _labctl("cancel", "²", "--db", str(tmp_path / "q.db")),
+        labctl_argv("cancel", "²", "--db", str(tmp_path / "q.db")),
         capture_output=True,
         text=True,
         timeout=60,
@@ -282,13 +260,15 @@ def test_cancel_with_a_non_ascii_digit_is_not_a_crash(tmp_path: Path) -> None:
 def test_reading_a_queue_that_does_not_exist_creates_nothing(tmp_path: Path) -> None:
     db = tmp_path / "typo.db"
     queue = subprocess.run(
-        _labctl("queue", "--db", str(db), "--json"), capture_output=True, text=True, timeout=60
+        labctl_argv("queue", "--db", str(db), "--json"), capture_output=True, text=True, timeout=60
     )
     assert queue.returncode == 0 and json.loads(queue.stdout) == {"runs": [], "schedules": []}
-    history = subprocess.run(_labctl("history", "--db", str(db)), capture_output=True, text=True, timeout=60)
+    history = subprocess.run(
+        labctl_argv("history", "--db", str(db)), capture_output=True, text=True, timeout=60
+    )
     assert history.returncode == 0 and "no queue at" in history.stdout
     cancel = subprocess.run(
-        _labctl("cancel", "1", "--db", str(db)), capture_output=True, text=True, timeout=60
+        labctl_argv("cancel", "1", "--db", str(db)), capture_output=True, text=True, timeout=60
     )
     assert cancel.returncode == 2 and cancel.stderr.count("\n") == 1 and "no queue database" in cancel.stderr
     assert not db.exists()
@@ -353,7 +333,9 @@ def test_the_queue_database_defaults_to_the_users_data_directory(
     assert not (tmp_path / "labctl-queue.sqlite").exists()  # nothing lands in the working directory
     monkeypatch.setenv("LABCTL_QUEUE_DB", str(tmp_path / "elsewhere.sqlite"))
     assert default_queue_db() == tmp_path / "elsewhere.sqlite"
-    help_text = subprocess.run(_labctl("queue", "--help"), capture_output=True, text=True, timeout=60).stdout
+    help_text = subprocess.run(
+        labctl_argv("queue", "--help"), capture_output=True, text=True, timeout=60
+    ).stdout
     assert "XDG_DATA_HOME" in help_text and "LABCTL_QUEUE_DB" in help_text
 
 
