@@ -21,6 +21,7 @@ from labctl.inventory.mapping import Mapping, MappingDiff, PortSpace, apply_diff
 from labctl.inventory.profiles import Profile
 from labctl.linux.timerfd import Alarm, sleep_until
 from labctl.models.timeline import Timeline
+from labctl.ocs.protocol import VOA_MODES
 
 __all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
     "INSERTION_LOSS_DB",
@@ -44,15 +45,6 @@ INSERTION_LOSS_DB = 1.5  # typical for a beam-steering OCS path
 # egress port whose attenuation changed, model time
 VoaListener = Callable[[int, int], None]
 
-VOA_MODES = (
-    "VOA_MODE_NONE",
-    "VOA_MODE_RELATIVE",
-    "VOA_MODE_ABSOLUTE",
-    "VOA_MODE_CONVERGED",
-    "VOA_MODE_MAXIMUM",
-    "VOA_MODE_FIXED",
-)
-"""The Polatis optical-switch YANG's `voa/port/atten-mode` values (revision 2016-02-17 on)."""
 MAX_ATTENUATION_DB = 40.0
 """What VOA_MODE_MAXIMUM attenuates by, and the most any mode does (an emulator choice: decision 0064)."""
 ATTENUATION_STEP_DB = 0.01

@@ -124,6 +124,17 @@ class OpticalSwitch(Protocol):
         ...
 
 
+VOA_MODES = (
+    "VOA_MODE_NONE",
+    "VOA_MODE_RELATIVE",
+    "VOA_MODE_ABSOLUTE",
+    "VOA_MODE_CONVERGED",
+    "VOA_MODE_MAXIMUM",
+    "VOA_MODE_FIXED",
+)
+"""The Polatis optical-switch YANG's `voa/port/atten-mode` values (revision 2016-02-17 on): what the
+NETCONF codec sends and the switch model holds."""
+
 OCS_VOA = Kind.OCS_VOA
 """The event an attenuator change writes (value: the dB set, None for "no attenuation"; meta: port, mode,
 level)."""

@@ -22,6 +22,7 @@ from xml.sax.saxutils import escape
 
 from labctl.core.errors import HardwareError
 from labctl.inventory.mapping import Mapping, MappingDiff, PortSpace
+from labctl.ocs.protocol import VOA_MODES
 
 NS_BASE = "urn:ietf:params:xml:ns:netconf:base:1.0"
 NS_OPSW = "http://www.polatis.com/yang/optical-switch"
@@ -29,15 +30,6 @@ NS_PLTS = "http://www.polatis.com/yang/polatis-switch"
 NS_NOTIF = "urn:ietf:params:xml:ns:netconf:notification:1.0"
 CAP_NOTIFICATION = "urn:ietf:params:netconf:capability:notification:1.0"
 CAP_INTERLEAVE = "urn:ietf:params:netconf:capability:interleave:1.0"
-VOA_MODES = (
-    "VOA_MODE_NONE",
-    "VOA_MODE_RELATIVE",
-    "VOA_MODE_ABSOLUTE",
-    "VOA_MODE_CONVERGED",
-    "VOA_MODE_MAXIMUM",
-    "VOA_MODE_FIXED",
-)
-"""optical-switch `voa/port/atten-mode` (revision 2016-02-17 on)."""
 LEVEL_MODES = ("VOA_MODE_ABSOLUTE", "VOA_MODE_RELATIVE", "VOA_MODE_CONVERGED")
 """The modes that carry an `atten-level` (the YANG's `when`): dBm for ABSOLUTE/CONVERGED, dB for RELATIVE."""
 CAP_BASE_10 = "urn:ietf:params:netconf:base:1.0"
