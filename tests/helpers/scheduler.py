@@ -1,12 +1,10 @@
 """Shared by tests/integration/test_scheduler.py, tests/integration/test_queue_shared.py and
-tests/unit/test_scheduler.py."""
+tests/unit/test_scheduler.py (the helpers that wait on real processes: tests/helpers/serve_processes.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import sys
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -108,28 +106,3 @@ class RecordingExecutor:
 T0 = int(datetime(2026, 12, 1, 0, 0, 30, tzinfo=UTC).timestamp() * 1e9)
 
 MIN = 60 * 10**9
-
-
-# -- serves as processes ---------------------------------------------------------------------------------------
-def labctl_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "labctl.cli", *args]
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # A zombie of a process we did not start still answers kill(0); look at its state.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True

@@ -23,7 +23,8 @@ from labctl.core.events import read_events
 from labctl.scheduler.backends import open_store
 from labctl.scheduler.store import RunRow, Store, resource_keys
 from tests.helpers import postgres as pg
-from tests.helpers.scheduler import SPLIT_INVENTORY, experiment, labctl_argv, pid_gone, wait_for
+from tests.helpers.scheduler import SPLIT_INVENTORY, experiment
+from tests.helpers.serve_processes import labctl_argv, pid_gone, wait_for
 
 postgres_server, pg_url = pg.postgres_server, pg.pg_url  # fixtures
 

@@ -22,7 +22,8 @@ from labctl.scheduler.service import Scheduler
 from labctl.scheduler.store import QueueStore, RunRow
 from tests.conftest import REPO
 from tests.helpers import scheduler as helpers
-from tests.helpers.scheduler import MIN, T0, FakeClock, RecordingExecutor, labctl_argv, pid_gone, wait_for
+from tests.helpers.scheduler import MIN, T0, FakeClock, RecordingExecutor
+from tests.helpers.serve_processes import labctl_argv, pid_gone, wait_for
 
 lab, store = helpers.lab, helpers.store  # fixtures
 

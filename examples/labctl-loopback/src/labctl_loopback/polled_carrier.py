@@ -27,6 +27,7 @@ class PolledCarrierProbe(QueueProbe):
         self.period_ns = round(1e9 / hz)
         self.gate = ReportGate(report_interval_ns)
         self.last: dict[str, int] = {}
+        self.prev_tick_ns: int | None = None  # the sample before: where a change seen now may have happened
         self.samples = 0
 
     def tick(self, t_ns: int) -> None:
@@ -37,9 +38,14 @@ class PolledCarrierProbe(QueueProbe):
             changed = self.last.get(port.source) != carrier
             self.last[port.source] = carrier
             if self.gate.due(port.source, changed, t_ns):
-                reports.append(
-                    Event(t_ns=t_ns, kind=Kind.CARRIER, source=port.source, host=port.host, value=carrier)
+                # A change is seen a period late at most: its bracket (`prev_ns`, the sample before that
+                # did not see it) says so, and the breakdown and the causality checks read it.
+                meta = {"prev_ns": self.prev_tick_ns} if changed and self.prev_tick_ns is not None else {}
+                event = Event(
+                    t_ns=t_ns, kind=Kind.CARRIER, source=port.source, host=port.host, value=carrier, meta=meta
                 )
+                reports.append(event)
+        self.prev_tick_ns = t_ns
         self.samples += len(self.ports)
         self.report(iter(reports), len(reports))
 

@@ -1,0 +1,34 @@
+"""`labctl serve` and its workers as real processes, for the integration tier's queue tests
+(tests/integration/test_scheduler.py, test_queue_shared.py): they sleep on the real clock."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def labctl_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "labctl.cli", *args]
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie of a process we did not start still answers kill(0); look at its state.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
