@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
 from typing import Any
@@ -146,6 +146,12 @@ class SimTrafficProbe(QueueProbe):
         self._dst = self._peer_of[self._src]
         self._pairs = list(zip(self._src.tolist(), self._dst.tolist(), strict=True))
 
+    def stats(self) -> dict[str, float | int]:
+        out = super().stats()
+        if self.pings:  # pings the schedule gave up after a stall of the loop, and whose stall it was
+            out.update(self.tick_count.stats())
+        return out
+
     async def _run(self) -> None:
         if self.schedule is not None:  # pings at the schedule's instants, in step with the other samplers
             await self.schedule.run(self.period_ns, self._ping_all, self.tick_count)
@@ -238,36 +244,51 @@ def _rows(*columns: np.ndarray) -> Iterator[tuple[Any, ...]]:
 class ModelCarrier:
     """RC packets through the NIC model: a packet gets through when the model would pass a ping between the
     two ports at the moment it is sent (`SimFabric.traffic_ok`), and arrives half a round trip later;
-    otherwise it is lost. The RC rules on top are the same code the kernel lab runs over UDP."""
+    otherwise it is lost. Each direction is a wire: packets arrive in the order they were sent, however the
+    delays drawn for them differ (a reordered go-back-N burst would read as sequence errors, each spending
+    one of the requester's retries, which no RC link shows). The RC rules on top are the same code the
+    kernel lab runs over UDP."""
 
     def __init__(self, fabric: SimFabric) -> None:
         self.fabric = fabric
         self.slot_of = {p.source: fabric.slot[p] for p in fabric.port_at}
         self._deliver: Deliver | None = None
-        self._in_flight: dict[int, asyncio.TimerHandle] = {}
-        self._ids = itertools.count()
+        self._wires: dict[tuple[str, str], deque[tuple[float, Packet]]] = {}
+        """(source, peer) → packets on the wire, each with its arrival on the loop's clock, in order."""
+        self._arrivals: dict[tuple[str, str], asyncio.TimerHandle] = {}
 
     async def open(self, deliver: Deliver) -> None:
         self._deliver = deliver
 
     def close(self) -> None:
-        for handle in self._in_flight.values():
+        for handle in self._arrivals.values():
             handle.cancel()
-        self._in_flight.clear()
+        self._arrivals.clear()
+        self._wires.clear()
 
     def send(self, source: str, peer: str, packets: list[Packet]) -> None:
         if not self.fabric.passes(self.slot_of[source], self.slot_of[peer], now_ns()):
             return  # lost: no light, no link, or not this circuit
         loop = asyncio.get_running_loop()
+        wire = self._wires.setdefault((source, peer), deque())
+        now = loop.time()
+        last = wire[-1][0] if wire else now
         for packet in packets:
-            key = next(self._ids)
-            delay = self.fabric.rtt_ns() / 2e9
-            self._in_flight[key] = loop.call_later(delay, self._arrive, key, peer, source, packet)
+            last = max(now + self.fabric.rtt_ns() / 2e9, last)  # never ahead of a packet sent before it
+            wire.append((last, packet))
+        if (source, peer) not in self._arrivals:
+            self._arrivals[(source, peer)] = loop.call_at(wire[0][0], self._arrive, source, peer)
 
-    def _arrive(self, key: int, at: str, remote: str, packet: Packet) -> None:
-        del self._in_flight[key]
-        if self._deliver is not None:
-            self._deliver(at, remote, packet, now_ns())
+    def _arrive(self, source: str, peer: str) -> None:
+        del self._arrivals[(source, peer)]
+        wire = self._wires[(source, peer)]
+        loop = asyncio.get_running_loop()
+        while wire and wire[0][0] <= loop.time():
+            _, packet = wire.popleft()
+            if self._deliver is not None:
+                self._deliver(peer, source, packet, now_ns())
+        if wire and (source, peer) not in self._arrivals:
+            self._arrivals[(source, peer)] = loop.call_at(wire[0][0], self._arrive, source, peer)
 
 
 async def _forever() -> None:
