@@ -6,7 +6,10 @@ Part 1, full runs: the simulated lab (fast profile) of `ports / 4` hosts × 2 ra
 ports×ports switch, one DP → PP → DP swap with every port moving, each run in a fresh process running what
 `labctl run` runs (labctl.run.lifecycle.run_experiment). Per size, over rounds: achieved Rx-power
 samples/s per port (configured 1,000: median and worst round), the ticks the sampler skipped after stalls
-of the loop (median and most), pings/s per port, the event loop's lag p99 (median and worst), CPU/wall,
+of the loop (median and most) and whose those stalls were (`stalls b/r/a`, summed over the rounds: the
+loop's thread busy with its own work, runnable but waiting for a core, or asleep: neither, which is a
+timer delivered late, a blocking call or the machine not running its virtual CPU), pings/s per port, the
+event loop's lag p99 (median and worst), CPU/wall,
 controller CPU-seconds per port-second (the whole run's CPU, set-up and analysis included, over ports ×
 the seconds the Rx-power sampler ran), the process's peak RSS, flagged rows (impossible or unresolved
 phases), the optical phase and the t2 mark's resolution (medians), and in how many rounds every goal of
@@ -154,6 +157,9 @@ def one_run(ports: int, kind: str, rt_priority: int | None = None) -> dict[str, 
         "samples_per_s_per_port": rx.get("samples_per_s_per_port"),
         "sampling_s": rx.get("sampling_s"),
         "ticks_skipped": rx.get("ticks_skipped"),
+        # whose each stall was: the loop's thread busy, waiting for a core, asleep (labctl.linux.schedstat)
+        **{f"stalls_{c}": rx.get(f"stalls_{c}", 0) for c in ("busy", "runnable", "asleep")},
+        "stall_longest_ms": (rx.get("stall_longest_ns") or 0) / 1e6,
         "pings_per_s_per_port": round((traffic.get("pings_per_s") or 0) / ports, 1),
         "loop_lag_p99_ms": run["loop_lag_ns"].get("p99", 0) / 1e6,
         "cpu_s_per_port_s": cpu / (ports * running),
@@ -162,6 +168,25 @@ def one_run(ports: int, kind: str, rt_priority: int | None = None) -> dict[str, 
         "optical_median_ms": (summary["phases"]["optical"]["median"] or 0) / 1e6,
         "t2_resolution_median_ms": summary.get("resolution", {}).get("t2", {}).get("median", 0) / 1e6,
     }
+
+
+STALL_CAUSES = ("busy", "runnable", "asleep")
+
+
+def stall_text(row: dict[str, Any]) -> str:
+    """` (1 stall of 6.8 ms: 1 asleep)` for a round that stalled, else nothing."""
+    causes = [f"{row[f'stalls_{c}']} {c}" for c in STALL_CAUSES if row.get(f"stalls_{c}")]
+    n = sum(row.get(f"stalls_{c}", 0) for c in STALL_CAUSES)
+    if not row.get("ticks_skipped"):
+        return ""
+    return (
+        f" ({n} stall{'s' if n != 1 else ''}, longest {row['stall_longest_ms']:.1f} ms: {', '.join(causes)})"
+    )
+
+
+def stall_totals(rows: list[dict[str, Any]]) -> str:
+    """Stalls over every round, by whose they were: the loop busy / runnable but off a core / asleep."""
+    return "/".join(str(sum(r.get(f"stalls_{c}", 0) for r in rows)) for c in STALL_CAUSES)
 
 
 def sampler_only(ports: int, design: str, seconds: float = 1.5) -> dict[str, Any]:
@@ -307,7 +332,7 @@ def main() -> None:
     header += (
         f"{'CPU/wall':>8} {'CPU s/port-s':>12} {'RSS MiB':>8} {'flagged':>7} {'optical':>8} {'t2 res':>7} "
     )
-    header += f"{'goals':>6} {'load':>9} {'steal%':>6} {'floor/s':>7}"
+    header += f"{'goals':>6} {'stalls b/r/a':>12} {'load':>9} {'steal%':>6} {'floor/s':>7}"
     print(header)
     base_cpu: float | None = None
     base_n = plan[0][1] if plan else 0
@@ -321,7 +346,8 @@ def main() -> None:
             if args.verbose:
                 r, f = rows[-1], floors[-1]
                 print(
-                    f"  round {k + 1}: {r['samples_per_s_per_port']} samples/s/port, {r['ticks_skipped']} skipped, "
+                    f"  round {k + 1}: {r['samples_per_s_per_port']} samples/s/port, {r['ticks_skipped']} skipped"
+                    f"{stall_text(r)}, "
                     f"lag p99 {r['loop_lag_p99_ms']:.2f} ms, optical {r['optical_median_ms']:.1f} ms, t2 res "
                     f"{r['t2_resolution_median_ms']:.1f} ms, RSS {r['peak_rss_mib']:.0f} MiB, load {r['load_1min']:.2f}, "
                     f"steal {r.get('steal_pct', math.nan):.1f}%, goals {'met' if meets_goals(r) else 'missed'}; "
@@ -340,7 +366,7 @@ def main() -> None:
             f"{median_of(rows, 'pings_per_s_per_port'):>12.0f} {median_of(rows, 'cpu_utilization'):>8.2f} "
             f"{cpu * 1e3:>9.3f} ms {median_of(rows, 'peak_rss_mib'):>8.0f} {median_of(rows, 'flagged_rows'):>7.0f} "
             f"{median_of(rows, 'optical_median_ms'):>6.1f}ms {median_of(rows, 't2_resolution_median_ms'):>5.1f}ms "
-            f"{met:>3}/{len(rows):<2} {min(loads):>4.1f}-{max(loads):<4.1f} {median_of(rows, 'steal_pct'):>6.1f} "
+            f"{met:>3}/{len(rows):<2} {stall_totals(rows):>12} {min(loads):>4.1f}-{max(loads):<4.1f} {median_of(rows, 'steal_pct'):>6.1f} "
             f"{median_of(floors, 'late_per_s'):>7.1f}"
             f"  (CPU per port-second x{cpu / base_cpu:.2f} of the smallest)"
         )

@@ -275,6 +275,38 @@ def quality_lines(summary: dict[str, Any], probes: dict[str, Any] | None = None)
             f"module DOM update interval: {where}longest {longest_text} {unit} over {lanes} lanes (where "
             "longer than the sampling period it widens the optical mark's resolution)"
         )
+    lines += stall_lines(probes or {})
+    return lines
+
+
+STALL_MEANINGS = {
+    "busy": "the loop's thread running other work",
+    "runnable": "waiting for a core other processes held (--rt-priority)",
+    "asleep": "neither running nor waiting for a core: a late timer, a blocking call or the machine",
+}
+
+
+def stall_lines(probes: dict[str, Any]) -> list[str]:
+    """One line per sampler that gave up ticks after stalls of the loop: how many, the longest, and whose
+    the stalls were (labctl.linux.schedstat), so a thinned sampler is never read as a quiet signal."""
+    from labctl.core.units import fmt_ns
+
+    lines = []
+    for name, stats in flat_probe_stats(probes):
+        skipped, stalls = stats.get("ticks_skipped") or 0, stats.get("stalls") or 0
+        if not skipped or not stalls:
+            continue
+        causes = [
+            f"{stats[f'stalls_{cause}']} {cause} ({meaning})"
+            for cause, meaning in STALL_MEANINGS.items()
+            if stats.get(f"stalls_{cause}")
+        ]
+        longest = stats.get("stall_longest_ns")
+        lines.append(
+            f"{name}: {skipped} ticks skipped in {stalls} stall{'s' if stalls != 1 else ''}"
+            + (f", longest {fmt_ns(longest)}" if longest else "")
+            + (f": {'; '.join(causes)}" if causes else "")
+        )
     return lines
 
 
@@ -401,9 +433,10 @@ def run(
         out.print("no reconfiguration was measured")
     if outcome.summary.get("timed_out"):
         out.print(f"[red]{outcome.summary['timed_out']} port recoveries timed out[/]")
-    for line in quality_lines(outcome.summary):
+    meta = _run_meta(outcome.run_dir)
+    for line in quality_lines(outcome.summary) + stall_lines(meta.get("probes") or {}):
         out.print(line, highlight=False)
-    clocks = clock_table(_run_meta(outcome.run_dir))
+    clocks = clock_table(meta)
     if clocks is not None:
         out.print(clocks)
     for caveat in outcome.summary.get("clock_caveats", []):

@@ -214,9 +214,9 @@ class RxPowerProbe(QueueProbe):
             span_s = (self._last_tick_ns - self._first_tick_ns + self.period_ns) / 1e9
             out["sampling_s"] = round(span_s, 3)
             out["ticks_per_s"] = round(self.ticks / span_s, 1)
-            # Ticks the schedule gave up after a stall of the loop (longer than the catch-up budget).
-            out["ticks_skipped"] = self.tick_count.skipped
-            out["stalls"] = self.tick_count.stalls
+            # Ticks the schedule gave up after a stall of the loop (longer than the catch-up budget), and
+            # whose each stall was (the loop busy, waiting for a core, or asleep).
+            out.update(self.tick_count.stats())
             if self.schedule is not None:  # ticks the host ran late, each at its own instant
                 out["ticks_caught_up"] = self.tick_count.caught_up
             out["samples_per_s_per_port"] = round(self.samples / span_s / sampled, 1)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from labctl.core.clock import now_ns
 from labctl.core.events import Event, EventQueue
 from labctl.linux.looplag import sampler_behind, slice_deadline
+from labctl.linux.schedstat import STALL_CAUSES, StallCause, ThreadSchedstat, stall_cause
 from labctl.linux.timerfd import Alarm
 
 __all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
@@ -311,14 +312,37 @@ async def ticks(period_ns: int, max_lag_ns: int | None = None) -> AsyncGenerator
 
 class TickCount:
     """What a schedule did: ticks skipped after stalls (each one a missed sample), and ticks run late at
-    their own instant (a model's samplers, `ModelSchedule`)."""
+    their own instant (a model's samplers, `ModelSchedule`). `run_ticks` also says whose each stall was
+    (labctl.linux.schedstat: the loop's thread busy, runnable but off a core, or asleep) and how long the
+    longest was, from the thread's schedstat over the gap between the ticks either side of it."""
 
-    __slots__ = ("caught_up", "skipped", "stalls")
+    __slots__ = ("caught_up", "causes", "longest_stall_ns", "skipped", "stalls")
 
     def __init__(self) -> None:
         self.skipped = 0
         self.stalls = 0
         self.caught_up = 0
+        self.causes: dict[StallCause, int] = dict.fromkeys(STALL_CAUSES, 0)
+        self.longest_stall_ns = 0
+
+    def stalled(self, gap_ns: int, skipped: int, cause: StallCause | None) -> None:
+        """One stall: `gap_ns` between two ticks that should have been a period apart, `skipped` ticks
+        given up in it; `cause` None where the thread's schedstat cannot be read."""
+        self.stalls += 1
+        self.skipped += skipped
+        self.longest_stall_ns = max(self.longest_stall_ns, gap_ns)
+        if cause is not None:
+            self.causes[cause] += 1
+
+    def stats(self) -> dict[str, int]:
+        """For a probe's run.json stats: skipped ticks, stalls, the longest, and as many `stalls_<cause>`
+        as were attributed (busy, runnable, asleep: labctl.linux.schedstat.STALL_CAUSES)."""
+        out = {"ticks_skipped": self.skipped, "stalls": self.stalls}
+        if self.stalls:
+            out["stall_longest_ns"] = self.longest_stall_ns
+            if any(self.causes.values()):
+                out.update({f"stalls_{cause}": n for cause, n in self.causes.items()})
+        return out
 
 
 class _Sampler:
@@ -408,8 +432,7 @@ class ModelSchedule:
             behind = now - t
             if behind > self.catch_up_ns:  # too far behind to be worth reading: skip to now
                 if sampler.count is not None:
-                    sampler.count.stalls += 1
-                    sampler.count.skipped += behind // sampler.period_ns
+                    sampler.count.stalled(behind, behind // sampler.period_ns, None)
                 sampler.next_t = t + (behind // sampler.period_ns) * sampler.period_ns
                 continue
             late = behind - self.wake_ns  # later than the schedule meant to read it
@@ -454,16 +477,22 @@ async def run_ticks(
     tick runs in the timerfd's reader callback, in the loop turn that sees the timer expire, instead of
     one turn later when a task awaiting the alarm would be woken. In a burst (a 512-port reconfiguration)
     a loop turn holds a slice of every busy source, so that turn is most of a tick's lateness. Catching up
-    after a short stall runs the next tick right after what else is ready, as `ticks()` does."""
+    after a short stall runs the next tick right after what else is ready, as `ticks()` does.
+
+    With `count`, each tick also reads the loop thread's schedstat (one pread), so that a stall can say
+    whose it was: `TickCount.stalled`."""
     max_lag = max_lag_ns if max_lag_ns is not None else max(2 * period_ns, 2_000_000)
     behind_ns = period_ns // 4
     loop = asyncio.get_running_loop()
     finished: asyncio.Future[None] = loop.create_future()
     next_t = now_ns()
     soon: asyncio.Handle | None = None
+    sched = ThreadSchedstat() if count is not None else None
+    read_sched = sched.read if sched is not None and sched.available else None
+    last_t, last_sched = next_t, read_sched() if read_sched is not None else None
 
     def fire() -> None:
-        nonlocal next_t, soon
+        nonlocal next_t, soon, last_t, last_sched
         soon = None
         if finished.done():
             return
@@ -471,6 +500,8 @@ async def run_ticks(
         if t < next_t:  # a timer runs a hair early on some kernels: wait for the instant itself
             arm(next_t)
             return
+        prev_t, prev_sched = last_t, last_sched
+        last_t, last_sched = t, read_sched() if read_sched is not None else None
         if t - next_t > behind_ns:  # late: burst work yields sooner until this schedule has caught up
             sampler_behind(t + 2 * period_ns)
         try:
@@ -484,8 +515,11 @@ async def run_ticks(
         next_t += period_ns
         if t - next_t > max_lag:  # stalled: skip what was missed
             if count is not None:
-                count.stalls += 1
-                count.skipped += (t - next_t) // period_ns + 1
+                gap = t - prev_t
+                cause = None
+                if prev_sched is not None and last_sched is not None:
+                    cause = stall_cause(gap, last_sched[0] - prev_sched[0], last_sched[1] - prev_sched[1])
+                count.stalled(gap, (t - next_t) // period_ns + 1, cause)
             next_t = t + period_ns
         if next_t <= now_ns():
             soon = loop.call_soon(fire)  # catching up: the loop runs in between
@@ -509,6 +543,8 @@ async def run_ticks(
             soon.cancel()
         if alarm is not None:
             alarm.close()
+        if sched is not None:
+            sched.close()
         if not finished.done():
             finished.cancel()
 

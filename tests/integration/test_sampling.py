@@ -104,6 +104,31 @@ async def test_run_ticks_counts_what_a_stall_skipped_and_does_not_replay_it() ->
     assert count.skipped >= 20  # counted as missed samples...
     after = [b - a for a, b in itertools.pairwise(seen[10:])]
     assert sum(g < 200_000 for g in after) < 5  # ...not taken back to back afterwards
+    # ...and said whose it was: the loop's thread slept through it (neither ran nor waited for a core).
+    assert count.longest_stall_ns >= 30_000_000
+    assert count.causes["asleep"] >= 1 and sum(count.causes.values()) == count.stalls, count.causes
+
+
+async def test_a_stall_the_loop_spent_working_is_not_called_asleep() -> None:
+    """A tick that holds the loop 30 ms on the CPU: the stall is the thread's own work (busy), or, on a
+    machine whose other processes took the core meanwhile, runnable; never asleep."""
+    import time
+
+    count = sampling.TickCount()
+    seen: list[int] = []
+
+    def tick(t: int) -> bool:
+        seen.append(t)
+        if len(seen) == 10:
+            end = time.thread_time_ns() + 30_000_000
+            while time.thread_time_ns() < end:  # 30 ms of this thread's own CPU time
+                pass
+        return len(seen) < 20
+
+    await sampling.run_ticks(1_000_000, tick, count=count)
+    assert count.stalls >= 1 and count.longest_stall_ns >= 30_000_000
+    assert count.causes["busy"] + count.causes["runnable"] >= 1, count.causes
+    assert count.stats()["stalls"] == count.stalls and "stalls_busy" in count.stats()
 
 
 async def test_cancelling_run_ticks_stops_its_ticks_and_closes_its_timer() -> None:

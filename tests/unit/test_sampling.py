@@ -204,3 +204,41 @@ async def _drain_now(probe: sampling.QueueProbe) -> list[Event]:
             break
         await asyncio.sleep(0)
     return probe.queue.drain()
+
+
+def test_a_stall_is_whoevers_share_of_the_gap_was_largest() -> None:
+    from labctl.linux.schedstat import stall_cause
+
+    assert stall_cause(10_000_000, 8_000_000, 1_000_000) == "busy"
+    assert stall_cause(10_000_000, 1_000_000, 6_000_000) == "runnable"
+    assert stall_cause(10_000_000, 300_000, 0) == "asleep"  # off any core and not waiting for one
+
+
+def test_tick_counts_say_how_many_stalls_of_each_cause_and_the_longest() -> None:
+    count = sampling.TickCount()
+    assert count.stats() == {"ticks_skipped": 0, "stalls": 0}
+    count.stalled(6_800_000, 5, "asleep")
+    count.stalled(3_000_000, 1, "runnable")
+    count.stalled(250_000_000, 249, None)  # a model schedule's skip: no schedstat over it
+    assert count.stats() == {
+        "ticks_skipped": 255,
+        "stalls": 3,
+        "stall_longest_ns": 250_000_000,
+        "stalls_busy": 0,
+        "stalls_runnable": 1,
+        "stalls_asleep": 1,
+    }
+
+
+def test_a_sampler_that_skipped_ticks_gets_a_line_saying_whose_stalls_they_were() -> None:
+    from labctl.cli.run import stall_lines
+
+    probes = {
+        "rx-power": {"ticks_skipped": 5, "stalls": 1, "stall_longest_ns": 6_840_000, "stalls_asleep": 1},
+        "model-traffic": {"ticks_skipped": 0, "stalls": 0},
+        "agent:h1": {"rx-power": {"ticks_skipped": 2, "stalls": 1, "stall_longest_ns": 3_100_000}},
+    }
+    lines = stall_lines(probes)
+    assert lines[0].startswith("rx-power: 5 ticks skipped in 1 stall, longest 6.8 ms: 1 asleep (")
+    assert lines[1] == "agent:h1/rx-power: 2 ticks skipped in 1 stall, longest 3.1 ms"
+    assert len(lines) == 2
