@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -45,7 +46,14 @@ def test_the_installed_script_completes_through_the_lazy_table() -> None:
     script = shutil.which("labctl")
     if script is None:
         pytest.skip("no labctl script on PATH")
-    shown = subprocess.run([script, "--show-completion", "bash"], capture_output=True, text=True, timeout=60)
+    # Typer's --show-completion prints the script of the shell it finds among the process's ancestors: run
+    # it from bash, as a user would, whatever started the test (a detached pytest has no shell above it).
+    shown = subprocess.run(
+        ["bash", "-c", f"{shlex.quote(script)} --show-completion bash; exit $?"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shown.returncode == 0 and "_LABCTL_COMPLETE=complete_bash" in shown.stdout
     env = _env(_LABCTL_COMPLETE="complete_bash", COMP_WORDS="labctl ru", COMP_CWORD="1")
     done = subprocess.run([script], capture_output=True, text=True, env=env, timeout=60)

@@ -105,6 +105,9 @@ def test_show_completion_prints_the_bash_script(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _as_labctl(monkeypatch, ["--show-completion", "bash"])
+    # The shell named, not the one found among this process's ancestors (none when pytest runs detached):
+    # Typer's switch for exactly that.
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")
     with pytest.raises(SystemExit) as exited:
         labctl.cli.main()
     assert exited.value.code == 0
