@@ -1,11 +1,11 @@
 """A run's analysis and figures in two worker processes started while its experiment runs (issue 25).
 
-matplotlib and pandas take ~0.7 s to import and the two PNGs ~1.3 s to draw on this machine kind, all of
-it after the last reconfiguration, where the user waits. So `labctl run` starts two workers at the
-beginning of the run, niced, each importing the analysis and warming matplotlib's fonts on the other core
-while the experiment runs; at the end each computes the breakdown from events.jsonl (~0.1 s), one writes
-breakdown.csv/.parquet and summary.json and the headline and the timeline, the other draws the
-distributions, at the same time (WORKER_FIGURES). The figures are exactly those
+matplotlib and pandas take ~0.7 s to import and the two PNGs ~1.3 s to draw on this machine kind, all of it
+after the last reconfiguration, where the user waits. So `labctl run` starts two workers at the beginning of
+the run in the background (SCHED_IDLE: labctl.core.sched.background), each importing the analysis and warming
+matplotlib's fonts on the other core while the experiment runs; at the end each computes the breakdown from
+events.jsonl (~0.1 s), one writes breakdown.csv/.parquet and summary.json and the headline and the timeline,
+the other draws the distributions, at the same time (WORKER_FIGURES). The figures are exactly those
 `labctl.analysis.plots.plot_run` draws in one process.
 
 No figure needs the end of the run: the headline and the timeline show the first reconfiguration after the
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from labctl.analysis.figures import DRAWN_WITH, FIGURES, WORKER_FIGURES
+from labctl.core.sched import background, foreground
 
 if TYPE_CHECKING:
     from labctl.analysis.plots import DrawnFigure
@@ -114,11 +115,11 @@ class FigureWorkers:
         missing or fails, everything is done again here (errors surface from this process, as before)."""
         if len(self._procs) == len(WORKER_FIGURES):
             # The run is over and waits on them: their priority back now, where allowed (a figure still being
-            # drawn ahead would finish niced otherwise; a worker raises it itself only on reading its job).
+            # drawn ahead would finish in the background otherwise; a worker raises its own on reading its
+            # job).
             mine = os.getpriority(os.PRIO_PROCESS, 0)
             for proc in self._procs:
-                with contextlib.suppress(OSError):
-                    os.setpriority(os.PRIO_PROCESS, proc.pid, mine)
+                foreground(proc.pid, mine)
             job = {"run_dir": str(run_dir), "threshold_dbm": threshold_dbm, "formats": list(formats)}
             asks = [
                 self._ask(
@@ -198,11 +199,9 @@ _T_START = time.perf_counter()
 
 
 def _worker() -> int:
-    from labctl.core.sched import ordinary
-
-    ordinary()  # a figure never runs real-time, whatever started it (labctl.core.sched)
-    with contextlib.suppress(OSError):
-        os.nice(10)  # the experiment's own process comes first while both run
+    # Never real-time, whatever started it, and behind the experiment's own process while both run: its
+    # samplers take the core the moment their timer fires (labctl.core.sched).
+    background()
     from labctl.analysis.summary import analyse, draw, draw_ahead, summarize_ahead  # pandas, numpy, msgspec
 
     with contextlib.suppress(Exception):  # a broken style or font is the job's error, not the warm-up's
@@ -220,7 +219,7 @@ def _worker() -> int:
             break
         t = time.perf_counter()
         what, run_dir = job["ahead"], Path(job["run_dir"])
-        try:  # still niced: the run goes on
+        try:  # still in the background: the run goes on
             if what == "summary":
                 summarized = summarize_ahead(run_dir, job["threshold_dbm"])
             elif figure := draw_ahead(run_dir, job["threshold_dbm"], what, plot_formats=job["formats"]):
@@ -231,8 +230,7 @@ def _worker() -> int:
             ahead[what] = f"failed: {type(e).__name__}: {e}"
         ahead_s += time.perf_counter() - t
     t0 = time.perf_counter()
-    with contextlib.suppress(OSError):  # now the run waits on this: back to its priority where allowed
-        os.setpriority(os.PRIO_PROCESS, 0, _NICE_BEFORE)
+    foreground(0, _NICE_BEFORE)  # now the run waits on this: back to its priority where allowed
     try:
         # One worker writes the breakdown, the summary and its figure; the other draws its figure only.
         run_dir, threshold = Path(job["run_dir"]), job["threshold_dbm"]

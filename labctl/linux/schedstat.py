@@ -15,9 +15,12 @@ from typing import Final, Literal
 StallCause = Literal["busy", "runnable", "asleep"]
 
 STALL_CAUSES: Final[tuple[StallCause, ...]] = ("busy", "runnable", "asleep")
-"""busy: the thread ran on a core for most of the gap (its own work: a long callback, a collection);
-runnable: it waited most of the gap for a core other work on this machine held (`--rt-priority` helps);
-asleep: neither (a timer delivered late, a blocking call on the loop, a virtual CPU not being run)."""
+"""busy: the thread was on a core for most of the gap (its own work: a long callback, a collection; or the
+kernel's in its name: interrupts, page faults); runnable: it waited most of the gap for a core that other
+processes or kernel threads held (`--rt-priority` helps against processes, not against a kernel thread in a
+section that cannot be preempted: on this VM DAMON's kdamond holds a core ~4 ms at a time); asleep: neither
+(a timer delivered late, a blocking call on the loop, a virtual CPU not being run). The kernel's accounting
+says which; on a virtual machine the hypervisor's time can land in any of them."""
 
 
 class ThreadSchedstat:
