@@ -281,7 +281,7 @@ def quality_lines(summary: dict[str, Any], probes: dict[str, Any] | None = None)
 
 STALL_MEANINGS = {
     "busy": "the loop's thread on a core: its own work, or the kernel's in its name",
-    "runnable": "waiting for a core other processes or kernel threads held; --rt-priority helps against processes",
+    "runnable": "waiting for a core other processes or kernel threads held; --rt-priority outranks processes",
     "asleep": "neither running nor waiting for a core: a late timer, a blocking call or the machine",
 }
 
