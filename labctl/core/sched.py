@@ -63,16 +63,32 @@ def ordinary() -> None:
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
+def _can_come_back() -> bool:
+    """Whether this process may leave SCHED_IDLE again (root, or an RLIMIT_NICE that allows its nice value:
+    the kernel's rule); an unprivileged one could not, and would stay starved behind any busy process."""
+    import resource
+
+    if os.geteuid() == 0:
+        return True
+    try:
+        return resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 - os.getpriority(os.PRIO_PROCESS, 0)
+    except (OSError, ValueError):
+        return False
+
+
 def background() -> None:
     """This process behind everything else while a run samples: SCHED_IDLE, so that a waking sampler takes
     the core from it at once (at nice 10 it still waited for one for 2-13 ms on 2 cores, and skipped its
-    ticks); nice 10 where SCHED_IDLE is not available. `foreground(pid)` undoes it."""
+    ticks), where it may come back from it (`foreground`); nice 10 elsewhere."""
     ordinary()
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (OSError, AttributeError):
-        with contextlib.suppress(OSError):
-            os.nice(10)
+    if _can_come_back():
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            return
+        except (OSError, AttributeError):
+            pass
+    with contextlib.suppress(OSError):
+        os.nice(10)
 
 
 def foreground(pid: int = 0, nice: int = 0) -> None:
