@@ -2,8 +2,8 @@
 
 matplotlib and pandas take ~0.7 s to import and the two PNGs ~1.3 s to draw on this machine kind, all of it
 after the last reconfiguration, where the user waits. So `labctl run` starts two workers at the beginning of
-the run in the background (SCHED_IDLE: labctl.core.sched.background), each importing the analysis and warming
-matplotlib's fonts on the other core while the experiment runs; at the end each computes the breakdown from
+the run, niced (labctl.core.sched.background), each importing the analysis and warming matplotlib's fonts
+on the other core while the experiment runs; at the end each computes the breakdown from
 events.jsonl (~0.1 s), one writes breakdown.csv/.parquet and summary.json and the headline and the timeline,
 the other draws the distributions, at the same time (WORKER_FIGURES). The figures are exactly those
 `labctl.analysis.plots.plot_run` draws in one process.
@@ -115,7 +115,7 @@ class FigureWorkers:
         missing or fails, everything is done again here (errors surface from this process, as before)."""
         if len(self._procs) == len(WORKER_FIGURES):
             # The run is over and waits on them: their priority back now, where allowed (a figure still being
-            # drawn ahead would finish in the background otherwise; a worker raises its own on reading its
+            # drawn ahead would finish niced otherwise; a worker raises its own on reading its
             # job).
             mine = os.getpriority(os.PRIO_PROCESS, 0)
             for proc in self._procs:
@@ -199,8 +199,8 @@ _T_START = time.perf_counter()
 
 
 def _worker() -> int:
-    # Never real-time, whatever started it, and behind the experiment's own process while both run: its
-    # samplers take the core the moment their timer fires (labctl.core.sched).
+    # Never real-time, whatever started it, and behind the experiment's own process while both run
+    # (nice 10: labctl.core.sched).
     background()
     from labctl.analysis.summary import analyse, draw, draw_ahead, summarize_ahead  # pandas, numpy, msgspec
 
@@ -219,7 +219,7 @@ def _worker() -> int:
             break
         t = time.perf_counter()
         what, run_dir = job["ahead"], Path(job["run_dir"])
-        try:  # still in the background: the run goes on
+        try:  # still niced: the run goes on
             if what == "summary":
                 summarized = summarize_ahead(run_dir, job["threshold_dbm"])
             elif figure := draw_ahead(run_dir, job["threshold_dbm"], what, plot_formats=job["formats"]):

@@ -63,40 +63,18 @@ def ordinary() -> None:
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
-def _can_come_back() -> bool:
-    """Whether this process may leave SCHED_IDLE again (root, or an RLIMIT_NICE that allows its nice value:
-    the kernel's rule); an unprivileged one could not, and would stay starved behind any busy process."""
-    import resource
-
-    if os.geteuid() == 0:
-        return True
-    try:
-        return resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 - os.getpriority(os.PRIO_PROCESS, 0)
-    except (OSError, ValueError):
-        return False
-
-
 def background() -> None:
-    """This process behind everything else while a run samples: SCHED_IDLE, so that a waking sampler takes
-    the core from it at once (at nice 10 it still waited for one for 2-13 ms on 2 cores, and skipped its
-    ticks), where it may come back from it (`foreground`); nice 10 elsewhere."""
+    """This process behind the experiment's own while both run: ordinary scheduling (never real-time) at nice
+    10. Not SCHED_IDLE: a process with threads (numpy's BLAS pool) cannot be brought back from it as a whole,
+    and beside busy processes its threads starved (the figure workers' tests timed out); nor could an
+    unprivileged one leave it at all. `foreground(pid)` undoes it where allowed."""
     ordinary()
-    if _can_come_back():
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            return
-        except (OSError, AttributeError):
-            pass
     with contextlib.suppress(OSError):
         os.nice(10)
 
 
 def foreground(pid: int = 0, nice: int = 0) -> None:
-    """`pid` (0: this process) back from `background()` to ordinary scheduling at `nice`, where allowed (an
-    unprivileged process may not leave SCHED_IDLE or lower its nice value without RLIMIT_NICE: it then
-    finishes in the background, which on an idle machine is as fast)."""
-    with contextlib.suppress(OSError, AttributeError):
-        if os.sched_getscheduler(pid) == os.SCHED_IDLE:
-            os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+    """`pid` (0: this process) back to `nice` where allowed (an unprivileged process may not lower its nice
+    value without RLIMIT_NICE: it then finishes niced, which on an idle machine is as fast)."""
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, pid, nice)

@@ -94,41 +94,6 @@ async def test_workers_of_a_run_that_draws_nothing_are_gone_at_once() -> None:
     assert all(p.returncode is not None for p in procs) and workers._procs == []
 
 
-def _policy(pid: int) -> int | None:
-    """A process's scheduling policy; None once it has exited (a worker that answered its job)."""
-    try:
-        return os.sched_getscheduler(pid)
-    except ProcessLookupError:
-        return None
-
-
-async def test_workers_stay_behind_the_run_while_it_samples_and_come_forward_when_it_waits(
-    finished_run: Path, tmp_path: Path
-) -> None:
-    """While the run samples, a worker warming up or drawing ahead must not hold a core a waking sampler
-    wants: SCHED_IDLE. When the run waits on them, they are ordinary again (root may always raise it)."""
-    workers = FigureWorkers()
-    await workers.start()
-    try:
-        pids = [p.pid for p in workers._procs]
-        for _ in range(200):  # each worker sets its own policy first thing
-            if all(os.sched_getscheduler(pid) == os.SCHED_IDLE for pid in pids):
-                break
-            await asyncio.sleep(0.02)
-        assert [os.sched_getscheduler(pid) for pid in pids] == [os.SCHED_IDLE] * 2
-        run = _fresh(finished_run, tmp_path / "run")
-        if os.geteuid() == 0:  # leaving SCHED_IDLE needs RLIMIT_NICE or CAP_SYS_NICE otherwise
-            analysing = asyncio.ensure_future(workers.analyse(run, -10.0, ("png",)))
-            for _ in range(200):
-                if analysing.done() or all(_policy(pid) in (os.SCHED_OTHER, None) for pid in pids):
-                    break
-                await asyncio.sleep(0.005)
-            assert all(_policy(pid) in (os.SCHED_OTHER, None) for pid in pids)
-            assert (await analysing)["rows"]
-    finally:
-        await workers.close()
-
-
 async def _analysed(workers: FigureWorkers, run: Path) -> dict[str, object]:
     try:
         return await workers.analyse(run, -10.0, ("png",))
