@@ -78,6 +78,7 @@ def _pair(settings: RdmaSettings, fabric: ModelFabric, **kw: int) -> VerbsRcProb
         qps=fabric,
         exchange=LocalExchange([A.source, B.source]),
         interval_us=kw.get("interval_us", 500),
+        timeout_us=kw.get("timeout_us"),
         settings=settings,
         report_interval_ns=kw.get("report_interval_ns", 20_000_000),
     )
@@ -115,7 +116,9 @@ async def _dark_past_the_retry_budget(fabric: ModelFabric, events: list[Event], 
 async def test_the_ping_pong_completes_both_ways() -> None:
     settings = _settings()
     fabric = _fabric(settings)
-    probe = _pair(settings, fabric)
+    # Nothing is lost on this fabric: a ping unanswered for 250 ms is this machine stalling the poller, not
+    # the link (the default, two intervals, is 1 ms, which two busy processes beside the test exceeded).
+    probe = _pair(settings, fabric, timeout_us=250_000)
     async with _running([probe]) as events:
         _circuit(probe)
         await _until(lambda: probe.completions >= 40)
