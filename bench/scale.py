@@ -157,6 +157,7 @@ def one_run(ports: int, kind: str, rt_priority: int | None = None) -> dict[str, 
         "samples_per_s_per_port": rx.get("samples_per_s_per_port"),
         "sampling_s": rx.get("sampling_s"),
         "ticks_skipped": rx.get("ticks_skipped"),
+        "stalls": rx.get("stalls", 0),
         # whose each stall was: the loop's thread busy, waiting for a core, asleep (labctl.linux.schedstat)
         **{f"stalls_{c}": rx.get(f"stalls_{c}", 0) for c in ("busy", "runnable", "asleep")},
         "stall_longest_ms": (rx.get("stall_longest_ns") or 0) / 1e6,
@@ -174,14 +175,13 @@ STALL_CAUSES = ("busy", "runnable", "asleep")
 
 
 def stall_text(row: dict[str, Any]) -> str:
-    """` (1 stall of 6.8 ms: 1 asleep)` for a round that stalled, else nothing."""
-    causes = [f"{row[f'stalls_{c}']} {c}" for c in STALL_CAUSES if row.get(f"stalls_{c}")]
-    n = sum(row.get(f"stalls_{c}", 0) for c in STALL_CAUSES)
+    """` (1 stall, longest 6.8 ms: 1 asleep)` for a round that skipped ticks, else nothing."""
     if not row.get("ticks_skipped"):
         return ""
-    return (
-        f" ({n} stall{'s' if n != 1 else ''}, longest {row['stall_longest_ms']:.1f} ms: {', '.join(causes)})"
-    )
+    n = row.get("stalls", 0)
+    causes = ", ".join(f"{row[f'stalls_{c}']} {c}" for c in STALL_CAUSES if row.get(f"stalls_{c}"))
+    whose = f": {causes}" if causes else ""
+    return f" ({n} stall{'s' if n != 1 else ''}, longest {row['stall_longest_ms']:.1f} ms{whose})"
 
 
 def stall_totals(rows: list[dict[str, Any]]) -> str:

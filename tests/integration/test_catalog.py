@@ -17,19 +17,11 @@ import pytest
 from labctl.analysis.catalog import RECORD, record_of
 from labctl.run.lifecycle import run_experiment
 from tests.conftest import REPO
+from tests.integration.test_run_records import SHORT as RECORDS_SHORT
 
 LABCTL = [sys.executable, "-m", "labctl.cli"]
 
-SHORT = """\
-name: catalogued
-phases:
-  dp: {pairs: [[h1, h2], [h3, h4]]}
-  pp: {pairs: [[h1, h3], [h2, h4]]}
-baseline: dp
-cycle: [pp, dp]
-hold_s: 0.05
-recovery_timeout_s: 5
-"""
+SHORT = RECORDS_SHORT.replace("name: records", "name: catalogued")  # one DP -> PP -> DP swap
 
 
 @pytest.fixture(scope="module")

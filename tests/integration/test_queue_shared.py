@@ -13,7 +13,6 @@ import json
 import signal
 import subprocess
 from collections import defaultdict
-from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 
@@ -23,10 +22,12 @@ from labctl.core.events import read_events
 from labctl.scheduler.backends import open_store
 from labctl.scheduler.store import RunRow, Store, resource_keys
 from tests.helpers import postgres as pg
+from tests.helpers import serve_processes
 from tests.helpers.scheduler import SPLIT_INVENTORY, experiment
 from tests.helpers.serve_processes import labctl_argv, pid_gone, wait_for
 
 postgres_server, pg_url = pg.postgres_server, pg.pg_url  # fixtures
+procs = serve_processes.procs  # a fixture
 
 # Lab B shares switch ocs1's rail-0 fibers and hosts h1, h2 with lab A (SPLIT_INVENTORY); its rail 1 is its own.
 LAB_B = """
@@ -55,16 +56,6 @@ def _rows(db: str) -> list[RunRow]:
         return store.runs()
     finally:
         store.close()
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait(timeout=30)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC
 from pathlib import Path
 
@@ -22,10 +21,11 @@ from labctl.scheduler.service import Scheduler
 from labctl.scheduler.store import QueueStore, RunRow
 from tests.conftest import REPO
 from tests.helpers import scheduler as helpers
+from tests.helpers import serve_processes
 from tests.helpers.scheduler import MIN, T0, FakeClock, RecordingExecutor
 from tests.helpers.serve_processes import labctl_argv, pid_gone, wait_for
 
-lab, store = helpers.lab, helpers.store  # fixtures
+lab, store, procs = helpers.lab, helpers.store, serve_processes.procs  # fixtures
 
 
 # -- due dates and cron under an injected clock ------------------------------------------------------------------
@@ -104,16 +104,6 @@ async def test_priority_order_of_real_runs(lab: dict[str, Path], tmp_path: Path)
 
 
 # -- a killed serve ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait(timeout=30)
 
 
 @pytest.mark.slow
