@@ -325,7 +325,11 @@ class SimFabric:
             return
         slots, old, sources, times, both = slots[react], old[react], sources[react], times[react], both[react]
         links = np.flatnonzero(both)
-        drawn = self._draw_links(slots[links], sources[links], times[links]) if links.size else (links,) * 4
+        # A link lights at the later of its two lights. Applied in model-time order, that is this change's;
+        # a busy loop can apply them the other way round (a switch's light reaches the timeline when its
+        # alarm is handled, and a reader may catch the model up in between): then the other end's is later.
+        lit_t = np.maximum(times[links], a.light_t_ns[sources[links]])
+        drawn = self._draw_links(slots[links], sources[links], lit_t) if links.size else (links,) * 4
         # One timeline entry for the batch, not one per port (times already in model-time order).
         batch = _LinkBatch(columns=(times, slots, old, sources, links, *drawn))
         self.timeline.at(int(times[0]), self._link_batch, batch)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from labctl.core.errors import HardwareError, MappingError, SwitchStateMismatch
@@ -317,3 +318,28 @@ async def test_a_driver_diffs_against_its_last_verified_apply_in_the_same_sessio
     await sw.get_mapping()  # a read is verified state too
     await sw.apply([(1, 10)])
     assert sw.reads == 7 and sw.patches == {(1, 10)}
+
+
+async def test_a_link_lit_by_light_applied_out_of_model_time_order_still_passes_traffic(
+    inventory_path,
+) -> None:  # type: ignore[no-untyped-def]
+    """A busy loop can apply a link's two light changes in the reverse of their model times (a switch's
+    acknowledgement puts its light on the timeline when its alarm is handled, and a reader may catch the
+    model up between two alarms). The link lights when both directions carry light, the later of the two:
+    its ends must come up and pass traffic, not stay up with traffic lost for good."""
+    inv = load_inventory(inventory_path)
+    model = SwitchModel("ocs1", inv.switches["ocs1"].space, FAST, random.Random(2))
+    fabric = SimFabric(inv, {"ocs1": model}, FAST, random.Random(2))
+    h1, h2 = (inv.rail_ports(0)[h][0] for h in ("h1", "h2"))
+    t = 10**12
+    fabric._on_light("ocs1", h1.rx, h2.tx, t + 3_000_000)  # applied first, the later light
+    fabric.timeline.run_due(t + 3_000_000)
+    fabric._on_light("ocs1", h2.rx, h1.tx, t + 2_000_000)  # applied second, the earlier light
+    fabric.timeline.run_due(t + 10**9)
+    s1, s2 = fabric.slot[h1], fabric.slot[h2]
+    assert fabric.state(h1).carrier == fabric.state(h2).carrier == 1
+    assert fabric.passes(s1, s2, t + 10**9) and fabric.passes_each([(s1, s2)], t + 10**9) == [True]
+    assert fabric.traffic_ok(np.array([s1]), np.array([s2]), t + 10**9).all()
+    # ...and not before the later light: the link's timing counts from it
+    assert int(fabric.arrays.link_t_ns[s1]) == int(fabric.arrays.link_t_ns[s2]) == t + 3_000_000
+    fabric.cancel_pending()
