@@ -13,6 +13,7 @@ import pytest
 from labctl.core.clock import now_ns
 from labctl.probes import sampling
 from labctl.probes.sampling import ModelSchedule, TickCount
+from tests.helpers.fds import open_fds, opened_since
 from tests.helpers.sampling import _drain
 
 
@@ -75,16 +76,14 @@ async def test_run_ticks_runs_on_schedule_until_the_tick_says_stop() -> None:
 
 
 async def test_run_ticks_raises_what_the_tick_raised_and_releases_its_timer() -> None:
-    import os
-
-    fds = len(os.listdir("/proc/self/fd"))
+    fds = open_fds()
 
     def tick(t: int) -> None:
         raise OSError(5, "module read failed")
 
     with pytest.raises(OSError, match="module read failed"):
         await sampling.run_ticks(1_000_000, tick)
-    assert len(os.listdir("/proc/self/fd")) == fds  # the timerfd is closed
+    assert not opened_since(fds)  # the timerfd is closed
 
 
 async def test_run_ticks_counts_what_a_stall_skipped_and_does_not_replay_it() -> None:
@@ -132,9 +131,7 @@ async def test_a_stall_the_loop_spent_working_is_not_called_asleep() -> None:
 
 
 async def test_cancelling_run_ticks_stops_its_ticks_and_closes_its_timer() -> None:
-    import os
-
-    fds = len(os.listdir("/proc/self/fd"))
+    fds = open_fds()
     seen: list[int] = []
     five = asyncio.Event()
 
@@ -151,7 +148,7 @@ async def test_cancelling_run_ticks_stops_its_ticks_and_closes_its_timer() -> No
     n = len(seen)
     await asyncio.sleep(0.01)
     assert len(seen) == n
-    assert len(os.listdir("/proc/self/fd")) == fds
+    assert not opened_since(fds)
 
 
 async def test_a_late_tick_makes_burst_work_yield_sooner_until_the_schedule_catches_up() -> None:
