@@ -321,7 +321,12 @@ class SwitchModel:
             nonlocal scheduled
             if not scheduled:
                 scheduled = True
+                self.timeline.undefer(deferred)
                 self._on_timeline(times, egresses, ingresses)
+
+        # A reader catching the model up past t_done before that turn (a sampler's tick handled first in a
+        # late loop) sees the light all the same: read dark, it would move t2 and shrink its resolution.
+        deferred = self.timeline.defer(t_done, light)
 
         def fire() -> None:
             nonlocal fired

@@ -49,6 +49,8 @@ class Timeline:
         self.horizon_ns = 0
         """The model time the timeline is being run to (an entry may apply everything of its own due by
         then: a batch of changes at their own times)."""
+        self._deferred: dict[int, tuple[int, Callable[[], None]]] = {}
+        self._deferred_ids = itertools.count()
         self.slice_end_ns: int | None = None
         """When the run in progress must give the loop back (its own timer's slice; None: a reader catching
         the model up, which needs everything due). An entry that works through a batch stops there too."""
@@ -63,6 +65,18 @@ class Timeline:
         if not self.pull and (self._timer_t is None or t_ns < self._timer_t):
             self._arm(t_ns)
         return entry
+
+    def defer(self, t_ns: int, callback: Callable[[], None]) -> int:
+        """`callback` will put entries of model time t_ns on the timeline, on a loop turn of its own (a
+        switch's light, a turn after its acknowledgement). Until it has, a reader catching the model up to
+        t_ns or later calls it first: a reading at a time must see every change due by then, however late
+        the loop runs that turn. Returns a key for `undefer`, which the callback calls when it runs."""
+        key = next(self._deferred_ids)
+        self._deferred[key] = (t_ns, callback)
+        return key
+
+    def undefer(self, key: int) -> None:
+        self._deferred.pop(key, None)
 
     def _arm(self, t_ns: int) -> None:
         if self._timer is not None:
@@ -92,6 +106,10 @@ class Timeline:
     def run_due(self, t_ns: int, deadline_ns: int | None = None) -> None:
         """Run the entries due at or before t_ns now, in order (until the clock passes `deadline_ns`, if
         given): a reader that must see the model as it is at t_ns catches it up first."""
+        if deadline_ns is None and self._deferred:  # a reader: what is due by t_ns, deferred or not
+            for due_ns, callback in list(self._deferred.values()):
+                if due_ns <= t_ns:
+                    callback()
         heap = self._heap
         self.horizon_ns = t_ns
         outer, self.slice_end_ns = self.slice_end_ns, deadline_ns
@@ -115,6 +133,7 @@ class Timeline:
         return heap[0][0] if heap else None
 
     def cancel_all(self) -> None:
+        self._deferred.clear()
         for _t, _seq, entry in self._heap:
             entry.cancel()
         self._heap.clear()

@@ -3,6 +3,7 @@ timeouts, events. Plus the NIC model's recovery order."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import numpy as np
@@ -343,3 +344,27 @@ async def test_a_link_lit_by_light_applied_out_of_model_time_order_still_passes_
     # ...and not before the later light: the link's timing counts from it
     assert int(fabric.arrays.link_t_ns[s1]) == int(fabric.arrays.link_t_ns[s2]) == t + 3_000_000
     fabric.cancel_pending()
+
+
+async def test_a_reader_past_the_switching_time_sees_the_light_before_the_acknowledgement_is_handled(
+    inventory_path,  # type: ignore[no-untyped-def]
+) -> None:
+    """The switch's light reaches its timeline a loop turn after its acknowledgement. A late loop can run a
+    sampler's tick first: reading at a time past the switching time, it must see the light (read dark, the
+    optical mark would move a stall later and claim a sampling period's resolution)."""
+    from labctl.core.clock import now_ns
+
+    inv = load_inventory(inventory_path)
+    model = SwitchModel("ocs1", inv.switches["ocs1"].space, FAST, random.Random(4))
+    fabric = SimFabric(inv, {"ocs1": model}, FAST, random.Random(4))
+    h1, h2 = (inv.rail_ports(0)[h][0] for h in ("h1", "h2"))
+    task = asyncio.create_task(model.execute(MappingDiff(frozenset(), frozenset({(h2.tx, h1.rx)}))))
+    await asyncio.sleep(0)  # the command is taken: its acknowledgement's alarm is armed
+    assert fabric.state(h1).light_from is None
+    # A reader past the switching time (as a stalled loop's first tick would be) before the alarm's turn:
+    fabric.sync_optics(now_ns() + round(FAST.switching_ms[1] * 1e6) + 1_000_000)
+    assert fabric.state(h1).light_from == h2
+    _, t_done = await task
+    assert fabric.state(h1).light_from == h2 and fabric.arrays.light_t_ns[fabric.slot[h1]] == t_done
+    fabric.cancel_pending()
+    model.cancel_pending()
