@@ -45,7 +45,10 @@ async def test_a_starved_sampler_is_flagged_left_out_and_reported(tmp_path: Path
     assert (negative["unresolved"].str.contains("firmware")).all()  # within a 250 ms bracket: unresolved
     assert summary["phases"]["firmware"]["unresolved"] == len(negative)
     assert summary["phases"]["firmware"]["n"] == measured["firmware_ns"].notna().sum() - len(negative)
-    assert summary["phases"]["firmware"]["min"] >= 0
+    # What is kept is never negative. (Whether any row is kept depends on where the 250 ms ticks fall against
+    # each reconfiguration's 40-60 ms firmware window: none, some runs on a busy machine.)
+    kept = summary["phases"]["firmware"]
+    assert kept["min"] >= 0 if kept["n"] else kept["min"] is None
     assert summary["flagged_rows"] >= len(negative)
     # Each flagged row's optical bracket is wider than the negative gap: that is why it is unresolved.
     assert (negative["t2_resolution_ns"] > -negative["firmware_ns"]).all()
