@@ -44,6 +44,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
 from _table import record
 
+from labctl.linux.schedstat import STALL_CAUSES  # busy, runnable, asleep
+
 
 def write_lab(directory: Path, ports: int, kind: str = "simulated") -> tuple[Path, Path]:
     """An inventory of ports/4 hosts (2 rails × 2 ports each) on one switch, and a DP/PP experiment."""
@@ -169,9 +171,6 @@ def one_run(ports: int, kind: str, rt_priority: int | None = None) -> dict[str, 
         "optical_median_ms": (summary["phases"]["optical"]["median"] or 0) / 1e6,
         "t2_resolution_median_ms": summary.get("resolution", {}).get("t2", {}).get("median", 0) / 1e6,
     }
-
-
-STALL_CAUSES = ("busy", "runnable", "asleep")
 
 
 def stall_text(row: dict[str, Any]) -> str:
