@@ -104,11 +104,12 @@ def ncclient_peer(rounds: int, remaps: int, switching_ms: float) -> dict[str, An
     """The NETCONF emulator driven by a plain ncclient (manager API) script, the way a lab script would:
     per round a connect, then per remap get (cross-connects), one edit-config (the driver's own merge +
     delete body), get again to verify."""
-    from ncclient import manager
-
+    from labctl.core.extras import quiet_import
     from labctl.emulators.netconf import NetconfEmulator
     from labctl.inventory.mapping import MappingDiff
     from labctl.ocs.drivers.polatis_netconf import codec
+
+    manager = quiet_import("ncclient.manager")  # its paramiko's cryptography deprecations are not ours
 
     def config(diff: MappingDiff) -> str:  # the driver's <config>, as ncclient's edit_config takes it
         body = codec.edit_config(diff)

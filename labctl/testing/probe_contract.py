@@ -194,8 +194,10 @@ class ProbeContract:
     def _labctl_no_leaked_tasks(self, labctl_no_leaked_tasks: None) -> None:
         """No case may leave a task of the probe running (labctl.testing.plugin)."""
 
+    # a classmethod: pytest 9.2 deprecates class-scoped fixtures defined as instance methods (removed in 10)
     @pytest.fixture(scope="class", autouse=True)
-    def _labctl_no_namespace_left(self) -> Iterator[None]:
+    @classmethod
+    def _labctl_no_namespace_left(cls) -> Iterator[None]:
         """Backstop for the veth harnesses' `finally`: no namespace of theirs outlives the class's cases."""
         yield
         left = namespaces_left()

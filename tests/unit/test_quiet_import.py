@@ -1,0 +1,59 @@
+"""Optional dependencies import without passing their own deprecation notices on to a labctl user.
+
+asyncssh with cryptography ≥ 51 raised CryptographyDeprecationWarning (a UserWarning subclass) on import:
+`labctl emulate ocs --protocol netconf` printed it before its banner, and under the suite's `-W error` it
+failed the import (issue 45).
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+
+from labctl.core.extras import is_deprecation, quiet_import, require
+
+
+class VendorDeprecationWarning(UserWarning):
+    """Shaped like cryptography's: a deprecation that derives from UserWarning."""
+
+
+def test_a_deprecation_is_told_by_its_class_and_its_name() -> None:
+    assert is_deprecation(DeprecationWarning)
+    assert is_deprecation(PendingDeprecationWarning)
+    assert is_deprecation(VendorDeprecationWarning)
+    assert not is_deprecation(UserWarning)
+    assert not is_deprecation(RuntimeWarning)
+
+
+def test_the_import_drops_deprecations_and_passes_on_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "labctl_test_noisy_vendor.py").write_text(
+        textwrap.dedent(
+            f"""
+            import warnings
+            from {__name__} import VendorDeprecationWarning
+            warnings.warn("DSA is deprecated", VendorDeprecationWarning)
+            warnings.warn("old api", DeprecationWarning)
+            warnings.warn("the real thing", UserWarning)
+            VALUE = 7
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "labctl_test_noisy_vendor", raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = require("labctl_test_noisy_vendor", "netconf", "a test")
+    assert module.VALUE == 7
+    assert [str(w.message) for w in caught] == ["the real thing"]
+    assert caught[0].category is UserWarning
+    # a second import finds the module loaded and warns nothing
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        assert quiet_import("labctl_test_noisy_vendor") is module
+    assert again == []
