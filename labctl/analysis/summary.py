@@ -116,3 +116,40 @@ def draw_ahead(
 
     index, _, frame = _breakdown(run_dir, threshold_dbm)
     return draw_figure_ahead(figure, index, frame, threshold_dbm=threshold_dbm, formats=plot_formats)
+
+
+def time_sync_lines(meta: dict[str, Any]) -> list[str]:
+    """What `labctl report` says of the clocks that stamped a run's marks (run.json `time_sync` and
+    `clock_offsets`). Where one clock stamps every mark (a simulated or kernel lab, or agents that share the
+    controller's kernel clock) no phase crosses clocks, so the controller's synchronization is one line of
+    context, not a warning. Where agents' own clocks stamp marks, each host's discipline is listed, and a
+    clock without one is said to be NOT synchronized."""
+    from labctl.core.units import fmt_ns
+
+    syncs = meta.get("time_sync")
+    syncs = syncs if isinstance(syncs, dict) else {}
+    offsets = meta.get("clock_offsets")
+    offsets = offsets if isinstance(offsets, dict) else {}
+    shared = sorted(
+        h for h, rec in offsets.items() if isinstance(rec, dict) and rec.get("source") == "shared-clock"
+    )
+    own = sorted(h for h in offsets if h not in shared)
+    if not own:
+        sharing = f", which {', '.join(shared)} share{'s' if len(shared) == 1 else ''}" if shared else ""
+        return [
+            f"time sync: one clock stamps every mark (the controller's monotonic clock{sharing}): no phase "
+            "crosses clocks, so none depends on clock synchronization"
+        ]
+    lines = []
+    for host, sync in syncs.items():
+        if not isinstance(sync, dict) or host in shared:
+            continue
+        state = "synchronized" if sync.get("synchronized") else "NOT synchronized"
+        daemons = ", ".join(sync.get("daemons") or []) or "no time daemon"
+        est_us = sync.get("est_error_us")
+        est = fmt_ns(int(est_us) * 1000) if isinstance(est_us, int | float) else "unknown"
+        lines.append(f"time sync {host}: {state} ({daemons}; est. error {est})")
+    if shared:
+        verb = "shares" if len(shared) == 1 else "share"
+        lines.append(f"time sync: {', '.join(shared)} {verb} the controller's clock (no offset to bound)")
+    return lines

@@ -37,8 +37,9 @@ app = typer.Typer(
     cls=lazy_group(COMMANDS),
     help="labctl: time optical circuit switch reconfigurations, from the switch command to traffic "
     "resuming.\n\n"
-    "Start with `labctl run experiments/reconfig-timeline.yaml` (simulated Opus testbed, no root needed), "
-    "then `labctl report runs/` and open the run's headline.png and timeline.png.",
+    "Start with `labctl run reconfig-timeline` (a built-in experiment on the simulated Opus testbed, from "
+    "any directory, no root needed; `--profile fast` for seconds), then `labctl report` (the newest run in "
+    "runs/) and open the run's headline.png and timeline.png.",
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,

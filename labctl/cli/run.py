@@ -30,7 +30,6 @@ from labctl.cli.common import (
     parse_plot_formats,
 )
 from labctl.core.errors import InputError
-from labctl.core.units import fmt_ns
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -469,9 +468,9 @@ def report(
         list[Path] | None,
         typer.Argument(
             metavar="RUN",
-            help="A run directory, or runs/ for the newest run. Several runs (same experiment, other seeds "
-            "or days): one table pooled over all of them, with each run's median. With filters: a runs "
-            "directory means every run in it that passes them (default: runs).",
+            help="A run directory, or runs/ for the newest run (the default). Several runs (same experiment, "
+            "other seeds or days): one table pooled over all of them, with each run's median. With filters: "
+            "a runs directory means every run in it that passes them (default: runs).",
             show_default=False,
         ),
     ] = None,
@@ -493,12 +492,12 @@ def report(
     from labctl.analysis.catalog import select_runs
 
     chosen = filters(experiment, lab, profile, since, status)
-    if not run_paths and not chosen:
+    if not run_paths and not chosen and not RUNS.is_dir():  # no argument: the newest run in runs/
         raise InputError(
-            "give a run directory (runs/ for the newest run), or filters: --experiment, --lab, --profile, "
-            "--since, --status"
+            f"no {RUNS}/ here: give a run directory, or filters: --experiment, --lab, --profile, --since, "
+            "--status (`labctl run reconfig-timeline` writes runs/)"
         )
-    runs = select_runs(run_paths or [], chosen)
+    runs = select_runs(run_paths or ([] if chosen else [RUNS]), chosen)
     if not runs:
         where = ", ".join(map(str, run_paths)) if run_paths else str(RUNS)
         raise InputError(f"no run in {where} passes the filters (`labctl runs` lists them)")
@@ -604,12 +603,10 @@ def _report_one(row: dict[str, Any], as_json: bool) -> None:
         out.print(clocks)
     for caveat in summary.get("clock_caveats", []):
         out.print(f"[yellow]clock: {caveat}[/]", highlight=False)
-    for host, sync in meta.get("time_sync", {}).items():
-        state = "synchronized" if sync.get("synchronized") else "NOT synchronized"
-        daemons = ", ".join(sync.get("daemons") or []) or "no time daemon"
-        est_us = sync.get("est_error_us")
-        est = fmt_ns(int(est_us) * 1000) if isinstance(est_us, int | float) else "unknown"
-        out.print(f"time sync {host}: {state} ({daemons}; est. error {est})")
+    from labctl.analysis.summary import time_sync_lines
+
+    for line in time_sync_lines(meta):  # one clock for every mark: said once; agents' own clocks: per host
+        out.print(line, highlight=False)
 
 
 LISTED_RUNS = 12

@@ -222,8 +222,11 @@ def test_unknown_profile_is_exit_2(tmp_path: Path, repo: Path) -> None:
         ["dom", "read", "lo", "--netns", ".."],
     ],
 )
-def test_usage_errors_are_one_line_and_exit_2(args: list[str]) -> None:
-    proc = subprocess.run([*LABCTL, *args], capture_output=True, text=True, timeout=60, check=False)
+def test_usage_errors_are_one_line_and_exit_2(args: list[str], tmp_path: Path) -> None:
+    # in an empty directory: `labctl report` reports runs/'s newest run where there is one
+    proc = subprocess.run(
+        [*LABCTL, *args], capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
 
