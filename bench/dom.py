@@ -11,7 +11,8 @@ Rows (samples/s per port, median over rounds; per-sample p50/p99 from all rounds
   so this can only fail (EOPNOTSUPP); it times the kernel round trip, not a module's I2C.
 - `ethtool -m` loop on the same veth: one `ethtool -m vb offset 34 length 8 hex on` process per sample
   (the 100 ms ethtool polling the Opus testbed used, run as fast as it goes); also fails on a veth.
-Needs root for the namespace; the emulated rows run without it.
+Needs root for the namespace (and `ip`, `ethtool` on PATH: a row whose tool is missing says so in its note);
+the emulated rows run without them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -115,6 +117,18 @@ class Netns:
         subprocess.run(["ip", "netns", "del", self.name], check=False)
 
 
+def ethtool_loop(rounds: int, seconds: float) -> tuple[str, float, list[int] | None, str]:
+    """One `ethtool -m` process per sample on the namespace's veth: the peer the other rows are set against."""
+    cmd = ["ethtool", "-m", "vb", "offset", "34", "length", "8", "hex", "on"]
+    codes: set[int] = set()
+
+    def ethtool_read() -> None:
+        codes.add(subprocess.run(cmd, capture_output=True, check=False).returncode)
+
+    rate, d = measure(ethtool_read, rounds, seconds)
+    return ("ethtool -m subprocess loop on a veth", rate, d, f"can only fail on veth (exit {sorted(codes)})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -134,9 +148,12 @@ def main() -> None:
     rate, d = measure(set_read_decode, args.rounds, args.seconds)
     rows.append(("emulated module, set + read + decode (sim probe)", rate, d, ""))
 
-    if os.geteuid() != 0:
-        rows.append(("raw netlink read on a veth", float("nan"), None, "skipped: needs root"))
-        rows.append(("ethtool -m subprocess loop on a veth", float("nan"), None, "skipped: needs root"))
+    # What the veth rows need is said in their note, one line each (as bench/all.py does), never a traceback.
+    missing = [tool for tool in ("ip", "ethtool") if shutil.which(tool) is None]
+    if os.geteuid() != 0 or "ip" in missing:
+        why = "skipped: needs root" if os.geteuid() != 0 else "skipped: needs ip (iproute2) on PATH"
+        rows.append(("raw netlink read on a veth", float("nan"), None, why))
+        rows.append(("ethtool -m subprocess loop on a veth", float("nan"), None, why))
     else:
         with Netns():
             nl = NetlinkModuleEeprom("vb")
@@ -155,21 +172,17 @@ def main() -> None:
                 " (every read failed: EOPNOTSUPP)" if failures == len(d) else ""
             )
             rows.append(("raw netlink read on a veth", rate, d, note))
-            cmd = ["ethtool", "-m", "vb", "offset", "34", "length", "8", "hex", "on"]
-            codes: set[int] = set()
-
-            def ethtool_read() -> None:
-                codes.add(subprocess.run(cmd, capture_output=True, check=False).returncode)
-
-            rate, d = measure(ethtool_read, args.rounds, max(args.seconds, 0.5))
-            rows.append(
-                (
-                    "ethtool -m subprocess loop on a veth",
-                    rate,
-                    d,
-                    f"can only fail on veth (exit {sorted(codes)})",
+            if "ethtool" in missing:
+                rows.append(
+                    (
+                        "ethtool -m subprocess loop on a veth",
+                        float("nan"),
+                        None,
+                        "skipped: needs ethtool on PATH",
+                    )
                 )
-            )
+            else:
+                rows.append(ethtool_loop(args.rounds, max(args.seconds, 0.5)))
 
     print(f"{'path':<50} {'samples/s/port':>15} {'p50 µs':>9} {'p99 µs':>9}  note")
     for name, rate, d, note in rows:
