@@ -317,9 +317,31 @@ def _only_switch(switches: Mapping[str, object], inventory: Path) -> str:
     return next(iter(switches))
 
 
+FabricInventoryOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--inventory",
+        "-i",
+        show_default=False,
+        help="Lab inventory whose fabric this is (every NIC port needs an IPv4 address/prefix). Default: the "
+        "built-in kernel lab, experiments/inventories/emulated.yaml (the Opus testbed as network namespaces "
+        "and veths, as `labctl run ... -i experiments/inventories/emulated.yaml` uses it).",
+    ),
+]
+
+
+def _fabric_inventory(inventory: Path | None) -> Path:
+    """The inventory given, else the built-in kernel lab: the simulated default lab has no addresses."""
+    if inventory is not None:
+        return inventory
+    from labctl.core.shipped import builtin_inventories
+
+    return builtin_inventories()["emulated"]
+
+
 @fabric_app.command("up")
 def fabric_up(
-    inventory: InventoryOpt = DEFAULT_INVENTORY,
+    inventory: FabricInventoryOpt = None,
     profile: Annotated[
         str | None, typer.Option(help="Delay profile the runs will use (checked here; applied by each run).")
     ] = None,
@@ -339,7 +361,7 @@ def fabric_up(
     from labctl.emulators.fabric import FabricLayout, KernelFabric, managed_prefix
     from labctl.inventory.schema import load_inventory
 
-    inv = load_inventory(inventory)
+    inv = load_inventory(_fabric_inventory(inventory))
     prof = inv.profile(profile)
     layout = FabricLayout.of(inv, managed_prefix(inv))
     fabric = KernelFabric(layout, prof, random.Random(0), lambda e: None)
@@ -387,7 +409,7 @@ def fabric_up(
 
 @fabric_app.command("down")
 def fabric_down(
-    inventory: InventoryOpt = DEFAULT_INVENTORY,
+    inventory: FabricInventoryOpt = None,
     profile: Annotated[str | None, typer.Option(help="Accepted for symmetry with `up`.")] = None,
 ) -> None:
     """Remove the inventory's fabric and any fabric left by a run that was killed."""
@@ -395,7 +417,7 @@ def fabric_down(
     from labctl.inventory.schema import load_inventory
     from labctl.linux import netns
 
-    inv = load_inventory(inventory)
+    inv = load_inventory(_fabric_inventory(inventory))
     inv.profile(profile)
     removed = netns.cleanup(managed_prefix(inv))
     for stale in netns.stale_run_prefixes():
