@@ -475,6 +475,7 @@ def _emit(text: str, out_file: Path | None) -> None:
         typer.echo(text, nl=False)
         return
     try:
+        out_file.parent.mkdir(parents=True, exist_ok=True)  # `--out schemas/x.json` in a fresh lab
         out_file.write_text(text, encoding="utf-8")
     except OSError as e:
         raise InputError(f"{out_file}: cannot write: {e.strerror or e}") from None
