@@ -6,7 +6,8 @@ track, per reconfiguration, a slice for the whole recovery (t0 → t5) with its 
 (optical t0 → t2, firmware t2 → t3, carrier t3 → t4, transport t4 → t5: the breakdown's definitions), an
 instant per mark carrying its resolution, and a sampled mark's bracket (the previous sample, which did not
 see it, to the mark) as a slice nested at the end of the phase the mark closes. Each switch command is a
-slice on its switch's track (ocs.command → ocs.complete); Rx power (dBm) and the loop's lag are counters.
+slice on its switch's track (ocs.command → ocs.complete); Rx power (dBm) and the loop's lag are counters,
+a dark Rx power sample (None: no light) at FLOOR_DBM, -100 dBm, so every outage shows.
 Times are the run's CLOCK_MONOTONIC stamps in microseconds from the run's start (the format's unit),
 fractional, so no nanosecond is lost. A phase the breakdown flagged (impossible or unresolved) is drawn
 with its flag in the slice's arguments, never as a negative slice: Perfetto would reject it.
@@ -30,8 +31,22 @@ PHASES = (  # name, start mark, end mark: as labctl.analysis.breakdown defines t
     ("carrier", "t3_firmware_up_ns", "t4_carrier_up_ns"),
     ("transport", "t4_carrier_up_ns", "t5_traffic_ns"),
 )
-FLOOR_DBM = -60.0
-"""Dark, on the Rx power counter (a counter has no -inf)."""
+FLOOR_DBM = -100.0
+"""Dark, on the Rx power counter (a counter has no -inf): an `rx_power` sample of None (the receiver reads no
+light, below its floor) is drawn at this value, under every reading any source reports (a module's 0.1 µW is
+-40 dBm, a power meter reads to -70 dBm, a switch monitor above -99.99 dBm), so no reading is mistaken for
+dark nor dark for a reading; the trace's metadata names it (`rx_power_dark_dbm`). The events keep None
+(decision 0075)."""
+
+
+def _counter_dbm(value: Any, meta: dict[str, Any]) -> float | None:
+    """An `rx_power` sample on the counter: its dBm, FLOOR_DBM where it is dark; None for one that measured
+    nothing (a switch port with `monitor: none`) or holds no number."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):  # NaN: a None a frame made a float
+        return None if meta.get("monitor") == "none" else FLOOR_DBM
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return max(float(value), FLOOR_DBM)
 
 
 def _ns(value: Any) -> int | None:
@@ -161,8 +176,7 @@ class TraceBuilder:
                 start, command, value = pending.pop(source)
                 where = self.track(source.removeprefix("ocs:"), "commands")
                 self.slice(where, f"{value} changes", "switch", start, t, {**command, "switch_ns": t - start})
-            elif kind == "rx_power" and isinstance(e["value"], int | float) and not math.isnan(e["value"]):
-                dbm = max(float(e["value"]), FLOOR_DBM)
+            elif kind == "rx_power" and (dbm := _counter_dbm(e["value"], meta)) is not None:
                 self.counter(str(e.get("host") or "?"), f"rx {source.split('/')[-1]} dBm", t, {"dBm": dbm})
             elif kind == "loop.lag" and isinstance(e["value"], int | float):
                 self.counter("controller", "loop lag ms", t, {"ms": e["value"] / 1e6})
@@ -187,6 +201,7 @@ def write_perfetto(run_dir: Path, out: Path) -> int:
     run = load_run(run_dir)
     origin = int(run.meta.get("timebase", {}).get("mono0_ns") or run.events["t_ns"].min())
     items = trace_events(run.events, run.breakdown, origin)
-    payload = {"traceEvents": items, "displayTimeUnit": "ns", "metadata": {"run_id": run.meta.get("run_id")}}
+    metadata = {"run_id": run.meta.get("run_id"), "rx_power_dark_dbm": FLOOR_DBM}
+    payload = {"traceEvents": items, "displayTimeUnit": "ns", "metadata": metadata}
     out.write_text(json.dumps(payload, separators=(",", ":")), encoding="utf-8")
     return len(items)

@@ -2,10 +2,13 @@
 GTKWave or Surfer open (issue 27).
 
 One scope per host, one per NIC port in it, four 1-bit wires per port: `light` (Rx power at or above the
-run's threshold), `firmware` (the NIC's link), `carrier` (Linux carrier) and `traffic` (the last ping went
-through). Each changes at the stamp of the event that observed it, in ns from the run's start (the
-timescale is 1 ns, so no stamp is rounded); a wire is `x` until its first observation. Events are taken in
-time order (an agent's may reach the log after a later one from elsewhere).
+run's threshold; 0 below it, and 0 where the receiver reads no light at all: an `rx_power` sample of None,
+below the module's floor, is dark, the sample that matters most), `firmware` (the NIC's link), `carrier`
+(Linux carrier) and `traffic` (the last ping went through). Each changes at the stamp of the event that
+observed it, in ns from the run's start (the timescale is 1 ns, so no stamp is rounded); a wire is `x` until
+its first observation. Events are taken in time order (an agent's may reach the log after a later one from
+elsewhere). There is no real-valued Rx power signal: the Perfetto trace has the dBm
+(labctl.analysis.perfetto).
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ def _name(text: str) -> str:
 def _level(kind: str, value: Any, threshold_dbm: float) -> tuple[str, str] | None:
     """(signal, '0' or '1') of an event, None for one that says nothing about a port's signals."""
     if kind == "rx_power":
-        if isinstance(value, int | float) and not math.isnan(value):
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "light", "0"  # no light: below the module's floor (NaN: a None a frame made a float)
+        if isinstance(value, int | float) and not isinstance(value, bool):
             return "light", "1" if value >= threshold_dbm else "0"
         return None
     if kind == "link.firmware" and value in (0, 1, True, False):

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 import pytest
 
+from labctl.analysis.breakdown import DEFAULT_THRESHOLD_DBM
 from labctl.analysis.store import load_run
 from labctl.run.lifecycle import RunOutcome, run_experiment
 from tests.helpers.trace_format import trace_format_problems
@@ -134,3 +139,167 @@ def test_an_independent_vcd_reader_reads_it(outcome: RunOutcome) -> None:
     assert {"h1", "h2", "h3", "h4"} <= set(scopes) and len(scopes) == 4 + 16
     assert times == sorted(times)
     assert set(final) == set(wires) and set(final.values()) == {"1"}
+
+
+def _export(run_dir: Path, fmt: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "labctl.cli", "export", str(run_dir), "--format", fmt],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def _outages(outcome: RunOutcome) -> tuple[list[Any], set[tuple[int, str]], int, float]:
+    """The run's recovered rows (the breakdown: its reconfigurations and the ports each moved), which of
+    them the receiver's own samples saw dark ((reconfig, source): a sample below the threshold or of no light
+    at all from the command to t2, or since before the command for a port that had no light), the run's
+    origin and its threshold."""
+    run = load_run(outcome.run_dir)
+    start = run.events[run.events["kind"] == "run.start"]["meta"].iloc[0]
+    threshold = float(start.get("rx_power_threshold_dbm", DEFAULT_THRESHOLD_DBM))
+    rx = run.events[run.events["kind"] == "rx_power"]
+    dark_seen = set()
+    rows = list(
+        run.breakdown.dropna(subset=["t0_command_ns", "t2_rx_power_ns", "t5_traffic_ns"]).itertuples()
+    )
+    for row in rows:
+        samples = rx[rx["source"] == row.source]
+        dark = [v is None or v < threshold for v in samples["value"]]
+        t = samples["t_ns"].to_numpy()
+        before = [d for d, ts in zip(dark, t, strict=True) if ts < row.t0_command_ns]
+        within = [d for d, ts in zip(dark, t, strict=True) if row.t0_command_ns <= ts < row.t2_rx_power_ns]
+        if any(within) or (row.reconfig == 0 and before and before[-1]):
+            dark_seen.add((row.reconfig, row.source))
+    return rows, dark_seen, int(run.meta["timebase"]["mono0_ns"]), threshold
+
+
+def _check_outages(
+    rows: list[Any],
+    dark_seen: set[tuple[int, str]],
+    out: Callable[[Any], bool],
+    back: Callable[[Any], bool],
+) -> None:
+    """Every recovered row's port goes dark after its command (or was dark since before the baseline's) and
+    its light comes back at the row's t2. A row whose samples never read the dark (a sampler stalled over the
+    whole gap: the breakdown brackets its t2 back to t0) cannot show it; such rows stay few."""
+    assert len(rows) == 9 * 16  # the baseline and 8 reconfigurations, 16 ports each
+    shown = {(row.reconfig, row.source) for row in rows if out(row)}
+    assert shown == dark_seen
+    assert len(dark_seen) > len(rows) // 2, f"the samples saw only {len(dark_seen)} outages"
+    missing = [
+        (row.reconfig, row.source)
+        for row in rows
+        if (row.reconfig, row.source) in dark_seen and not back(row)
+    ]
+    assert missing == []
+
+
+def test_every_outage_is_dark_in_the_vcd(outcome: RunOutcome) -> None:
+    """Read by pyvcd's tokenizer: on every recovered reconfiguration each moved port's `light` wire was 1
+    before the command (0 before the baseline's), goes to 0 after it, and is 1 again exactly at the row's t2.
+    A sample of no light (None) is dark: before issue 45 the wire never left 1."""
+    from vcd.reader import TokenKind, tokenize
+
+    _export(outcome.run_dir, "vcd")
+    rows, dark_seen, origin, _ = _outages(outcome)
+    names: dict[str, tuple[str, str, str]] = {}  # id code → (host, port, wire)
+    scopes: list[str] = []
+    changes: dict[tuple[str, str, str], list[tuple[int, str]]] = {}
+    t = 0
+    with (outcome.run_dir / "timeline.vcd").open("rb") as f:
+        for token in tokenize(f):
+            if token.kind is TokenKind.SCOPE:
+                scopes.append(token.scope.ident)
+            elif token.kind is TokenKind.UPSCOPE:
+                scopes.pop()
+            elif token.kind is TokenKind.VAR:
+                names[token.var.id_code] = (scopes[-2], scopes[-1], token.var.reference)
+            elif token.kind is TokenKind.CHANGE_TIME:
+                t = token.time_change
+            elif token.kind is TokenKind.CHANGE_SCALAR:
+                change = token.scalar_change
+                changes.setdefault(names[change.id_code], []).append((t, str(change.value)))
+    lights = [w for w in changes if w[2] == "light"]
+    assert len(lights) == 16 and all("0" in {v for _, v in changes[w]} for w in lights)
+
+    def light(row: Any) -> list[tuple[int, str]]:
+        return changes[(row.host, row.port, "light")]
+
+    def out(row: Any) -> bool:
+        t0, t2 = row.t0_command_ns - origin, row.t2_rx_power_ns - origin
+        was = next((v for t, v in reversed(light(row)) if t < t0), "x")
+        went_out = any(v == "0" for t, v in light(row) if t0 <= t < t2)
+        # The baseline's ports may have had no light before its command: dark since then is the outage.
+        return (went_out and was == "1") or (row.reconfig == 0 and (went_out or was == "0"))
+
+    def back(row: Any) -> bool:
+        return (row.t2_rx_power_ns - origin, "1") in light(row)
+
+    _check_outages(rows, dark_seen, out, back)
+
+
+def test_every_outage_is_dark_in_the_perfetto_trace(outcome: RunOutcome) -> None:
+    """The Chrome trace-event JSON read with json: on every recovered reconfiguration each moved port's Rx
+    power counter drops to the trace's documented dark value (metadata `rx_power_dark_dbm`, under every
+    reading a source reports) after the command and reads light (≥ the threshold) again exactly at t2."""
+    _export(outcome.run_dir, "perfetto")
+    payload = json.loads((outcome.run_dir / "trace.perfetto.json").read_text())
+    dark_dbm = payload["metadata"]["rx_power_dark_dbm"]
+    assert dark_dbm == -100.0
+    trace = payload["traceEvents"]
+    rows, dark_seen, origin, threshold = _outages(outcome)
+    hosts = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
+    counters: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for e in trace:
+        if e["ph"] == "C" and e["name"].startswith("rx "):
+            port = e["name"].removeprefix("rx ").removesuffix(" dBm")
+            counters.setdefault((hosts[e["pid"]], port), []).append((e["ts"], e["args"]["dBm"]))
+    assert all(dark_dbm in {v for _, v in c} for c in counters.values()) and len(counters) == 16
+    assert all(v == dark_dbm or v > -99.99 for c in counters.values() for _, v in c)
+
+    def us(t_ns: int) -> float:
+        return (t_ns - origin) / 1e3
+
+    def out(row: Any) -> bool:
+        samples = counters[(row.host, row.port)]
+        t0, t2 = us(row.t0_command_ns), us(row.t2_rx_power_ns)
+        was = next((v for t, v in reversed(samples) if t < t0), None)
+        went_out = any(v == dark_dbm for t, v in samples if t0 <= t < t2)
+        lit = was is not None and was >= threshold
+        return (went_out and lit) or (row.reconfig == 0 and (went_out or was == dark_dbm))
+
+    def back(row: Any) -> bool:
+        return any(t == us(row.t2_rx_power_ns) and v >= threshold for t, v in counters[(row.host, row.port)])
+
+    _check_outages(rows, dark_seen, out, back)
+
+
+def test_no_light_is_dark_and_nothing_measured_is_left_out() -> None:
+    """A sample of no light (None, or -inf as the breakdown holds it) is `light = 0` and the counter's dark
+    value; a switch port that measures nothing (`monitor: none`, also None) draws no counter sample."""
+    from labctl.analysis.perfetto import FLOOR_DBM, trace_events
+    from labctl.analysis.vcd import vcd_lines
+
+    rows = [
+        {"kind": "rx_power", "source": "nic:h1/p0", "host": "h1", "t_ns": 1, "value": -3.0, "meta": {}},
+        {"kind": "rx_power", "source": "nic:h1/p0", "host": "h1", "t_ns": 2, "value": None, "meta": {}},
+        {"kind": "rx_power", "source": "nic:h1/p0", "host": "h1", "t_ns": 3, "value": -2.0, "meta": {}},
+        {"kind": "rx_power", "source": "nic:h1/p0", "host": "h1", "t_ns": 4, "value": -math.inf, "meta": {}},
+        {
+            "kind": "rx_power",
+            "source": "ocs:s/3",
+            "host": "s",
+            "t_ns": 5,
+            "value": None,
+            "meta": {"monitor": "none"},
+        },
+    ]
+    events = pd.DataFrame(rows)
+    lines = list(vcd_lines(events, 0, -20.0, "r"))
+    body = lines[lines.index("$end", lines.index("$dumpvars")) + 1 :]
+    assert body == ["#1", "1!", "#2", "0!", "#3", "1!", "#4", "0!"]
+    counters = [
+        (e["ts"], e["args"]["dBm"]) for e in trace_events(events, pd.DataFrame(), 0) if e["ph"] == "C"
+    ]
+    assert counters == [(0.001, -3.0), (0.002, FLOOR_DBM), (0.003, -2.0), (0.004, FLOOR_DBM)]

@@ -71,7 +71,7 @@ def test_slices_marks_and_a_flagged_phase() -> None:
     (command,) = [e for e in slices if e["cat"] == "switch"]
     assert command["dur"] == 25_000.0 and command["args"]["rails"] == [0, 1]
     counters = {e["name"]: e["args"] for e in trace if e["ph"] == "C"}
-    assert counters["rx eth0 dBm"] == {"dBm": -60.0} and counters["loop lag ms"] == {"ms": 2.0}
+    assert counters["rx eth0 dBm"] == {"dBm": -100.0} and counters["loop lag ms"] == {"ms": 2.0}
 
 
 def test_the_trace_keeps_the_formats_rules_where_the_rows_do_not() -> None:
