@@ -10,6 +10,7 @@ import logging
 import os
 import secrets
 import time
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -223,6 +224,46 @@ class _Outgoing:
     # `start` the controller already reported as failed cannot reach an agent after a reconnect.
     expires_ns: int | None = None
     host: str | None = None  # whose key signs it (None: every host's, the world feed)
+    cmd_id: int | None = None  # a command's id: each send of it may be answered once
+
+
+@dataclass
+class _Pending:
+    """A command sent to one host and not answered yet."""
+
+    op: str
+    future: asyncio.Future[Reply] | None = None  # a request waiting for the reply (None: posted only)
+    sends: int = 0  # handed to the client this often (a broker outage resends it): as many answers come
+    t4: int = 0  # a ping's reply, stamped as it came off the socket
+
+
+@dataclass
+class _Answered:
+    op: str
+    duplicates_left: int  # answers still expected to the resends of the command
+
+
+class RefusedReply(Rejected):
+    """A reply that answers no command sent to the host that sent it; `refusal` says how (REFUSALS)."""
+
+    def __init__(self, kind: str, refusal: str, reason: str) -> None:
+        super().__init__(kind, reason)
+        self.refusal = refusal
+
+
+REFUSALS = {
+    "forged": "the id of a command sent to another host",
+    "unsolicited": "the id of no command sent",
+    "replayed": "a command already answered (a stamp seen before, or a second answer to one sending)",
+    "wrong_op": "another operation than the command's",
+    "off_topic": "another host's signature, or another host named, on the replying host's topic",
+    "unauthorised": "a signature that does not check",
+    "malformed": "does not decode",
+}
+"""Why the controller refused a reply (run.json `agents.replies_refused`)."""
+_REFUSAL_OF_KIND = {"forged": "off_topic", "replayed": "replayed", "malformed": "malformed"}
+MAX_PENDING = 4096
+"""Commands per host kept waiting for their reply (replies that never came), and answered ids kept."""
 
 
 APPLIED_EVERY_NS = 50_000_000
@@ -262,12 +303,13 @@ class AgentHub:
         """This host's clock discipline (labctl.linux.timesync), for the daemon source of the clock model."""
         self.on_lost: Callable[[str], None] | None = None
         """Called with the reason when a started agent goes offline."""
-        # Command ids are random per hub: an agent that outlives a run caches replies by id (to answer
-        # QoS-1 duplicates), and a new run counting from 1 again would get the old run's answers.
-        self._next_id = secrets.randbits(48)
-        self._replies: dict[int, asyncio.Future[Reply]] = {}
-        self._sent_ops: dict[int, str] = {}
-        self._pings: dict[int, int] = {}
+        # A reply is matched only against the commands sent to the host that answers (decision 0072).
+        self._pending: dict[str, dict[int, _Pending]] = {host: {} for host in inventory.hosts}
+        self._answered: dict[str, OrderedDict[int, _Answered]] = {
+            host: OrderedDict() for host in inventory.hosts
+        }
+        self.replies_refused: Counter[str] = Counter()
+        self.duplicate_replies = 0  # answers to a command the hub sent again (a broker outage): expected
         self._outgoing: asyncio.Queue[_Outgoing] = asyncio.Queue()
         self._unacked: dict[int, _Outgoing] = {}  # handed to the client, no PUBACK yet: in send order
         self._keys = itertools.count()
@@ -347,6 +389,8 @@ class AgentHub:
                 "expired_commands": self.expired_commands,
                 "world": {"messages": self.world_messages, "items": self.world_items},
                 "rejected": self.rejections.as_dict(),
+                "replies_refused": {reason: self.replies_refused[reason] for reason in REFUSALS},
+                "duplicate_replies": self.duplicate_replies,
                 "identities": "per-host" if self.broker.per_host else "shared",
                 "agent_rejected": {
                     host: link.agent_rejections
@@ -431,6 +475,8 @@ class AgentHub:
                 self._unacked.clear()
             last_client = client
             for item in self._unexpired(batch):
+                if item.cmd_id is not None:
+                    self._count_send(item)
                 key = next(self._keys)
                 self._unacked[key] = item
                 # Tasks start in order, and each hands its packet to the client on its first step.
@@ -480,6 +526,17 @@ class AgentHub:
             await asyncio.sleep(0.005)
         return self._outgoing.empty() and not self._unacked
 
+    def _count_send(self, item: _Outgoing) -> None:
+        """One more answer may come to this command: an agent answers every copy it gets (acting once)."""
+        assert item.host is not None and item.cmd_id is not None
+        pending = self._pending[item.host].get(item.cmd_id)
+        if pending is not None:
+            pending.sends += 1
+            return
+        answered = self._answered[item.host].get(item.cmd_id)
+        if answered is not None:  # answered already, sent again (its PUBACK was lost with the connection)
+            answered.duplicates_left += 1
+
     def _unexpired(self, batch: list[_Outgoing]) -> list[_Outgoing]:
         now = now_ns()
         keep = [item for item in batch if item.expires_ns is None or item.expires_ns > now]
@@ -488,8 +545,8 @@ class AgentHub:
 
     # -- receive ------------------------------------------------------------------------------------------
     def _on_message(self, topic_name: str, payload: Any, t_rx: int) -> None:
+        parts = topic_name.split("/")
         try:
-            parts = topic_name.split("/")
             if len(parts) != 4 or parts[0] != "labctl" or parts[1] != self.lab:
                 raise Rejected("unauthorised", f"unexpected topic {topic_name}")
             link = self.links.get(parts[2])
@@ -517,6 +574,9 @@ class AgentHub:
                 raise Rejected("unauthorised", f"unexpected topic {topic_name}")
         except Rejected as r:
             self.rejections.add(r.kind, r.reason, topic_name)
+            if len(parts) == 4 and parts[3] == "reply":
+                refusal = r.refusal if isinstance(r, RefusedReply) else _REFUSAL_OF_KIND.get(r.kind, r.kind)
+                self.replies_refused[refusal] += 1
 
     def _on_status(self, link: HostLink, body: bytes, t_rx: int) -> None:
         """`online ID` (retained) or `offline ID` (the last will), ID naming the agent process. The same
@@ -599,21 +659,47 @@ class AgentHub:
         except msgspec.DecodeError as e:
             raise Rejected("malformed", f"reply: {e}") from None
         if reply.host != link.host:
-            raise Rejected("unauthorised", f"reply from {reply.host!r} on {link.host}'s topic")
+            raise RefusedReply(
+                "unauthorised", "off_topic", f"reply from {reply.host!r} on {link.host}'s topic"
+            )
         if link.probes_running and link.incarnation is not None and reply.incarnation != link.incarnation:
             # A new agent process answering (its `online` may not have reached us yet): a restart.
             self._lost(link, t_rx if link.offline_since is None else link.offline_since, "restarted")
-        if reply.op == "ping" and reply.id in self._pings:
-            self._pings[reply.id] = t_rx  # t4, stamped as the reply came off the socket
-        sent_op = self._sent_ops.pop(reply.id, reply.op)
-        if sent_op != reply.op:
-            log.warning(
-                "%s: dropped a reply to command %d: op %r, sent %r", link.host, reply.id, reply.op, sent_op
-            )
+        pending = self._pending[link.host]
+        sent = pending.get(reply.id)
+        if sent is None:
+            self._unmatched(link.host, reply)
             return
-        fut = self._replies.pop(reply.id, None)
-        if fut is not None and not fut.done():
-            fut.set_result(reply)
+        if sent.op != reply.op:  # refused, and the command still waits for its own answer
+            raise RefusedReply("forged", "wrong_op", f"a {reply.op} reply to a {sent.op} command")
+        del pending[reply.id]
+        answered = self._answered[link.host]
+        answered[reply.id] = _Answered(reply.op, max(0, sent.sends - 1))
+        while len(answered) > MAX_PENDING:
+            answered.popitem(last=False)
+        sent.t4 = t_rx  # (a ping's t4, stamped as the reply came off the socket)
+        if sent.future is not None and not sent.future.done():
+            sent.future.set_result(reply)
+
+    def _unmatched(self, host: str, reply: Reply) -> None:
+        """A reply to no command waiting on `host`: the expected answer to a command sent again, or
+        refused, saying why."""
+        answered = self._answered[host].get(reply.id)
+        if answered is not None:
+            if answered.op != reply.op:
+                raise RefusedReply("forged", "wrong_op", f"a {reply.op} reply to a {answered.op} command")
+            if answered.duplicates_left > 0:
+                answered.duplicates_left -= 1
+                self.duplicate_replies += 1
+                return
+            raise RefusedReply("replayed", "replayed", "a second reply to a command sent once")
+        if any(
+            reply.id in self._pending[other] or reply.id in self._answered[other]
+            for other in self.links
+            if other != host
+        ):
+            raise RefusedReply("forged", "forged", "a reply to a command sent to another host")
+        raise RefusedReply("forged", "unsolicited", "a reply to no command sent")
 
     def _still_offline(self, link: HostLink, since_ns: int) -> None:
         link.grace_timer = None
@@ -667,28 +753,39 @@ class AgentHub:
         stamp: Callable[[], dict[str, Any]] | None = None,
         expires_ns: int | None = None,
     ) -> int:
-        cmd_id = self._next_id
-        self._next_id += 1
-        self._sent_ops[cmd_id] = op
-        while len(self._sent_ops) > 4096:  # replies that never came
-            del self._sent_ops[next(iter(self._sent_ops))]
+        return self._send_command(host, op, args, stamp, expires_ns)[0]
+
+    def _send_command(
+        self,
+        host: str,
+        op: str,
+        args: dict[str, Any],
+        stamp: Callable[[], dict[str, Any]] | None = None,
+        expires_ns: int | None = None,
+        future: asyncio.Future[Reply] | None = None,
+    ) -> tuple[int, _Pending]:
+        # Random per command (not a counter): a host sees the ids of its own commands only, and no id
+        # of another host's follows from them (decision 0072); nor does an agent that outlives a run
+        # answer a new run's command from its reply cache. Collisions at 63 bits: none in practice.
+        cmd_id = secrets.randbits(63)
+        pending = self._pending[host]
+        sent = pending[cmd_id] = _Pending(op, future)
+        while len(pending) > MAX_PENDING:  # replies that never came
+            del pending[next(iter(pending))]
 
         def body() -> bytes:
             return _enc.encode(Command(id=cmd_id, op=op, args={**args, **(stamp() if stamp else {})}))
 
-        self._outgoing.put_nowait(_Outgoing(topic(self.lab, host, "cmd"), body, expires_ns, host))
-        return cmd_id
+        self._outgoing.put_nowait(_Outgoing(topic(self.lab, host, "cmd"), body, expires_ns, host, cmd_id))
+        return cmd_id, sent
 
     async def request(self, host: str, op: str, args: dict[str, Any], timeout_s: float = 10.0) -> Reply:
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        cmd_id = self.post(host, op, args, expires_ns=now_ns() + round(timeout_s * 1e9))
-        self._replies[cmd_id] = fut
+        self._send_command(host, op, args, expires_ns=now_ns() + round(timeout_s * 1e9), future=fut)
         try:
             reply = await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:
             raise HardwareError(f"agent {host}: no reply to {op} within {timeout_s:g} s") from None
-        finally:
-            self._replies.pop(cmd_id, None)
         if not reply.ok:
             raise HardwareError(f"agent {host}: {op} refused: {reply.error}")
         return reply
@@ -730,16 +827,14 @@ class AgentHub:
             return {"t1": sent["t1"]}
 
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        cmd_id = self.post(host, "ping", {}, stamp, expires_ns=now_ns() + round(timeout_s * 1e9))
-        self._replies[cmd_id] = fut
-        self._pings[cmd_id] = 0
+        _, pending = self._send_command(
+            host, "ping", {}, stamp, expires_ns=now_ns() + round(timeout_s * 1e9), future=fut
+        )
         try:
             reply = await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:
             return None
-        finally:
-            self._replies.pop(cmd_id, None)
-            t4 = self._pings.pop(cmd_id, 0)
+        t4 = pending.t4
         if not reply.ok or reply.t2 is None or reply.t3 is None or not t4:
             return None
         link = self.links[host]
