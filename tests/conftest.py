@@ -18,6 +18,17 @@ from labctl.analysis.invariants import check_file
 from labctl.core.events import EventLog
 from labctl.testing.mosquitto import Mosquitto
 from labctl.testing.support import IN_CI, require
+from tests.helpers.tiers import (
+    ROOT_GROUP,
+    alone_in_tier,
+    assign_groups,
+    lock_path,
+    make_scheduler,
+    remove_run_files,
+    run_id,
+    share_run_id,
+    write_groups,
+)
 
 __all__ = ["IN_CI", "REPO", "require"]  # `from tests.conftest import require` still works
 
@@ -109,6 +120,7 @@ def _runs_are_causal(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    share_run_id(config)
     # labctl's plugin, once: through its entry point where the installed labctl has one, else from here
     # (registering it under the entry point's name, so that `-p no:labctl` still turns it off).
     plugin = importlib.import_module("labctl.testing.plugin")
@@ -160,10 +172,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(tier)
         if needs_root:
             item.add_marker("root")
-            # Under pytest-xdist the root tests run one after another on one worker: they build network
-            # namespaces, veths in the root namespace and management subnets, which the fabric fixtures
-            # check for leaks against the whole machine.
-            item.add_marker(pytest.mark.xdist_group("root"))
+    # Under pytest-xdist the root tests run one after another on one worker: they build network namespaces,
+    # veths in the root namespace and management subnets, which the fabric fixtures check for leaks against
+    # the whole machine. One group mark per test, whatever its module says (tests/helpers/tiers.py).
+    assign_groups(items, lambda item: ROOT_GROUP if item.get_closest_marker("root") is not None else None)
+    write_groups(config, items)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` as tests/helpers/tiers.py schedules it (xdist's own needs private node ids)."""
+    return make_scheduler(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    remove_run_files(config)
+
+
+@pytest.fixture(autouse=True)
+def _root_tier_alone(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A root test fails at once if another root test runs beside it on another worker."""
+    if request.node.get_closest_marker("root") is None:
+        yield
+        return
+    with alone_in_tier(lock_path(run_id(request.config))):
+        yield
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -7,11 +7,14 @@ not need one work without it; a missing one is one line naming the extra to inst
 from __future__ import annotations
 
 import importlib
-import sys
+import importlib.metadata
+import json
 import warnings
 from types import ModuleType
+from urllib.parse import unquote, urlparse
 
 from labctl.core.errors import LabctlError
+from labctl.core.version import DISTRIBUTION
 
 
 class MissingExtra(LabctlError):
@@ -21,7 +24,25 @@ class MissingExtra(LabctlError):
         self.module = module
         self.extra = extra
         gone = f"{missing} is not installed" if missing and missing != module else "it is not installed"
-        super().__init__(f"{purpose} needs {module} ({gone}): pip install 'labctl[{extra}]'")
+        super().__init__(f"{purpose} needs {module} ({gone}): {install_hint(extra)}")
+
+
+def install_hint(extra: str) -> str:
+    """The pip line that adds `extra` to the labctl that is running: from the clone it was installed from
+    (editable), from its wheel, else by its distribution name (never `labctl`, an unrelated project there)."""
+    try:
+        direct = json.loads(
+            importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json") or "{}"
+        )
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        direct = {}
+    url = urlparse(str(direct.get("url", "")))
+    if url.scheme == "file" and url.path:
+        source = unquote(url.path)
+        if direct.get("dir_info", {}).get("editable"):
+            return f"pip install -e '{source}[{extra}]'"
+        return f"pip install '{source}[{extra}]'"
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
 
 
 def is_deprecation(category: type[Warning]) -> bool:
@@ -36,8 +57,6 @@ def quiet_import(module: str) -> ModuleType:
     """Import a third-party module without passing on the deprecation notices its import raises (e.g.
     asyncssh touching cryptography's DSA classes): they are for that module's authors, not for a labctl
     user, and under `-W error` they would fail the import. Any other warning is passed on as it was."""
-    if module in sys.modules:
-        return sys.modules[module]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         imported = importlib.import_module(module)
@@ -48,7 +67,7 @@ def quiet_import(module: str) -> ModuleType:
 
 
 def require(module: str, extra: str, purpose: str) -> ModuleType:
-    """Import `module` or raise MissingExtra: `<purpose> needs <module> …: pip install 'labctl[<extra>]'`."""
+    """Import `module` or raise MissingExtra: `<purpose> needs <module> …: pip install '…[<extra>]'`."""
     try:
         return quiet_import(module)
     except ImportError as e:

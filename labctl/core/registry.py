@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from labctl.core.errors import InputError, LabctlError
+from labctl.core.version import DISTRIBUTION
 
 SWITCH_DRIVERS: Mapping[str, str] = {
     "sim": "labctl.ocs.drivers.sim:DRIVER",
@@ -73,8 +74,6 @@ GROUPS: Mapping[str, Mapping[str, str]] = {
     "labctl.experiment_kinds": EXPERIMENT_KINDS,
 }
 """Entry-point group → labctl's built-in entries in it."""
-DISTRIBUTION = "labctl"
-"""labctl's own distribution: the package its built-ins come from."""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ def test_the_wheel_runs_the_builtin_experiment_from_an_empty_directory(tmp_path:
         text=True,
     )
     assert build.returncode == 0, build.stderr[-2000:]
-    (wheel,) = wheels.glob("labctl-*.whl")
+    (wheel,) = wheels.glob("labctl_ocs-*.whl")
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         # files, not links: a wheel carries what labctl/data's links point at

@@ -182,12 +182,12 @@ def test_event_kinds_are_named_constants_on_both_sides() -> None:
 
 
 def test_a_missing_optional_dependency_is_one_line_naming_the_extra() -> None:
-    from labctl.core.extras import MissingExtra, require
+    from labctl.core.extras import MissingExtra, install_hint, require
 
     with pytest.raises(MissingExtra) as info:
         require("labctl_test_no_such_module.sub", "netconf", "the NETCONF driver")
     assert str(info.value) == (
         "the NETCONF driver needs labctl_test_no_such_module.sub (labctl_test_no_such_module is not "
-        "installed): pip install 'labctl[netconf]'"
+        "installed): " + install_hint("netconf")
     )
     assert require("json", "none", "nothing").dumps([]) == "[]"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from labctl.core.extras import MissingExtra
+from labctl.core.extras import MissingExtra, install_hint
 from labctl.ocs.switches import switch_drivers
 
 
@@ -29,7 +29,7 @@ def test_without_ncclient_the_driver_names_the_extra(monkeypatch: pytest.MonkeyP
     with pytest.raises(MissingExtra) as caught:
         entry.open("ocs1", config, lambda e: None)
     assert str(caught.value) == (
-        "the polatis-netconf driver needs ncclient (it is not installed): pip install 'labctl[netconf]'"
+        "the polatis-netconf driver needs ncclient (it is not installed): " + install_hint("netconf")
     )
 
 

@@ -109,7 +109,7 @@ def test_pyproject_declares_exactly_the_builtin_tables() -> None:
 
 def test_the_builtins_come_from_labctl_with_its_version() -> None:
     for group, table in GROUPS.items():
-        own = {c.name: c for c in claims(group) if c.package == "labctl"}
+        own = {c.name: c for c in claims(group) if c.package == "labctl-ocs"}
         assert {name: c.target for name, c in own.items()} == dict(table), group
         assert {c.version for c in own.values()} == {__version__}
 
@@ -159,7 +159,7 @@ def test_a_plugins_driver_probe_and_lab_kind_are_found(site: Path, monkeypatch: 
         "status": "ok",
         "error": None,
     }
-    assert listed[("labctl.switch_drivers", "sim")]["package"] == "labctl"
+    assert listed[("labctl.switch_drivers", "sim")]["package"] == "labctl-ocs"
 
 
 def test_inventory_check_accepts_a_plugins_lab_kind(
@@ -241,7 +241,7 @@ def test_two_packages_claiming_a_name_is_an_error_naming_both(
     assert "fakeplugin 1.0 (fakeplugin_mod:SIM)" in str(caught.value)
     assert "otherplugin 2.0 (fakeplugin_mod:SIM)" in str(caught.value)
     with pytest.raises(
-        PluginConflict, match=rf"claimed by 2 packages: labctl {__version__} .* and otherplugin 2.0"
+        PluginConflict, match=rf"claimed by 2 packages: labctl-ocs {__version__} .* and otherplugin 2.0"
     ):
         switch_drivers.get("sim")  # a plugin claiming a built-in's name takes neither
     assert switch_drivers.get("polatis-tl1").name == "polatis-tl1"
@@ -251,7 +251,7 @@ def test_two_packages_claiming_a_name_is_an_error_naming_both(
     assert conflicts == [
         ("plugin-sim", "fakeplugin"),
         ("plugin-sim", "otherplugin"),
-        ("sim", "labctl"),
+        ("sim", "labctl-ocs"),
         ("sim", "otherplugin"),
     ]
     done = CliRunner().invoke(_app(), ["plugins", "--json"])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from labctl.core.errors import InputError
-from labctl.core.extras import MissingExtra
+from labctl.core.extras import MissingExtra, install_hint
 from labctl.emulators.power_meter import N77xxEmulator, Slot, SwitchLight
 from labctl.inventory.schema import load_inventory
 from labctl.labs import load
@@ -145,7 +145,7 @@ def test_missing_pyvisa_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         probe_kinds.get("power-meter").build(ProbeContext(SETTINGS, meters=[site]))
     assert str(caught.value) == (
         "the power-meter probe (Keysight N77xx over SCPI) needs pyvisa (it is not installed): "
-        "pip install 'labctl[scpi]'"
+        + install_hint("scpi")
     )
 
 

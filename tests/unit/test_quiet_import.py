@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.core.extras import is_deprecation, quiet_import, require
+from labctl.core.extras import install_hint, is_deprecation, quiet_import, require
 
 
 class VendorDeprecationWarning(UserWarning):
@@ -57,3 +57,17 @@ def test_the_import_drops_deprecations_and_passes_on_the_rest(
         warnings.simplefilter("always")
         assert quiet_import("labctl_test_noisy_vendor") is module
     assert again == []
+
+
+def test_the_install_hint_names_where_this_labctl_came_from() -> None:
+    """Never `pip install 'labctl[...]'`: that name on the public index is another project (issue 45)."""
+    import importlib.metadata
+    import json
+
+    hint = install_hint("netconf")
+    assert "'labctl[" not in hint
+    direct = json.loads(importlib.metadata.distribution("labctl-ocs").read_text("direct_url.json") or "{}")
+    if direct.get("dir_info", {}).get("editable"):  # this suite runs from a clone's editable install
+        assert hint == f"pip install -e '{Path(__file__).resolve().parents[2]}[netconf]'"
+    else:
+        assert hint.endswith("[netconf]'")

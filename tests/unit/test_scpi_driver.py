@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from labctl.core.extras import MissingExtra
+from labctl.core.extras import MissingExtra, install_hint
 from labctl.ocs.drivers.polatis_scpi import PolatisScpiConfig
 from labctl.ocs.switches import emulate_switch, switch_drivers
 from tests.helpers import scpi_driver as helpers
@@ -37,7 +37,7 @@ def test_without_pyvisa_the_driver_is_one_line_naming_the_extra(
         with pytest.raises(MissingExtra) as info:
             build()
         assert str(info.value) == (
-            f"the Polatis SCPI driver needs {module} (it is not installed): pip install 'labctl[scpi]'"
+            f"the Polatis SCPI driver needs {module} (it is not installed): " + install_hint("scpi")
         )
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from labctl.core.errors import HardwareError
-from labctl.core.extras import MissingExtra
+from labctl.core.extras import MissingExtra, install_hint
 from labctl.ocs.drivers.dicon_serial.port import LineSettings
 from labctl.ocs.drivers.dicon_serial.switch import DiconSerialSwitch
 from tests.helpers import serial_driver as helpers
@@ -49,6 +49,6 @@ async def test_missing_pyserial_is_one_line_naming_the_extra(monkeypatch: pytest
     with pytest.raises(MissingExtra) as info:
         await switch.connect()
     assert str(info.value) == (
-        "the DiCon serial switch driver needs serial (it is not installed): pip install 'labctl[serial]'"
+        "the DiCon serial switch driver needs serial (it is not installed): " + install_hint("serial")
     )
     assert not serial_threads()
