@@ -95,7 +95,10 @@ def conf_text(
         "set_tcp_nodelay true",
     ]
     for host, port in listeners:
-        lines += ["", f"listener {port} {host}"]
+        # Each client's id is its user (decision 0072): an agent host cannot connect under the controller's
+        # client id and end its session (the broker drops the older of two equal ids). A listener option:
+        # before any `listener` line it would open mosquitto's default listener on port 1883.
+        lines += ["", f"listener {port} {host}", "use_username_as_clientid true"]
         if tls is not None:
             lines += [f"certfile {tls.cert_file}", f"keyfile {tls.key_file}"]
             if tls.ca_file is not None:

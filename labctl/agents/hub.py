@@ -317,6 +317,7 @@ class AgentHub:
         self._world_pending: list[WorldItem] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._client: aiomqtt.Client | None = None
+        self.client_id: str | None = None  # the MQTT client id of the latest connection
         self._last_error: aiomqtt.MqttError | None = None
         self._refused = asyncio.Event()
         self._refusal: str | None = None  # the one line for a login or TLS failure
@@ -413,7 +414,8 @@ class AgentHub:
     async def _connection(self) -> None:
         while True:
             try:
-                ident = f"labctl-controller-{self.lab}-{os.getpid()}-{secrets.token_hex(3)}"
+                # (A broker with `use_username_as_clientid` replaces it with the controller's user.)
+                ident = self.client_id = f"labctl-controller-{self.lab}-{os.getpid()}-{secrets.token_hex(3)}"
                 async with self.broker.client(ident) as client:
                     client.pending_calls_threshold = PENDING_PUBLISH_WARNING
                     for leaf in ("events", "reply", "status"):

@@ -8,8 +8,11 @@ labctl imports, and no other labctl module imports this package (tests/unit/test
   harnesses (`MODEL_PORTS`, `SWITCH_MONITOR`, `VETH_PAIR`, ... and `HARNESSES` by probe) are in
   labctl.testing.harnesses.
 - labctl.testing.plugin: the pytest plugin (the `labctl` pytest11 entry point) with the fixtures
-  `labctl_no_leaked_tasks`, `labctl_sim_lab`, `labctl_emulator`, `labctl_mosquitto`, `labctl_kernel_fabric`.
+  `labctl_no_leaked_tasks`, `labctl_sim_lab`, `labctl_emulator`, `labctl_mosquitto`, `labctl_kernel_fabric`,
+  `labctl_adversarial_agent`.
 - `Mosquitto` (a private broker), `require` (skip, or fail in labctl's CI).
+- `AdversarialAgent` (labctl.testing.adversary): an agent holding one host's credentials that runs honestly
+  for its host and forges replies for the others (the `labctl_adversarial_agent` fixture starts one).
 
 The names below are imported on first use (PEP 562): importing the plugin loads none of the suites.
 """
@@ -41,11 +44,13 @@ _EXPORTS = {
     "VETH_PAIR_WINDOW": "labctl.testing.harnesses",
     "RDMA_DEVICE": "labctl.testing.harnesses",
     "Mosquitto": "labctl.testing.mosquitto",
+    "AdversarialAgent": "labctl.testing.adversary",
     "require": "labctl.testing.support",
     "IN_CI": "labctl.testing.support",
 }
 
 if TYPE_CHECKING:
+    from labctl.testing.adversary import AdversarialAgent
     from labctl.testing.harnesses import (
         HARNESSES,
         MODEL_PORTS,
@@ -84,6 +89,7 @@ __all__ = [
     "VETH_PAIR",
     "VETH_PAIR_RC",
     "VETH_PAIR_WINDOW",
+    "AdversarialAgent",
     "Harness",
     "Mosquitto",
     "ProbeContract",

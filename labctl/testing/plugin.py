@@ -12,6 +12,8 @@ labctl has these fixtures (nothing is autouse: a project that does not ask for t
   SwitchModel on a free 127.0.0.1 port: a `ServedEmulator` (model, emulator, address, users).
 - `labctl_mosquitto`: a mosquitto broker of this session on a free 127.0.0.1 port (`.url`), skipped where
   mosquitto is not installed.
+- `labctl_adversarial_agent`: `await labctl_adversarial_agent(inventory, host)` runs an `AdversarialAgent`
+  (labctl.testing.adversary): honest for `host`, forging replies for every other host.
 - `labctl_kernel_fabric`: `await labctl_kernel_fabric(inventory)` brings an inventory's kernel fabric up
   (network namespaces, veth NICs, tc cross-connects) following one SwitchModel per switch: a
   `KernelFabricRig`. Root and Linux only (skipped otherwise); torn down, and checked for leftovers, always.
@@ -31,7 +33,7 @@ import random
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from labctl.ocs.protocol import OpticalSwitch
     from labctl.ocs.switches import Emulator
     from labctl.probes.sampling import ProbeSettings
+    from labctl.testing.adversary import AdversarialAgent
     from labctl.testing.mosquitto import Mosquitto
 
 __all__ = [
@@ -62,6 +65,7 @@ __all__ = [
     "KernelFabricRig",
     "ServedEmulator",
     "SimLab",
+    "labctl_adversarial_agent",
     "labctl_emulator",
     "labctl_kernel_fabric",
     "labctl_mosquitto",
@@ -270,6 +274,53 @@ def labctl_mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosqu
         yield broker
     finally:
         broker.stop()
+
+
+# -- a hostile agent host ------------------------------------------------------------------------------------
+AdversaryFactory = Callable[..., Awaitable["AdversarialAgent"]]
+
+
+@async_fixture(loop_scope="function")
+async def labctl_adversarial_agent() -> AsyncIterator[AdversaryFactory]:
+    """`await labctl_adversarial_agent(inventory, host, *, leaked_ids=None, guesses=2)`: an
+    `AdversarialAgent` for `host` (`inventory`: an Inventory or a path; a lab kind with agents, its broker
+    running), connected. It logs in and signs with `host`'s own identity only (its secret in the
+    environment, decision 0067). Afterwards each one is stopped and its task awaited."""
+    from labctl.agents.broker import BrokerSettings
+    from labctl.inventory.schema import Inventory, load_inventory
+    from labctl.testing.adversary import AdversarialAgent
+
+    running: list[tuple[AdversarialAgent, asyncio.Task[None]]] = []
+
+    async def start(
+        inventory: Inventory | Path | str,
+        host: str,
+        *,
+        leaked_ids: Callable[[], Iterable[tuple[int, str]]] | None = None,
+        guesses: int = 2,
+        connect_timeout_s: float = 10.0,
+    ) -> AdversarialAgent:
+        inv = inventory if isinstance(inventory, Inventory) else load_inventory(Path(inventory))
+        settings = BrokerSettings.from_inventory(inv, identity=host)
+        agent = AdversarialAgent(inv, host, settings, leaked_ids=leaked_ids, guesses=guesses)
+        task = asyncio.create_task(agent.run(), name=f"labctl-adversary:{host}")
+        running.append((agent, task))
+        connected = asyncio.ensure_future(agent.connected.wait())
+        await asyncio.wait([connected, task], timeout=connect_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if not connected.done():
+            connected.cancel()
+            if task.done():
+                task.result()  # its own error (a refused login names the host)
+            raise TimeoutError(f"adversarial agent {host} did not connect within {connect_timeout_s:g} s")
+        return agent
+
+    try:
+        yield start
+    finally:
+        for agent, task in reversed(running):
+            if not task.done():
+                agent.stop()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 # -- a kernel fabric -----------------------------------------------------------------------------------------
