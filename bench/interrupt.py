@@ -7,11 +7,21 @@ log ends with `run.end` after a restore of the baseline. The peer is the run's o
 figure to beat is 1.5 s (issue 25), whatever the experiment's length.
 
     python3 bench/interrupt.py --tries 10          # 10 SIGINT, 10 SIGTERM
+
+`--bursts N` measures repeated signals instead (issue 45, decision 0073): N runs of the fast profile, each
+sent a burst of 2-3 signals (all SIGINT or all SIGTERM, BURST_GAP_S apart) at a random moment: half in the
+first 1.2 s (imports, start-up, the baseline), half anywhere in an undisturbed run's length. It prints each
+burst and counts what must never happen: a traceback (or asyncio's "Exception ignored") on the terminal, a
+run.json left `running` by a process that exited, a switch left off the baseline with nothing saying so
+(run.json `switch_state` and the run's output), an exit code other than 130, a process still alive 60 s on.
+
+    python3 bench/interrupt.py --bursts 60
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -66,12 +76,174 @@ def one_try(sig: signal.Signals, out: Path, rng: random.Random, profile: str) ->
     return {"signal": sig.name, "exit_s": exit_s, "code": code, "clean": clean}
 
 
+BURST_GAP_S = 0.03
+EARLY_S = 1.2
+"""Half the bursts land in a run's first EARLY_S (imports, start-up, the baseline)."""
+EXIT_S = 60.0
+
+
+def run_command(out: Path, seed: int, *, plots: bool = True, profile: str = "fast") -> list[str]:
+    return [
+        sys.executable, "-m", "labctl.cli", "run", str(REPO / "experiments/reconfig-timeline.yaml"),
+        "--inventory", str(REPO / "inventory.yaml"), "--profile", profile, "--out", str(out),
+        "--seed", str(seed), *([] if plots else ["--no-plots"]),
+    ]  # fmt: skip
+
+
+def burst(
+    out: Path, seed: int, delay_s: float, signals: list[signal.Signals], *, plots: bool = True
+) -> dict[str, object]:
+    """One run sent `signals`, BURST_GAP_S apart, `delay_s` after it started; what it left, judged."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        run_command(out, seed, plots=plots),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    time.sleep(delay_s)
+    sent = 0
+    for n, sig in enumerate(signals):
+        if n:
+            time.sleep(BURST_GAP_S)
+        if proc.poll() is not None:
+            break
+        proc.send_signal(sig)
+        sent += 1
+    hung = False
+    try:
+        stdout, stderr = proc.communicate(timeout=EXIT_S)
+    except subprocess.TimeoutExpired:
+        hung = True
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    return judge(out, proc.returncode, stdout, stderr, sent=sent, hung=hung)
+
+
+@functools.cache
+def baseline_patches() -> dict[str, set[tuple[int, int]]]:
+    """Per switch, the experiment's baseline patches and the run's ports (from labctl, as the run works them
+    out)."""
+    from labctl.inventory.schema import load_inventory
+    from labctl.inventory.topology import rail_scope
+    from labctl.run.experiment import build_plan, load_experiment
+
+    inventory = load_inventory(REPO / "inventory.yaml")
+    spec, src = load_experiment(REPO / "experiments/reconfig-timeline.yaml")
+    plan = build_plan(spec, inventory, src)
+    wanted: dict[str, set[tuple[int, int]]] = {}
+    for rail, rp in plan.phases[spec.baseline].items():
+        wanted.setdefault(rp.switch, set()).update(rp.mapping)
+        wanted.setdefault(f"{rp.switch}/scope", set()).update((p, p) for p in rail_scope(inventory, rail))
+    return wanted
+
+
+def judge(out: Path, code: int, stdout: str, stderr: str, *, sent: int, hung: bool) -> dict[str, object]:
+    """What a run sent `sent` signals left: its exit code, any traceback, its run.json, and whether each
+    switch ended on the baseline (its last `ocs.read` in events.jsonl) or, where not, whether both
+    run.json `switch_state` and the output say so."""
+    text = stdout + stderr
+    r: dict[str, object] = {
+        "code": code,
+        "sent": sent,
+        "hung": hung,
+        "traceback": "Traceback" in text or "Exception ignored" in text,
+        "status": None,
+        "left_running": False,
+        "off_baseline": [],
+        "silent": [],
+        "output": text,
+    }
+    run_dir = next((d for d in out.glob("*/") if (d / "run.json").is_file()), None)
+    if run_dir is None:  # stopped before its directory existed
+        return r
+    meta = json.loads((run_dir / "run.json").read_text())
+    r["status"] = meta.get("status")
+    r["left_running"] = meta.get("status") == "running"
+    wanted = baseline_patches()
+    reads: dict[str, set[tuple[int, int]]] = {}
+    for line in (run_dir / "events.jsonl").read_text().splitlines():
+        if '"kind":"ocs.read"' in line:
+            event = json.loads(line)
+            reads[event["source"].removeprefix("ocs:")] = {(a, b) for a, b in event["meta"]["patches"]}
+    state = meta.get("switch_state") or {}
+    for switch in (k for k in wanted if "/" not in k):
+        scope = {p for p, _ in wanted[f"{switch}/scope"]}
+        held = reads.get(switch)
+        on = held is not None and {p for p in held if p[0] in scope or p[1] in scope} == wanted[switch]
+        if on:
+            continue
+        r["off_baseline"].append(switch)  # type: ignore[attr-defined]
+        recorded = state.get(switch, {}).get("on_baseline") is not True
+        said = f"switch {switch} " in stdout + stderr and "baseline" in stdout + stderr
+        if not (recorded and said):
+            r["silent"].append(switch)  # type: ignore[attr-defined]
+    return r
+
+
+def bursts(n: int, seed: int) -> None:
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.monotonic()
+        calibration = subprocess.run(
+            run_command(Path(tmp) / "calibration", 0), capture_output=True, text=True, check=False,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        length = time.monotonic() - t0
+        print(f"an undisturbed run: {length:.1f} s (exit {calibration.returncode})", flush=True)
+        results = []
+        for k in range(n):
+            delay = rng.uniform(0, EARLY_S) if k % 2 == 0 else rng.uniform(0, length)
+            sig = rng.choice([signal.SIGINT, signal.SIGTERM])
+            signals = [sig] * rng.choice([2, 3])
+            r = burst(Path(tmp) / f"burst-{k}", rng.randrange(2**32), delay, signals)
+            results.append(r)
+            bad = [
+                what
+                for what, yes in (
+                    ("TRACEBACK", r["traceback"]),
+                    ("LEFT RUNNING", r["left_running"]),
+                    ("SILENT OFF-BASELINE", r["silent"]),
+                    ("HUNG", r["hung"]),
+                    (f"EXIT {r['code']}", r["sent"] and r["code"] != 130),
+                )
+                if yes
+            ]
+            print(
+                f"burst {k + 1:>3}: {len(signals)}x {sig.name} at {delay:5.2f} s ({r['sent']} sent): exit "
+                f"{r['code']}, status {r['status']}"
+                + (f", off the baseline (said): {r['off_baseline']}" if r["off_baseline"] else "")
+                + (f"  {' '.join(bad)}" if bad else ""),
+                flush=True,
+            )
+            if r["traceback"]:
+                print("    " + str(r["output"]).strip().replace("\n", "\n    "), flush=True)
+    counts = {
+        "tracebacks": sum(bool(r["traceback"]) for r in results),
+        "left running": sum(bool(r["left_running"]) for r in results),
+        "silent non-baseline endings": sum(bool(r["silent"]) for r in results),
+        "hung": sum(bool(r["hung"]) for r in results),
+        "exit code not 130": sum(bool(r["sent"]) and r["code"] != 130 for r in results),
+    }
+    said = sum(bool(r["off_baseline"]) and not r["silent"] for r in results)
+    early = sum(1 for k in range(n) if k % 2 == 0)
+    print(f"\n{n} bursts ({early} in the first {EARLY_S} s): " + ", ".join(f"{v} {k}" for k, v in counts.items())
+          + f"; {said} ended off the baseline and said so")  # fmt: skip
+    for what, value in counts.items():
+        record("interrupt", f"signal bursts: {what}", value, f"of {n}", goal="0")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tries", type=int, default=10, help="tries per signal (SIGINT and SIGTERM)")
     ap.add_argument("--profile", default="opus-testbed")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--bursts", type=int, default=0, help="measure N bursts of repeated signals instead")
     args = ap.parse_args()
+    if args.bursts:
+        bursts(args.bursts, args.seed)
+        return
     rng = random.Random(args.seed)
     results = []
     with tempfile.TemporaryDirectory() as tmp:

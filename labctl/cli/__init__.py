@@ -15,6 +15,10 @@ import os
 import sys
 from typing import Annotated
 
+# First: a `labctl` process handles SIGINT/SIGTERM from here on, before typer and rich load (decision 0073).
+from labctl.cli import signals
+
+# isort: split
 import typer
 
 from labctl.cli.common import EXIT_ABORTED, err, out
@@ -79,6 +83,7 @@ def _permission_hint(e: PermissionError) -> str:
 
 def main() -> None:
     """Console entry point: bad input is one line on stderr and exit code 2, never a traceback."""
+    signals.for_command(sys.argv[1:])
     try:
         # With standalone_mode=False click returns the code of a typer.Exit instead of raising it.
         code = app(standalone_mode=False)

@@ -309,23 +309,36 @@ def stall_lines(probes: dict[str, Any]) -> list[str]:
     return lines
 
 
-async def _run_with_signals(coro: Any, progress: RichProgress) -> Any:
-    """Run the main coroutine; first SIGINT/SIGTERM cancels it (the controller restores the baseline),
-    a second one abandons the restore."""
+class _Signals:
+    """The signals `labctl run`'s loop received, and what each did (decision 0006, 0073)."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.first: str | None = None
+
+
+async def _run_with_signals(coro: Any, progress: RichProgress, signals: _Signals) -> Any:
+    """Run the main coroutine; the first SIGINT/SIGTERM cancels it (the controller restores the baseline),
+    a second one abandons the restore (the run then records what each switch holds, and how to restore it);
+    later ones are said and ignored. Once the loop's handlers are gone again, labctl.cli.signals' take over:
+    the run is on record by then."""
     import asyncio
     import signal
 
+    from labctl.cli import signals as guard
+
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(coro)
-    hits = 0
 
     def on_signal(name: str) -> None:
-        nonlocal hits
-        hits += 1
-        if hits == 1:
+        signals.hits += 1
+        signals.first = signals.first or name
+        if signals.hits == 1:
             progress.message(f"[yellow]{name}: stopping; restoring the baseline (send again to abandon)[/]")
-        elif hits == 2:
-            progress.message(f"[red]{name}: abandoning the baseline restore[/]")
+        elif signals.hits == 2:
+            progress.message(
+                f"[red]{name}: abandoning the baseline restore; the run records what each switch holds[/]"
+            )
         else:  # the controller ignores more: it is closing switches and writing the run directory
             progress.message(f"[red]{name}: finishing the run directory (SIGKILL stops at once)[/]")
             return
@@ -338,6 +351,61 @@ async def _run_with_signals(coro: Any, progress: RichProgress) -> Any:
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        # What is left (the loop's close, the summary printed) is not the run's: one line, then exit 130.
+        guard.guard(guard.Stage.NOTE, "{name}: the run is over and on record; exiting after its summary")
+
+
+def switch_lines(state: dict[str, Any]) -> list[str]:
+    """A line per switch not known to be on the run's baseline at its end: what it holds and how to put it
+    back (run.json `switch_state`)."""
+    lines = []
+    for name, entry in state.items():
+        if entry.get("on_baseline"):
+            continue
+        baseline = entry.get("baseline")
+        held, wanted = entry.get("holds") or [], entry.get("baseline_patches") or []
+        counts = f"{len(held)} patches on the run's ports, the baseline {len(wanted)}"
+        if entry.get("on_baseline") is False and not entry.get("written"):
+            what = (
+                f"switch {name} is NOT on the baseline {baseline!r}: the run stopped before writing it, and "
+                f"it holds what it held before: {counts} (run.json switch_state)"
+            )
+        elif entry.get("on_baseline") is False:
+            what = (
+                f"switch {name} is NOT on the baseline {baseline!r}: it holds {counts} (run.json "
+                "switch_state)"
+            )
+        elif not entry.get("written"):
+            what = (
+                f"switch {name} was not written by this run ({entry.get('read')}): it may not be on the "
+                f"baseline {baseline!r}"
+            )
+        else:
+            what = f"what switch {name} holds is unknown ({entry.get('read')}): it may not be on {baseline!r}"
+        if entry.get("in_process"):
+            what += "; it was this process's simulated switch and ended with it"
+        elif entry.get("restore"):
+            what += f"; to restore it: {entry['restore']}"
+        lines.append(what)
+    return lines
+
+
+def input_lines(experiment: Path, inventory: Path) -> list[str]:
+    """The run's first lines: the experiment and inventory files it uses, and where the inventory is the
+    built-in lab because this directory has none (labctl.core.shipped)."""
+    from labctl.core.shipped import DEFAULT_INVENTORY, builtin_inventory
+
+    lines = [f"experiment: {experiment.resolve()}"]
+    if inventory.resolve() == builtin_inventory().resolve():
+        why = (
+            f"no {DEFAULT_INVENTORY} in {Path.cwd()}"
+            if not DEFAULT_INVENTORY.exists()
+            else "given with --inventory"
+        )
+        lines.append(f"inventory: {inventory.resolve()} (the built-in simulated lab: {why})")
+    else:
+        lines.append(f"inventory: {inventory.resolve()}")
+    return lines
 
 
 def run(
@@ -393,7 +461,10 @@ def run(
     if dry_run:
         _dry_run(experiment, inventory, profile)
         return
+    for line in input_lines(experiment, inventory):
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
     progress = RichProgress()
+    signals = _Signals()
     try:
         outcome = asyncio.run(
             _run_with_signals(
@@ -409,11 +480,12 @@ def run(
                     rt_priority=rt_priority,
                 ),
                 progress,
+                signals,
             )
         )
-    except asyncio.CancelledError:
+    except asyncio.CancelledError:  # stopped before its run directory existed
         progress.stop()
-        err.print("[red]aborted[/]")
+        err.print(f"[red]aborted: {signals.first or 'signal'} before the run started; nothing was changed[/]")
         raise typer.Exit(EXIT_ABORTED) from None
     finally:
         progress.stop()
@@ -443,9 +515,15 @@ def run(
     for line in kind_lines:  # what the experiment kind adds (a replay's step times and stall)
         out.print(line, highlight=False)
     out.print(f"status: [bold]{outcome.status}[/]" + (f" ({outcome.error})" if outcome.error else ""))
-    if outcome.status == "aborted":
-        if not no_plots and outcome.summary.get("rows"):
-            out.print(f"figures: not drawn for an aborted run; `labctl plot {outcome.run_dir}` draws them")
+    for line in switch_lines(outcome.switch_state):
+        out.print(f"[red]{line}[/]", highlight=False)
+    if outcome.figures_interrupted:
+        out.print(f"figures: not drawn (interrupted); `labctl plot {outcome.run_dir}` draws them")
+    elif outcome.status == "aborted" and not no_plots and outcome.summary.get("rows"):
+        out.print(f"figures: not drawn for an aborted run; `labctl plot {outcome.run_dir}` draws them")
+    from labctl.cli import signals as guard
+
+    if outcome.status == "aborted" or signals.hits or guard.noted():
         raise typer.Exit(EXIT_ABORTED)
     if outcome.status != "completed":
         raise typer.Exit(1)

@@ -83,6 +83,8 @@ class RunEngine:
         self._restoring = False
         self._abandon_restore = False
         self._connected: list[Any] = []
+        self.final_state: dict[str, frozenset[tuple[int, int]] | str] = {}
+        """Switch → the patches it held at the end (read back), or why that is not known."""
         self._force_restore = False  # a write was cut short: what the switches hold is not known here
         self._gpu: Any = None
         self._roles: _ProbeRoles | None = None
@@ -441,9 +443,49 @@ class RunEngine:
         """Record what every switch holds at the end (an `ocs.read` event per switch)."""
         for sw in self._connected:
             try:
-                await sw.get_mapping()
+                got = await sw.get_mapping()
             except (Exception, asyncio.CancelledError) as e:
+                self.final_state[sw.name] = f"final read-back failed: {e!r}"
                 self.events.emit(now_ns(), Kind.OCS_ERROR, f"ocs:{sw.name}", f"final read-back failed: {e!r}")
+            else:
+                self.final_state[sw.name] = frozenset((int(a), int(b)) for a, b in got.value)
+
+    def switch_state(self) -> dict[str, dict[str, Any]]:
+        """Per switch of the plan's rails, what it holds on the run's ports at the end against the baseline
+        (run.json `switch_state`): `on_baseline` true, false, or None where not known (never connected, the
+        read-back failed: `read` says why); where not true, the baseline's patches and scope, which `labctl
+        ocs apply` takes as a mapping file. `written`: whether this run sent the switches anything;
+        `in_process`: a switch that lived in this process (a model), whose state ends with it."""
+        wanted: dict[str, tuple[set[tuple[int, int]], set[int]]] = {}
+        for rail, rp in self.plan.phases[self.plan.baseline].items():
+            patches, scope = wanted.setdefault(rp.switch, (set(), set()))
+            patches.update(rp.mapping)
+            scope.update(rail_scope(self.inventory, rail))
+        state: dict[str, dict[str, Any]] = {}
+        for name, (patches, scope) in sorted(wanted.items()):
+            spec = self.inventory.switches.get(name)
+            entry: dict[str, Any] = {
+                "baseline": self.plan.baseline,
+                "written": self.rails.touched,
+                # the lab's own model (the sim driver, or an emulator the lab served): it ends with the run
+                "in_process": bool(spec is not None and spec.over_model),
+            }
+            held = self.final_state.get(name)
+            if held is None:
+                entry.update(
+                    on_baseline=None, holds=None, read="never connected: it holds what it held before"
+                )
+            elif isinstance(held, str):
+                entry.update(on_baseline=None, holds=None, read=held)
+            else:
+                mine = sorted(p for p in held if p[0] in scope or p[1] in scope)
+                entry.update(on_baseline=set(mine) == patches, holds=[list(p) for p in mine], read="ocs.read")
+            if not entry["on_baseline"]:
+                entry.update(
+                    baseline_patches=[list(p) for p in sorted(patches)], baseline_scope=sorted(scope)
+                )
+            state[name] = entry
+        return state
 
     async def run(self) -> tuple[str, str | None]:
         """Returns (status, error), whatever happens to the caller.
@@ -466,6 +508,11 @@ class RunEngine:
                 if current is None:
                     raise
                 current.uncancel()
+                if work.cancelled():  # stopped before it began: nothing was started, nothing to undo
+                    error = "interrupted by signal"
+                    self.events.emit(now_ns(), Kind.RUN_ABORT, "controller", error)
+                    self.lab.close()
+                    return "aborted", error
                 if work.done():  # finished as the signal came: its outcome stands
                     return work.result()
                 cancels += 1

@@ -8,13 +8,15 @@ run ended.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import secrets
-from collections.abc import Callable, Sequence
+import shlex
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from labctl.analysis.catalog import write_record
 from labctl.analysis.pool import FigureWorkers
@@ -32,6 +34,7 @@ from labctl.run.experiment import compile_experiment, experiment_kinds
 from labctl.run.steps import ProgressSink, Stage
 
 log = logging.getLogger("labctl.run")
+T = TypeVar("T")
 
 TIMELINE_AHEAD_AFTER = 3
 """Reconfigurations done (the baseline's counted) after which the figure workers draw the timeline: it shows
@@ -47,6 +50,11 @@ class RunOutcome:
     events: int = 0
     kind: str = DEFAULT_EXPERIMENT_KIND
     """The experiment kind that ran (its entry prints its own lines: `ExperimentKind.summary_lines`)."""
+    switch_state: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """run.json `switch_state`: per switch, what it holds at the end against the baseline, and (where not
+    on it) how to put it back (`restore`)."""
+    figures_interrupted: bool = False
+    """A signal came during the analysis of a finished run: its summary is written, its figures are not."""
 
 
 class _FiguresAhead:
@@ -99,6 +107,51 @@ def _git_describe() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
+
+
+def restore_file(run_dir: Path, switch: str) -> Path:
+    """The mapping file (`labctl ocs apply`) that puts `switch` back on the run's baseline."""
+    return run_dir / f"baseline-{switch}.yaml"
+
+
+def _switch_state(engine: RunEngine, run_dir: Path, inventory_path: Path) -> dict[str, dict[str, Any]]:
+    """The engine's `switch_state`, each switch not known to be on the baseline with its restore: a mapping
+    file in the run directory (JSON, which is YAML) and the `labctl ocs apply` command that applies it."""
+    state = engine.switch_state()
+    for name, entry in state.items():
+        if entry["on_baseline"]:
+            continue
+        path = restore_file(run_dir, name)
+        try:
+            write_json_atomic(path, {"patches": entry["baseline_patches"], "scope": entry["baseline_scope"]})
+        except OSError as e:
+            entry["restore"] = f"could not write {path.name}: {e.strerror}"
+            continue
+        entry["restore"] = (
+            f"labctl ocs apply {shlex.quote(str(path))} --switch {shlex.quote(name)} "
+            f"--inventory {shlex.quote(str(inventory_path))}"
+        )
+    return state
+
+
+async def _to_the_end(aw: Awaitable[T]) -> T:
+    """`aw` awaited to its end whatever cancels this task meanwhile (each is absorbed): for what must not be
+    left half done (stopping worker processes)."""
+    task = asyncio.ensure_future(aw)
+    while True:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            _absorb_cancel()
+
+
+def _absorb_cancel() -> None:
+    """This task handled a cancellation itself: clear it, so later awaits are not cancelled."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 def _write_catalog_record(run_dir: Path) -> None:
@@ -197,20 +250,34 @@ async def run_experiment(
     workers = FigureWorkers()
     engine_progress = _FiguresAhead(progress, lambda what: workers.ahead(what, run.path, threshold, formats))
     engine = RunEngine(plan, inventory, lab, events, engine_progress)
+    # From here on a signal (the CLI cancels this task) never leaves run.json `running`: before the engine
+    # runs it aborts the run here; the engine absorbs its own (decision 0006); after it, the record is final
+    # and what is left (analysis, figures, stopping the workers) finishes or is cut short, never half done.
     try:
-        if formats:
-            await workers.start()
-        progress.started(run.path, len(plan.steps))
-        status: str = "failed"
-        error: str | None = "the run engine did not finish"
+        status: str = "aborted"
+        error: str | None = "interrupted by signal before the experiment started"
+        ran = False
         try:
+            if formats:
+                await workers.start()
+            progress.started(run.path, len(plan.steps))
+            ran = True
+            status, error = "failed", "the run engine did not finish"
             with sched.realtime(rt_priority) as scheduling:
                 if scheduling is not None:
                     run.update(scheduling=scheduling)
                 status, error = await engine.run()
+        except asyncio.CancelledError:
+            if ran:  # the engine absorbs every cancellation: not reached
+                raise
+            _absorb_cancel()
+            events.emit(now_ns(), Kind.RUN_ABORT, "controller", error)
         finally:
+            if not ran:
+                lab.close()
             events.emit(now_ns(), Kind.RUN_END, "controller", status, meta={"error": error})
             events.close()
+            switch_state = _switch_state(engine, run.path, inventory_path)
             run.update(
                 status=status,
                 error=error,
@@ -219,20 +286,31 @@ async def run_experiment(
                 drops=dict(engine.drops),
                 probes={p.name: p.stats() for p in lab.probes if hasattr(p, "stats")},
                 loop_lag_ns=engine.loop_lag.stats(),
+                switch_state=switch_state,
                 **{**lab.meta, "time_sync": {**run.meta["time_sync"], **lab.meta.get("time_sync", {})}},
             )
-        outcome = RunOutcome(run.path, status, error, events=events.count, kind=kind.name)
+        outcome = RunOutcome(
+            run.path, status, error, events=events.count, kind=kind.name, switch_state=switch_state
+        )
         # What the kind's steps produced (a replay's per-step CSVs), kept even for a run that failed midway.
         sections = kind.record(run.path, engine.results)
         if sections:
             run.update(**sections)
         try:
+            summary = None
             if formats and status != "aborted":
-                outcome.summary = await workers.analyse(run.path, threshold, formats)
-            else:  # an aborted run stops now: no figures (`labctl plot RUN` draws them)
+                try:
+                    summary = await workers.analyse(run.path, threshold, formats)
+                except asyncio.CancelledError:  # stop drawing: the summary below, without figures
+                    _absorb_cancel()
+                    await _to_the_end(workers.close())
+                    outcome.figures_interrupted = True
+                    run.update(figures="not drawn: interrupted by a signal during the analysis")
+            if summary is None:  # an aborted run stops now: no figures (`labctl plot RUN` draws them)
                 from labctl.analysis.summary import analyse
 
-                outcome.summary = analyse(run.path, threshold, plot_formats=())
+                summary = analyse(run.path, threshold, plot_formats=())
+            outcome.summary = summary
             if sections:
                 outcome.summary.update(sections)
                 write_json_atomic(run.path / "summary.json", outcome.summary)
@@ -250,4 +328,5 @@ async def run_experiment(
         _write_catalog_record(run.path)
         return outcome
     finally:
-        await workers.close()
+        # Always to its end, whatever more signals come: a worker left unreaped would outlive the loop.
+        await _to_the_end(workers.close())
