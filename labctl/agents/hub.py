@@ -261,6 +261,22 @@ REFUSALS = {
     "malformed": "does not decode",
 }
 """Why the controller refused a reply (run.json `agents.replies_refused`)."""
+
+
+def refused_replies_line(agents: dict[str, Any]) -> str | None:
+    """For the end of a run (run.json `agents`): the replies the controller refused, by reason; None if
+    none. Each is an agent's answer to no command sent to it: a host answering for another, a replay."""
+    refused = {reason: n for reason, n in (agents.get("replies_refused") or {}).items() if n}
+    if not refused:
+        return None
+    total = sum(refused.values())
+    reasons = ", ".join(f"{n} {reason}" for reason, n in refused.items())
+    return (
+        f"{total} agent repl{'y' if total == 1 else 'ies'} refused ({reasons}): an agent answered commands "
+        "not sent to it; none was used (run.json agents.replies_refused)"
+    )
+
+
 _REFUSAL_OF_KIND = {"forged": "off_topic", "replayed": "replayed", "malformed": "malformed"}
 MAX_PENDING = 4096
 """Commands per host kept waiting for their reply (replies that never came), and answered ids kept."""

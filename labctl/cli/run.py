@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 class RichProgress:
     """Live progress on a terminal; one line per reconfiguration otherwise (CI logs, pipes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_lines: list[str] | None = None) -> None:
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -62,10 +62,14 @@ class RichProgress:
             transient=False,
         )
         self.task: Any = None
+        self.first_lines = first_lines or []
+        """Said once the run has started, under its directory (which files it runs)."""
 
     def started(self, run_dir: Path, steps: int) -> None:
         # Printed once, here: a long run can be inspected (`labctl report`) while it goes.
         err.print(f"run directory: [bold]{run_dir}[/]")
+        for line in self.first_lines:
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
         if self.live:
             self.bar.start()
             self.task = self.bar.add_task("starting", total=steps)
@@ -395,16 +399,17 @@ def input_lines(experiment: Path, inventory: Path) -> list[str]:
     built-in lab because this directory has none (labctl.core.shipped)."""
     from labctl.core.shipped import DEFAULT_INVENTORY, builtin_inventory
 
-    lines = [f"experiment: {experiment.resolve()}"]
-    if inventory.resolve() == builtin_inventory().resolve():
+    lines = [f"experiment: {experiment.absolute()}"]
+    # Not resolved: in a clone the built-in files are links to the repository's own.
+    if inventory.absolute() == builtin_inventory().absolute():
         why = (
             f"no {DEFAULT_INVENTORY} in {Path.cwd()}"
             if not DEFAULT_INVENTORY.exists()
             else "given with --inventory"
         )
-        lines.append(f"inventory: {inventory.resolve()} (the built-in simulated lab: {why})")
+        lines.append(f"inventory: {inventory.absolute()} (the built-in simulated lab: {why})")
     else:
-        lines.append(f"inventory: {inventory.resolve()}")
+        lines.append(f"inventory: {inventory.absolute()}")
     return lines
 
 
@@ -461,9 +466,7 @@ def run(
     if dry_run:
         _dry_run(experiment, inventory, profile)
         return
-    for line in input_lines(experiment, inventory):
-        err.print(line, markup=False, highlight=False, soft_wrap=True)
-    progress = RichProgress()
+    progress = RichProgress(input_lines(experiment, inventory))
     signals = _Signals()
     try:
         outcome = asyncio.run(
@@ -514,7 +517,16 @@ def run(
         out.print(f"[yellow]clock: {caveat}[/]", highlight=False)
     for line in kind_lines:  # what the experiment kind adds (a replay's step times and stall)
         out.print(line, highlight=False)
-    out.print(f"status: [bold]{outcome.status}[/]" + (f" ({outcome.error})" if outcome.error else ""))
+    refused = None
+    if isinstance(meta.get("agents"), dict):  # replies refused: said in the status line (decision 0072)
+        from labctl.agents.hub import refused_replies_line
+
+        refused = refused_replies_line(meta["agents"])
+    out.print(
+        f"status: [bold]{outcome.status}[/]"
+        + (f" ({outcome.error})" if outcome.error else "")
+        + (f"; [red]{refused}[/]" if refused else "")
+    )
     for line in switch_lines(outcome.switch_state):
         out.print(f"[red]{line}[/]", highlight=False)
     if outcome.figures_interrupted:

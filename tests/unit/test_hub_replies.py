@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from labctl.agents.broker import BrokerSettings
-from labctl.agents.hub import REFUSALS, AgentHub, _Outgoing
+from labctl.agents.hub import REFUSALS, AgentHub, _Outgoing, refused_replies_line
 from labctl.agents.wire import Command, Reply, Signer, decode, topic
 from labctl.core.errors import HardwareError
 from labctl.inventory.schema import load_inventory
@@ -151,3 +151,16 @@ async def test_a_late_answer_to_a_request_that_timed_out_is_no_forgery(hub: Agen
     cmd = sent(hub)
     answer(hub, "h2", Reply(host="h2", id=cmd.id, op="stop", ok=True, seq=0, n=0))
     assert refused(hub) == {}
+
+
+async def test_the_end_of_a_run_says_how_many_replies_were_refused_and_why(hub: AgentHub) -> None:
+    assert refused_replies_line(hub.report()["agents"]) is None  # nothing refused: nothing said
+    hub.post("h1", "window", {})
+    cmd = sent(hub)
+    for guess in (cmd.id + 1, cmd.id + 2):
+        answer(hub, "h1", Reply(host="h1", id=guess, op="window", ok=True))
+    answer(hub, "h1", Reply(host="h1", id=cmd.id, op="stop", ok=True))
+    assert refused_replies_line(hub.report()["agents"]) == (
+        "3 agent replies refused (2 unsolicited, 1 wrong_op): an agent answered commands not sent to it; "
+        "none was used (run.json agents.replies_refused)"
+    )
