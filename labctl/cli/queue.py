@@ -101,6 +101,16 @@ def serve(
             max=3600,
         ),
     ] = 10.0,
+    max_runs: Annotated[
+        int | None,
+        typer.Option(
+            "--max-runs",
+            help="Runs this serve runs at once (default: as many as the lab's ports and hosts allow). "
+            "A serve with no free slot claims nothing; on a PostgreSQL queue a due run goes to the "
+            "freest serve.",
+            min=1,
+        ),
+    ] = None,
     log_level: LogLevelOpt = "info",
     log_format: LogFormatOpt = None,
 ) -> None:
@@ -131,6 +141,7 @@ def serve(
             poll_s=poll_s,
             lease_s=lease_s,
             from_env=_from_env(db),
+            max_runs=max_runs,
         )
     )
 

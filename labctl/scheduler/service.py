@@ -36,6 +36,9 @@ log = logging.getLogger("labctl.scheduler")
 MAX_ATTEMPTS = 2  # an interrupted run is retried once, then left for a human
 RECOVERY_EVENTS = "recovery.jsonl"
 STOP_GRACE_S = 60.0  # a stopping run restores its baseline: one switch operation, well under a minute
+OUTAGE_RETRY_MAX_S = (
+    5.0  # while the queue's database is out of reach, a pass is retried at most this far apart
+)
 
 T = TypeVar("T")
 
@@ -100,6 +103,57 @@ def _only_in_process_switches(row: RunRow) -> bool:
 
 
 # -- serve -----------------------------------------------------------------------------------------------
+class Outage:
+    """The queue's database out of this serve's reach: one log line when that starts (what failed, which
+    database, that the serve keeps retrying) and one when it ends (how long it lasted), whatever number of
+    passes and lease renewals failed in between. The passes meanwhile back off, doubling up to
+    `OUTAGE_RETRY_MAX_S` apart."""
+
+    def __init__(self, db_label: str) -> None:
+        self.db_label = db_label
+        self.since: float | None = None  # loop time of the first failure
+        self.failures = 0
+
+    def failed(self, error: StoreUnavailable, now: float, retry_s: float) -> None:
+        self.failures += 1
+        if self.since is not None:
+            return
+        self.since = now
+        log.warning(
+            "queue database out of reach: %s; this serve keeps retrying (at most %g s apart) and logs "
+            "when it is back",
+            error,
+            max(retry_s, OUTAGE_RETRY_MAX_S),
+            extra={"db": self.db_label, "outage": "started", "error": str(error)},
+        )
+
+    def ended(self, now: float) -> None:
+        if self.since is None:
+            return
+        lasted = now - self.since
+        log.warning(
+            "queue database %s reachable again: the outage lasted %.1f s (%d failed attempt(s))",
+            self.db_label,
+            lasted,
+            self.failures,
+            extra={
+                "db": self.db_label,
+                "outage": "ended",
+                "outage_s": round(lasted, 3),
+                "failures": self.failures,
+            },
+        )
+        self.since = None
+        self.failures = 0
+
+    def retry_in(self, poll_s: float) -> float:
+        """How long the next pass waits: the poll, doubled per failed attempt up to OUTAGE_RETRY_MAX_S."""
+        if self.since is None:
+            return poll_s
+        backoff: float = poll_s * 2.0 ** min(self.failures - 1, 16)
+        return min(backoff, max(poll_s, OUTAGE_RETRY_MAX_S))
+
+
 def _owner_id() -> str:
     """This serve as a lease holder: `host:pid:token` (the token tells a restarted serve with the same pid
     from the one before it)."""
@@ -111,7 +165,11 @@ class Scheduler:
 
     On a shared queue (PostgreSQL) a heartbeat task renews the leases of this serve's runs every third of
     `lease_s`, and each pass takes over the runs of serves that stopped renewing theirs (recovered as a
-    crashed run is: baseline restored, `interrupted`, one retry)."""
+    crashed run is: baseline restored, `interrupted`, one retry).
+
+    `max_runs` is how many runs this serve runs at once (None: as many as the lab's resources allow). A serve
+    with no free slot claims nothing, and on a shared queue a serve leaves a due run to a freer live serve
+    (fewer runs, or as many and a longer wait since its last claim): runs spread over the serves."""
 
     def __init__(
         self,
@@ -124,7 +182,10 @@ class Scheduler:
         poll_s: float = 0.5,
         plots: bool = True,
         lease_s: float = DEFAULT_LEASE_S,
+        max_runs: int | None = None,
     ) -> None:
+        if max_runs is not None and max_runs < 1:
+            raise InputError(f"max_runs must be at least 1, not {max_runs}")
         self.store: Store = open_store(db) if isinstance(db, str | Path) else db
         self.db_label = self.store.label
         self.out_dir = out_dir = out_dir.resolve()  # run_dir in the queue must not depend on serve's cwd
@@ -137,6 +198,8 @@ class Scheduler:
         self.tz = tz
         self.poll_s = poll_s
         self.lease_s = lease_s
+        self.max_runs = max_runs
+        self.outage = Outage(self.db_label)
         self.host = socket.gethostname()
         self.owner = _owner_id()
         self._writes: asyncio.Queue[tuple[Callable[[], Any], asyncio.Future[Any]]] = asyncio.Queue()
@@ -293,10 +356,15 @@ class Scheduler:
         renewed = loop.time()
         while True:
             await asyncio.sleep(self.lease_s / 3)
+
+            def renew() -> set[int]:
+                self.store.register_serve(self.owner, self.max_runs, self.lease_s)
+                return self.store.renew(self.owner, self.lease_s)
+
             try:
-                held = await self.write(lambda: self.store.renew(self.owner, self.lease_s))
+                held = await self.write(renew)
             except StoreUnavailable as e:
-                log.warning("leases not renewed: %s", e, extra={"db": self.db_label})
+                self.outage.failed(e, loop.time(), self.poll_s)
                 if loop.time() - renewed > self.lease_s * 2 / 3:
                     for run_id in list(self._monitors):
                         if run_id in self._fenced or run_id in self._ending or run_id in self._lost:
@@ -311,6 +379,7 @@ class Scheduler:
                         self.executor.stop(run_id)
                 continue
             renewed = loop.time()
+            self.outage.ended(renewed)
             busy = {*self._monitors, *self._recovering, *self._launching, *self._ending}
             for run_id in list(self._monitors):
                 if run_id in held or run_id in self._ending or run_id in self._lost:
@@ -459,11 +528,15 @@ class Scheduler:
                 self.executor.stop(row.id)
 
         def claim() -> list[RunRow]:
-            rows = self.store.claim(now, self.owner, self.lease_s)
+            rows = self.store.claim(now, self.owner, self.lease_s, self.max_runs)
             self._launching.update(r.id for r in rows)
             return rows
 
-        started = []
+        started: list[int] = []
+        if not self.has_free_slot():
+            return (
+                started  # busy: what is due is left to a serve with a free slot, or to this one's next pass
+            )
         for row in await self.write(claim):
             try:
                 if await self._launch(row):
@@ -471,6 +544,14 @@ class Scheduler:
             finally:
                 self._launching.discard(row.id)
         return started
+
+    def has_free_slot(self) -> bool:
+        """Whether this serve may start one more run: what it runs, starts, recovers or is still stopping
+        (a worker another serve took over, one stopped for lost leases) all take a slot."""
+        if self.max_runs is None:
+            return True
+        busy = {*self._monitors, *self._launching, *self._recovering}
+        return len(busy) < self.max_runs
 
     def idle(self) -> bool:
         return (
@@ -496,9 +577,12 @@ class Scheduler:
                 "shared": self.store.shared,
                 "owner": self.owner,
                 "lease_s": self.lease_s if self.store.shared else None,
+                "max_runs": self.max_runs,
             },
         )
+        loop = asyncio.get_running_loop()
         try:
+            await self.write(lambda: self.store.register_serve(self.owner, self.max_runs, self.lease_s))
             for row in await self.write(lambda: self.store.orphans_at_start(self.owner, self.lease_s)):
                 await self.recover(row, "interrupted: serve stopped while the run was going")
             if ready is not None:
@@ -506,15 +590,20 @@ class Scheduler:
             while True:
                 try:
                     await self.step()
+                    done = exit_when_idle and self.idle()
                 except StoreUnavailable as e:
-                    log.warning("queue unavailable: %s (trying again)", e, extra={"db": self.db_label})
-                if exit_when_idle and self.idle():
-                    break
+                    self.outage.failed(e, loop.time(), self.poll_s)
+                    wait_s = self.outage.retry_in(self.poll_s)
+                else:
+                    self.outage.ended(loop.time())
+                    if done:
+                        break
+                    wait_s = self.poll_s
                 self._wake.clear()
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that lands
                 # as the wake event is set, and `serve` then never stopped (its test hung 1 time in 3).
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.poll_s):
+                    async with asyncio.timeout(wait_s):
                         await self._wake.wait()
         finally:
             # Stop our workers (each restores its baseline) and record how they ended; the heartbeat keeps
@@ -538,6 +627,8 @@ class Scheduler:
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
+            with contextlib.suppress(LabctlError):  # out of reach: its registration expires by itself
+                self.store.unregister_serve(self.owner)
             self.store.close()
             log.info("serve stopped", extra={"db": self.db_label})
 
@@ -569,6 +660,7 @@ async def serve_main(
     poll_s: float,
     lease_s: float = DEFAULT_LEASE_S,
     from_env: bool = False,
+    max_runs: int | None = None,
 ) -> None:
     """`labctl serve`: runs until SIGINT/SIGTERM, then stops running runs (baselines restored) and exits.
     A SQLite queue has one serve (a file lock next to it); a PostgreSQL queue any number."""
@@ -578,7 +670,13 @@ async def serve_main(
             if isinstance(store, QueueStore):
                 stack.enter_context(exclusive_serve(store.path))
             await _serve(
-                store, out_dir, plots=plots, exit_when_idle=exit_when_idle, poll_s=poll_s, lease_s=lease_s
+                store,
+                out_dir,
+                plots=plots,
+                exit_when_idle=exit_when_idle,
+                poll_s=poll_s,
+                lease_s=lease_s,
+                max_runs=max_runs,
             )
     except BaseException:
         store.close()  # serve() closes it once started; closing twice is harmless
@@ -586,9 +684,16 @@ async def serve_main(
 
 
 async def _serve(
-    store: Store, out_dir: Path, *, plots: bool, exit_when_idle: bool, poll_s: float, lease_s: float
+    store: Store,
+    out_dir: Path,
+    *,
+    plots: bool,
+    exit_when_idle: bool,
+    poll_s: float,
+    lease_s: float,
+    max_runs: int | None,
 ) -> None:
-    sched = Scheduler(store, out_dir=out_dir, plots=plots, poll_s=poll_s, lease_s=lease_s)
+    sched = Scheduler(store, out_dir=out_dir, plots=plots, poll_s=poll_s, lease_s=lease_s, max_runs=max_runs)
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(sched.serve(exit_when_idle=exit_when_idle))
     for sig in (signal.SIGTERM, signal.SIGINT):

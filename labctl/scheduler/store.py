@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import sqlite3
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import tzinfo
@@ -182,6 +184,30 @@ class ScheduleRow:
     created_ns: int
 
 
+@dataclass(frozen=True)
+class ServeSlot:
+    """A live serve of a shared queue, as a claim sees it: how many runs it may run at once (None: as many as
+    the resources allow) and when it last claimed one (epoch seconds on the database's clock; None: never)."""
+
+    owner: str
+    max_runs: int | None
+    last_claim: float | None
+
+
+def freer_serve(others: Sequence[ServeSlot], load: Counter[str], mine: int, my_last: float) -> str | None:
+    """Another live serve that should take the next due run instead of the claiming one: it has a free slot
+    and runs fewer runs, or as many and has waited longer since its last claim (never claimed: longest).
+    None when the claiming serve is (one of) the freest."""
+    me = (mine, my_last)
+    for other in others:
+        n = load[other.owner]
+        if other.max_runs is not None and n >= other.max_runs:
+            continue
+        if (n, -math.inf if other.last_claim is None else other.last_claim) < me:
+            return other.owner
+    return None
+
+
 def resource_keys(resources: Resources) -> list[str]:
     """The lease keys of what a run holds: `host:<name>` and `port:<switch>/<port>` (an OCS port). Names are
     global to a queue: two labs that name the same switch or host share its keys (and so wait on each
@@ -256,9 +282,20 @@ class Store(Protocol):
 
     def fire_schedules(self, now_ns: int, tz: tzinfo | None) -> list[int]: ...
 
-    def claim(self, now_ns: int, owner: str, lease_s: float) -> list[RunRow]:
+    def claim(self, now_ns: int, owner: str, lease_s: float, max_runs: int | None = None) -> list[RunRow]:
         """Start what may start now: mark those runs `running` for `owner` and lease their resources, in one
-        transaction. Returns the claimed rows (state still as read: `queued`)."""
+        transaction. Returns the claimed rows (state still as read: `queued`). `owner` takes at most enough to
+        be running `max_runs` (None: no limit), and on a shared queue none that a freer live serve
+        (`register_serve`) should take instead (`freer_serve`): due runs go to whichever serve is free."""
+        ...
+
+    def register_serve(self, owner: str, max_runs: int | None, lease_s: float) -> None:
+        """Say that serve `owner` lives (for `lease_s`) and runs at most `max_runs` runs at once, so that the
+        other serves' claims leave it its share (shared queue; a no-op where one serve runs the queue)."""
+        ...
+
+    def unregister_serve(self, owner: str) -> None:
+        """Serve `owner` stops: it takes no more runs."""
         ...
 
     def renew(self, owner: str, lease_s: float) -> set[int]:
@@ -316,6 +353,19 @@ class SqlStore:
 
     def _held_keys(self) -> set[str]:
         return set()
+
+    def _live_serves(self) -> list[ServeSlot]:
+        """Inside `claim`'s transaction: the serves registered and alive (shared queue only)."""
+        return []
+
+    def _claimed_by(self, owner: str) -> None:
+        """Inside `claim`'s transaction: remember that `owner` claimed a run now."""
+
+    def register_serve(self, owner: str, max_runs: int | None, lease_s: float) -> None:
+        pass
+
+    def unregister_serve(self, owner: str) -> None:
+        pass
 
     def _release(self, run_id: int) -> None:
         """Inside the transaction that ends a run: drop its leases."""
@@ -474,15 +524,33 @@ class SqlStore:
             cols = ", ".join(f"{k}=?" for k in fields)
             self._exec(f"UPDATE runs SET {cols} WHERE id=?", (*fields.values(), run_id))
 
-    def claim(self, now_ns: int, owner: str, lease_s: float) -> list[RunRow]:
+    def claim(self, now_ns: int, owner: str, lease_s: float, max_runs: int | None = None) -> list[RunRow]:
         claimed: list[RunRow] = []
         with self.tx():
             self._serialize_claims()
+            running = self.runs("state='running'")
+            load = Counter(r.owner for r in running if r.owner)
+            mine = load[owner]
+            if max_runs is not None and mine >= max_runs:
+                return []  # no free slot: the due runs are left to a serve that has one
+            live = self._live_serves()
+            others = [s for s in live if s.owner != owner]
+            my_last = next((s.last_claim for s in live if s.owner == owner), None)
             # PostgreSQL: the due rows locked (SKIP LOCKED: a row another transaction holds is not waited for)
             due = self._due_locked(now_ns) if self.LOCK_QUEUED else self.due(now_ns)
-            running = self.runs("state='running'")
             held = self._held_keys()
             for row in pick(due, running):
+                if max_runs is not None and mine >= max_runs:
+                    break
+                freer = freer_serve(others, load, mine, -math.inf if my_last is None else my_last)
+                if freer is not None:
+                    log.debug(
+                        "run %d left to serve %s (it is freer)",
+                        row.id,
+                        freer,
+                        extra={"run_id": row.id, "serve": freer},
+                    )
+                    break
                 keys = resource_keys(row.resources)
                 if held.intersection(keys):  # leased by a run still being recovered
                     continue
@@ -498,6 +566,10 @@ class SqlStore:
                     raise LabctlError(f"queue: run {row.id}: a lease was taken under the claim lock")
                 held.update(keys)
                 claimed.append(row)
+                mine += 1
+                my_last = math.inf  # just now: later than any other serve's last claim
+            if claimed:
+                self._claimed_by(owner)
         return claimed
 
     def _due_locked(self, now_ns: int) -> list[RunRow]:

@@ -22,7 +22,7 @@ from typing import Any
 
 from labctl.core.errors import LabctlError
 from labctl.core.extras import require
-from labctl.scheduler.store import RunRow, SqlStore, StoreUnavailable, mask_url
+from labctl.scheduler.store import RunRow, ServeSlot, SqlStore, StoreUnavailable, mask_url
 
 log = logging.getLogger("labctl.scheduler")
 
@@ -78,6 +78,12 @@ CREATE TABLE IF NOT EXISTS leases (
 );
 CREATE INDEX IF NOT EXISTS leases_run ON leases(run_id);
 CREATE INDEX IF NOT EXISTS leases_owner ON leases(owner);
+CREATE TABLE IF NOT EXISTS serves (
+    owner TEXT PRIMARY KEY,
+    max_runs INTEGER,
+    last_claim_at TIMESTAMPTZ,
+    expires_at TIMESTAMPTZ NOT NULL
+);
 """
 
 EXPIRES = "clock_timestamp() + make_interval(secs => ?)"
@@ -194,6 +200,38 @@ class PostgresStore(SqlStore):
 
     def _release(self, run_id: int) -> None:
         self._exec("DELETE FROM leases WHERE run_id=?", (run_id,))
+
+    # -- the serves sharing the queue ---------------------------------------------------------------------
+    def register_serve(self, owner: str, max_runs: int | None, lease_s: float) -> None:
+        with self.tx():
+            self._exec(
+                f"INSERT INTO serves (owner, max_runs, expires_at) VALUES (?, ?, {EXPIRES}) "
+                "ON CONFLICT (owner) DO UPDATE "
+                "SET max_runs=EXCLUDED.max_runs, expires_at=EXCLUDED.expires_at",
+                (owner, max_runs, lease_s),
+            )
+            # Serves gone for a while (killed: they never unregistered); a late one registers again.
+            self._exec("DELETE FROM serves WHERE expires_at < clock_timestamp() - interval '1 hour'")
+
+    def unregister_serve(self, owner: str) -> None:
+        self._exec("DELETE FROM serves WHERE owner=?", (owner,))
+
+    def _live_serves(self) -> list[ServeSlot]:
+        rows = self._rows(
+            "SELECT owner, max_runs, extract(epoch FROM last_claim_at) AS last_claim FROM serves "
+            "WHERE expires_at > clock_timestamp()"
+        )
+        return [
+            ServeSlot(
+                r["owner"],
+                r["max_runs"],
+                None if r["last_claim"] is None else float(r["last_claim"]),
+            )
+            for r in rows
+        ]
+
+    def _claimed_by(self, owner: str) -> None:
+        self._exec("UPDATE serves SET last_claim_at=clock_timestamp() WHERE owner=?", (owner,))
 
     # -- leases -------------------------------------------------------------------------------------------
     def leases(self) -> list[dict[str, Any]]:
