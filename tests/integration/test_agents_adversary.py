@@ -27,15 +27,18 @@ from labctl.inventory.schema import load_inventory
 from labctl.run.lifecycle import run_experiment
 from labctl.testing.adversary import AdversarialAgent
 from labctl.testing.mosquitto import Mosquitto
-from tests.integration.test_broker_identities import (  # noqa: F401  (fixtures)
-    _mosquitto_installed,
-    _spawn_agent,
-    agent_procs,
-    closed_broker,
-    secrets_env,
-)
+from tests.integration import test_broker_identities as identities
+from tests.integration.test_broker_identities import _spawn_agent
 
 pytestmark = pytest.mark.xdist_group("agents")
+
+# fixtures: mosquitto on the configuration `labctl lab broker-config` writes, the identities' secrets
+closed_broker, secrets_env, agent_procs = (
+    identities.closed_broker,
+    identities.secrets_env,
+    identities.agent_procs,
+)
+_mosquitto_installed = identities._mosquitto_installed
 
 HONEST = ("h2", "h3", "h4")
 TRANSITIONS = ("carrier", "link.firmware")  # one event per modeled change: as many in every run of a seed
