@@ -143,6 +143,7 @@ RUN: dict[str, int] = {
     "labctl plan ep-rings -E 10440 -G 72": 0,
     "labctl plan ring -n 8 -i inventory.yaml --out ring.yaml": 0,
     "labctl replay model opus-testbed": 0,
+    "labctl plugins": 0,
 }
 
 DRY: dict[str, str] = {
@@ -238,6 +239,11 @@ SKIP: dict[str, str] = {
     "python3 bench/gpu_device_check.py": "a CUDA GPU",
     "labctl --install-completion bash": "writes the user's shell startup file",
     "sudo -E python3 experiments/rehearsal.py up|down": "root, minutes (tests/emulated/test_rehearsal_script.py)",
+    # docs/extending.md: the example plugin package
+    "pip install './examples/labctl-loopback[test]'": (
+        "installs into the environment (tests/integration/test_plugin_package.py installs it in a venv of its own)"
+    ),
+    "cd examples/labctl-loopback && python -m pytest": "the example package's own suite (test_plugin_package.py)",
     # docs/systemd/README.md: installing the services on a lab's machines
     "pip install /path/to/labctl-clone": "installs into the machine's Python",
     "sudo install -d -m 0750 /etc/labctl": "root, /etc",
