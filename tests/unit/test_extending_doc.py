@@ -536,14 +536,16 @@ def test_the_probe_is_registered_and_samples_the_model(world: tuple[Inventory, S
     first = probe.queue.drain()
     assert [e.source for e in first] == [p.source for p in inventory.ports]
     assert {(e.kind, e.value, e.t_ns) for e in first} == {(Kind.CARRIER, 0, 1_000_000)}
-    assert all(e.host == e.source.split(":")[1].split("/")[0] for e in first)
-    probe.tick(2_000_000)  # steady, within the heartbeat interval: nothing
+    assert all(e.host == e.source.split(":")[1].split("/")[0] and e.meta == {"initial": True} for e in first)
+    probe.tick(2_000_000)  # steady: nothing
     assert probe.queue.drain() == []
     fabric.state(inventory.ports[0]).carrier = 1  # the link came up
     probe.tick(3_000_000)
-    assert [(e.source, e.value) for e in probe.queue.drain()] == [(inventory.ports[0].source, 1)]
-    probe.tick(103_000_000)  # 100 ms after each port's last report: a heartbeat for every port
-    assert len(probe.queue.drain()) == len(inventory.ports)
+    # the change, bracketed by the sample before it, which did not see it
+    changed = [(e.source, e.value, e.meta) for e in probe.queue.drain()]
+    assert changed == [(inventory.ports[0].source, 1, {"prev_ns": 2_000_000})]
+    probe.tick(103_000_000)  # steady for a report interval: carrier is a transition, not a heartbeat
+    assert probe.queue.drain() == []
     assert probe.stats()["dropped"] == 0 and probe.samples == 4 * len(inventory.ports)
 
 
