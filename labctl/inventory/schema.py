@@ -297,6 +297,10 @@ class PowerMeterSpec(ConfigModel):
         return self
 
 
+MAX_SWITCH_NAME = 64
+"""The longest switch name an inventory may give (an identifier: `ocs1`, `polatis-row3`)."""
+
+
 class InventoryModel(ConfigModel):
     lab: str = Field(min_length=1, description="the lab's name (recorded with every run)")
     switches: dict[str, SwitchSpec] = Field(
@@ -328,6 +332,20 @@ class InventoryModel(ConfigModel):
     power_meters: dict[str, PowerMeterSpec] = Field(
         default_factory=dict, description="bench power meters whose channels tap switch or NIC ports"
     )
+
+    @field_validator("switches", mode="before")
+    @classmethod
+    def _switch_names(cls, value: Any) -> Any:
+        """A switch's name is an identifier: it is in every event source (`ocs:NAME/PORT`), thread name and
+        message that speaks of the switch. One longer than MAX_SWITCH_NAME is refused here, before any
+        driver or emulator is built (issue 45: a 100,000-character name on the serial-emulated lab ran
+        on for seconds instead), in a line that shows its start only."""
+        if isinstance(value, dict):
+            for name in value:
+                if isinstance(name, str) and len(name) > MAX_SWITCH_NAME:
+                    long = f"is {len(name)} characters long (at most {MAX_SWITCH_NAME})"
+                    raise ValueError(f"switch name {name[:32]!r}... {long}")
+        return value
 
     @field_validator("kind")
     @classmethod

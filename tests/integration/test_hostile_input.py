@@ -26,6 +26,8 @@ from tests.helpers.hostile_input import (
     numeric_leaves,
 )
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def _limited(limit_bytes: int) -> Any:
     def apply() -> None:
@@ -149,3 +151,52 @@ def test_cli_refuses_a_negative_seed(tmp_path: Path, experiment_path: Path, inve
     )
     assert proc.returncode == 2, proc.stderr
     assert "seed" in proc.stderr
+
+
+def _long_switch_name(tmp_path: Path, length: int) -> Path:
+    """The serial-emulated lab (the emulator on a pty, the real dicon-serial driver) with its switch's name
+    `length` characters long, everywhere the inventory names it."""
+    data = yaml.safe_load((REPO / "experiments" / "inventories" / "serial-emulated.yaml").read_text())
+    ((old, config),) = data["switches"].items()
+    name = "o" * length
+    data["switches"] = {name: config}
+    for host in data["hosts"].values():
+        for nic in host["nics"]:
+            assert nic["switch"] == old
+            nic["switch"] = name
+    path = tmp_path / "serial-long-name.yaml"
+    path.write_text(yaml.safe_dump(data, width=1 << 30))
+    return path
+
+
+@pytest.mark.parametrize("command", ["inventory check", "run --dry-run", "run"])
+def test_cli_refuses_a_long_switch_name_before_any_run(tmp_path: Path, command: str) -> None:
+    """A 100,000-character switch name on the serial-emulated lab: refused while the inventory is
+    validated, in one line that shows the name's start and its length, before a run directory, an
+    emulator or a driver exists (issue 45: `labctl run` went on for seconds with it)."""
+    path = _long_switch_name(tmp_path, 100_000)
+    experiment = REPO / "experiments" / "reconfig-timeline.yaml"
+    argv = {
+        "inventory check": ["inventory", "check", str(path)],
+        "run --dry-run": ["run", str(experiment), "-i", str(path), "--profile", "fast", "--dry-run"],
+        "run": ["run", str(experiment), "-i", str(path), "--profile", "fast", "--out", "runs"],
+    }[command]
+    proc = subprocess.run(
+        [sys.executable, "-m", "labctl.cli", *argv], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and len(proc.stderr) < 300, proc.stderr[-2000:]
+    line = path.read_text().splitlines().index("switches:") + 1
+    assert proc.stderr == (
+        f"error: {path}:{line}: switches: switch name '{'o' * 32}'... is 100000 characters long (at most 64)\n"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_switch_name_of_the_longest_length_is_accepted(tmp_path: Path) -> None:
+    from labctl.inventory.schema import MAX_SWITCH_NAME, load_inventory
+
+    inventory = load_inventory(_long_switch_name(tmp_path, MAX_SWITCH_NAME))
+    assert list(inventory.switches) == ["o" * MAX_SWITCH_NAME]
+    with pytest.raises(InputError, match=f"is {MAX_SWITCH_NAME + 1} characters long"):
+        load_inventory(_long_switch_name(tmp_path, MAX_SWITCH_NAME + 1))
