@@ -19,6 +19,7 @@ summarized per rail), `rx-rail-R` (a rail's Rx traces), `ocs-rail-R` (a rail's s
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import os
 import warnings
@@ -38,10 +39,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.cbook import pts_to_poststep
 from matplotlib.collections import PolyCollection
+from matplotlib.font_manager import FontProperties
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, MaxNLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+from matplotlib.transforms import Bbox
 
 from labctl.analysis.breakdown import (
     DEFAULT_THRESHOLD_DBM,
@@ -903,11 +906,13 @@ class HeadlineData:
     """Per window (s since each port's command, p5, p95): the Rx power of the reconfiguration's ports."""
     lanes: list[tuple[np.ndarray, np.ndarray] | None]
     """The port's firmware, carrier and traffic states (see _lane_spans)."""
+    lost: tuple[int, int] | None = None
+    """The bracket the port's light went out in after the command (ns; _light_lost)."""
 
     def same_as(self, other: HeadlineData) -> bool:
         return (
-            (self.reconfig, self.pick, self.t0, self.windows, self.threshold)
-            == (other.reconfig, other.pick, other.t0, other.windows, other.threshold)
+            (self.reconfig, self.pick, self.t0, self.windows, self.threshold, self.lost)
+            == (other.reconfig, other.pick, other.t0, other.windows, other.threshold, other.lost)
             and self.rows.equals(other.rows)
             and _same_arrays(self.trace, other.trace)
             and len(self.spread) == len(other.spread)
@@ -946,8 +951,20 @@ def headline_data(
     pick = median_port(rows)
     t0 = timeline.t0
     windows = zoom_windows(rows, t0, timeline.span_ns)
-    start, end = t0 + int(windows[0][0] * 1e9) - 1, t0 + int(windows[-1][1] * 1e9) + 1
     source = str(rows["source"].iloc[pick])
+    rx = index.series(source, Kind.RX_POWER)
+    t2 = rows["t2_rx_power_ns"].iloc[pick] if "t2_rx_power_ns" in rows.columns else None
+    t0_own = int(rows["t0_command_ns"].iloc[pick]) if not pd.isna(rows["t0_command_ns"].iloc[pick]) else t0
+    lost = _light_lost(
+        rx,
+        t0_own,
+        t0 + int(windows[0][1] * 1e9) if t2 is None or pd.isna(t2) else int(t2),
+        timeline.threshold,
+    )
+    if lost is not None:  # the first window opens on the port's last sample that saw light
+        lo, hi = windows[0]
+        windows[0] = (min(lo, (lost[0] - t0) / 1e9 - 0.05 * (hi - lo)), hi)
+    start, end = t0 + int(windows[0][0] * 1e9) - 1, t0 + int(windows[-1][1] * 1e9) + 1
     rails = list(dict.fromkeys(rows["rail"].tolist()))
     commands = rows["t0_command_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
     own_t0 = np.where(np.isfinite(commands), commands, float(t0)).astype(np.int64)
@@ -958,10 +975,25 @@ def headline_data(
         t0=t0,
         windows=windows,
         threshold=timeline.threshold,
-        trace=_held_trace(index.series(source, Kind.RX_POWER), start, end),
+        trace=_held_trace(rx, start, end),
         spread=[_rx_spread(index, rows, own_t0, window) for window in windows],
         lanes=_lane_spans(index, rows.iloc[[pick]], [source], rails, False, start, end)[0],
+        lost=lost,
     )
+
+
+def _light_lost(s: Series, t0: int, end: int, threshold: float) -> tuple[int, int] | None:
+    """Where the port's light went out after the command `t0`, as its samples bracket it: (the last sample
+    that saw light, the first below the threshold), found before `end` (t2). None where the port was dark
+    at the command already, never went dark, or the probe stamped the loss as it happened (no bracket)."""
+    k = int(np.searchsorted(s.t, t0, "left"))
+    dark = np.flatnonzero(s.v[k:] < threshold)
+    if not dark.size:
+        return None
+    k += int(dark[0])
+    if k == 0 or s.t[k] > end or s.v[k - 1] < threshold or s.prev[k] < 0:
+        return None
+    return max(int(s.prev[k]), int(s.t[k - 1])), int(s.t[k])
 
 
 def _rx_spread(
@@ -993,9 +1025,10 @@ def render_headline(data: HeadlineData) -> Any:
     rails = list(dict.fromkeys(rows["rail"].tolist()))
     colour = _rail_colours(rails)[row["rail"]]
     n = len(rows)
-    width = 0.6 * float(plt.rcParams["figure.figsize"][0])
+    # Room for each mark's label beside its line, on its own row, in the style's font (_place_headline_labels)
+    width = 0.75 * float(plt.rcParams["figure.figsize"][0])
     font_in = float(plt.rcParams["font.size"]) / 72
-    fig = plt.figure(figsize=(width, max(4.2, 34 * font_in)), layout="constrained")
+    fig = plt.figure(figsize=(width, max(5.2, 42 * font_in)), layout="constrained")
     axes = fig.subplots(
         2,
         len(data.windows),
@@ -1004,33 +1037,8 @@ def render_headline(data: HeadlineData) -> Any:
         squeeze=False,
         gridspec_kw={"height_ratios": [1.0, 3.2], "wspace": 0.02},
     )
-    own = rows["t0_command_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
-    own = np.where(np.isfinite(own), own, float(t0))
-    label_ys = np.linspace(data.threshold - 5, NO_LIGHT_DBM + 2, 1 + len(HEADLINE_MARKS))
-    marks: list[tuple[str, float, float, str, str, float | None, tuple[float, float] | None, str, float]] = [
-        ("t0", 0.0, label_ys[0], "black", "t0 OCS command", None, None, "|", 6)
-    ]
-    for k, (col, what, since) in enumerate(HEADLINE_MARKS, start=1):
-        if col not in rows.columns or pd.isna(row[col]):
-            continue
-        x = (float(row[col]) - t0) / 1e9
-        text = f"{what.format(threshold=data.threshold)}: {_ms(x * 1e3)}"
-        if since is not None and not pd.isna(row[since]):
-            text += f" (+{_ms((float(row[col]) - float(row[since])) / 1e6)})"
-        res_col = RESOLUTIONS.get(col, "")
-        res = float(row[res_col]) if res_col in rows.columns and not pd.isna(row[res_col]) else None
-        if res:
-            text += f" [bracket {_ms(res / 1e6)}]"
-        values = (rows[col].to_numpy(dtype=np.float64, na_value=np.nan) - own) / 1e9
-        values = values[np.isfinite(values)]
-        spread = (
-            (float(np.percentile(values, 5)), float(np.percentile(values, 95))) if values.size > 1 else None
-        )
-        _, _, marker, mark_colour, size, _ = MARKS[k - 1]
-        marks.append(
-            (f"t{k}", x, label_ys[k], mark_colour, text, res / 1e9 if res else None, spread, marker, size)
-        )
-
+    marks = _headline_marks(data, row)
+    light = _light_brackets(data, row)
     for w, (lo, hi) in enumerate(data.windows):
         states, rx = axes[:, w]
         suffix = "" if w == 0 else f"-{w + 1}"
@@ -1042,20 +1050,8 @@ def render_headline(data: HeadlineData) -> Any:
             rx.fill_between(
                 grid, p5, p95, step="post", color=colour, alpha=0.2, lw=0, gid="headline-rx-spread"
             )
-        t, v = data.trace
-        inside = slice(
-            max(int(np.searchsorted(t, t0 + lo * 1e9, "right")) - 1, 0),
-            int(np.searchsorted(t, t0 + hi * 1e9, "left")) + 1,
-        )
-        rx.step(
-            (t[inside] - t0) / 1e9,
-            np.maximum(v[inside], NO_LIGHT_DBM),
-            where="post",
-            color=colour,
-            lw=1.4,
-            gid="headline-rx-trace",
-        )
-        rx.axhline(NO_LIGHT_DBM, color="0.5", lw=0.6, ls=":")
+        _draw_headline_rx(rx, data, light, colour, lo, hi)
+        rx.axhline(NO_LIGHT_DBM, color="0.5", lw=0.6, ls=":", gid="headline-floor")
         rx.axhline(data.threshold, color="black", lw=0.8, ls="--", gid="rx-threshold")
         rx.set_ylim(NO_LIGHT_DBM - 4, max(3.0, data.threshold + 3))
         rx.set_xlim(lo, hi)
@@ -1063,14 +1059,13 @@ def render_headline(data: HeadlineData) -> Any:
         rx.grid(axis="both")
         states.grid(axis="x")
         for mark in marks:
-            if lo <= mark[1] <= hi:
-                _headline_mark(rx, states, *mark[:7], marker=mark[7], size=mark[8])
+            if lo <= mark.x <= hi:
+                _headline_mark(rx, states, mark)
         if w > 0:  # a broken axis: the break drawn on both sides
             _break(axes[:, w - 1], axes[:, w])
     axes[1, 0].set_ylabel("Rx power (dBm)")
-    axes[1, 0].set_xlabel("time since the OCS command")
-    if len(data.windows) > 1:
-        axes[1, -1].set_xlabel("(axis broken)")
+    for ax, text in zip(axes[1], _headline_xlabels(data.windows), strict=True):
+        ax.set_xlabel(text)
     port = f"{row['host']}/{row['port']}"
     by = "by recovery time" if rows["total_ns"].notna().any() else "by light back (none recovered)"
     fig.suptitle(
@@ -1081,18 +1076,168 @@ def render_headline(data: HeadlineData) -> Any:
         Line2D([], [], color=colour, lw=1.4),
         Patch(color=colour, alpha=0.2),
         Line2D([], [], color="black", lw=0.8, ls="--"),
-        Line2D([], [], color="0.3", lw=5, alpha=0.5),
-        Line2D([], [], color="black", lw=0.8, marker="|", ms=6),
     ]
     labels = [
         f"Rx power of {port}",
         f"Rx power p5–p95 over {n} ports",
         f"threshold {data.threshold:g} dBm (t2)",
-        "bracket: sample before → sampled mark",
-        f"mark p5–p95 over {n} ports",
     ]
+    # The swatches are the plotted artists' own colour, alpha and width, never a stand-in's.
+    bracket = next((a for a in fig.findobj(Line2D) if str(a.get_gid()).startswith("headline-bracket-")), None)
+    if bracket is not None:
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color=bracket.get_color(),
+                alpha=bracket.get_alpha(),
+                lw=bracket.get_linewidth(),
+                solid_capstyle="butt",
+            )
+        )
+        labels.append("bracket (in the mark's colour): sample before → sampled mark")
+    for name, what in (("lost", "light lost"), ("back", "light back (t2)")):
+        span = next((a for a in fig.findobj(PolyCollection) if a.get_gid() == f"headline-light-{name}"), None)
+        if span is not None:
+            rgba = np.asarray(span.get_facecolor(), dtype=float)[0]
+            handles.append(Patch(facecolor=(rgba[0], rgba[1], rgba[2], rgba[3]), lw=0))
+            labels.append(f"{what} between these two samples")
+    handles.append(Line2D([], [], color="black", lw=0.8, marker="|", ms=6))
+    labels.append(f"mark p5–p95 over {n} ports")
     fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize="x-small")
+    _place_headline_labels(fig, axes[1], marks)
     return fig
+
+
+@dataclass(frozen=True)
+class _HeadlineMark:
+    """A mark as the headline draws it: its line, its row (label above the row, its bracket, spread and
+    marker on it) and the forms its label may take (one line, then wrapped)."""
+
+    name: str
+    x: float
+    """s since the command."""
+    row: float
+    """dBm: the row its marker, bracket and spread sit on; the label sits just above it."""
+    colour: str
+    texts: tuple[str, ...]
+    bracket_s: float | None
+    spread: tuple[float, float] | None
+    marker: str
+    size: float
+
+
+LABEL_ABOVE_ROW = 1.3
+"""dBm between a mark's row and the bottom of its label."""
+
+
+def _headline_marks(data: HeadlineData, row: pd.Series) -> list[_HeadlineMark]:
+    """t0 (the command) and each of t1–t5 the port has, on rows top to bottom in pipeline order, between
+    the threshold and the floor."""
+    rows, t0 = data.rows, data.t0
+    own = rows["t0_command_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
+    own = np.where(np.isfinite(own), own, float(t0))
+    top = max(min(data.threshold - 4, -13.0), NO_LIGHT_DBM + 20)
+    row_ys = np.linspace(top, NO_LIGHT_DBM + 1.5, 1 + len(HEADLINE_MARKS))
+    marks = [_HeadlineMark("t0", 0.0, float(row_ys[0]), "black", ("t0 OCS command",), None, None, "|", 6)]
+    for k, (col, what, since) in enumerate(HEADLINE_MARKS, start=1):
+        if col not in rows.columns or pd.isna(row[col]):
+            continue
+        x = (float(row[col]) - t0) / 1e9
+        head = f"{what.format(threshold=data.threshold)}: {_ms(x * 1e3)}"
+        tail = []
+        if since is not None and not pd.isna(row[since]):
+            tail.append(f"(+{_ms((float(row[col]) - float(row[since])) / 1e6)})")
+        res_col = RESOLUTIONS.get(col, "")
+        res = float(row[res_col]) if res_col in rows.columns and not pd.isna(row[res_col]) else None
+        if res:
+            tail.append(f"[bracket {_ms(res / 1e6)}]")
+        what_text = what.format(threshold=data.threshold)
+        texts = (
+            " ".join([head, *tail]),
+            *(["\n".join([head, " ".join(tail)])] if tail else []),
+            "\n".join([f"{what_text}:", " ".join([_ms(x * 1e3), *tail])]),
+        )
+        values = (rows[col].to_numpy(dtype=np.float64, na_value=np.nan) - own) / 1e9
+        values = values[np.isfinite(values)]
+        spread = (
+            (float(np.percentile(values, 5)), float(np.percentile(values, 95))) if values.size > 1 else None
+        )
+        _, _, marker, mark_colour, size, _ = MARKS[k - 1]
+        marks.append(
+            _HeadlineMark(
+                f"t{k}",
+                x,
+                float(row_ys[k]),
+                mark_colour,
+                texts,
+                res / 1e9 if res else None,
+                spread,
+                marker,
+                size,
+            )
+        )
+    return marks
+
+
+def _light_brackets(data: HeadlineData, row: pd.Series) -> list[tuple[str, int, int]]:
+    """The port's light changes as the samples bracket them (ns): ("lost", the last sample that saw light,
+    the first that did not) and ("back", t2 − its bracket, t2)."""
+    out: list[tuple[str, int, int]] = []
+    if data.lost is not None:
+        out.append(("lost", *data.lost))
+    t2, res = row.get("t2_rx_power_ns"), row.get("t2_resolution_ns")
+    if t2 is not None and not pd.isna(t2) and res is not None and not pd.isna(res) and res > 0:
+        out.append(("back", int(t2) - int(res), int(t2)))
+    return out
+
+
+LIGHT_COLOURS = {"lost": "#888888", "back": MARKS[1][3]}
+"""The shade of the bracket the light went out in (grey) and came back in (t2's colour)."""
+
+
+def _draw_headline_rx(
+    rx: Any, data: HeadlineData, light: list[tuple[str, int, int]], colour: str, lo: float, hi: float
+) -> None:
+    """The port's Rx power as its samples saw it: each sample's value held (a 'post' step) until the next,
+    but not across a change's bracket: there the trace breaks, the bracket shaded from the floor to the
+    light's level (the light changed somewhere in it, not at the sample that saw it)."""
+    t0 = data.t0
+    t, v = data.trace
+    inside = slice(
+        max(int(np.searchsorted(t, t0 + lo * 1e9, "right")) - 1, 0),
+        int(np.searchsorted(t, t0 + hi * 1e9, "left")) + 1,
+    )
+    x = (t[inside] - t0) / 1e9
+    y = np.maximum(v[inside], NO_LIGHT_DBM)
+    for name, start, end in light:
+        a, b = (start - t0) / 1e9, (end - t0) / 1e9
+        k = int(np.searchsorted(x, b, "left"))
+        if 0 < k < x.size and x[k] == b:
+            level = max(float(y[k - 1]), float(y[k]))
+            x = np.insert(x, k, max(a, float(x[k - 1])))
+            y = np.insert(y, k, np.nan)  # the held value stops where the bracket starts
+        else:
+            level = max(float(np.nanmax(y)) if y.size else NO_LIGHT_DBM, NO_LIGHT_DBM)
+        if b >= lo and a <= hi:
+            rx.fill_between(
+                [a, b],
+                NO_LIGHT_DBM,
+                level,
+                color=LIGHT_COLOURS[name],
+                alpha=0.3,
+                lw=0,
+                zorder=1.2,
+                gid=f"headline-light-{name}",
+            )
+    rx.step(x, y, where="post", color=colour, lw=1.4, gid="headline-rx-trace")
+
+
+def _headline_xlabels(windows: Sequence[tuple[float, float]]) -> list[str]:
+    """Each window's x label: the time since the command in the unit its ticks read, the break named."""
+    units = ["ms" if max(abs(lo), abs(hi)) < 1.0 else "s" for lo, hi in windows]
+    first = f"time since the OCS command t0 ({units[0]})"
+    return [first, *(f"the same time axis after a break ({unit})" for unit in units[1:])]
 
 
 HEADLINE_STATES = ("OCS switching", *(name for _, name, _ in LANES))
@@ -1138,29 +1283,16 @@ def _draw_headline_states(
     ax.tick_params(axis="y", length=0)
 
 
-def _headline_mark(
-    rx: Any,
-    states: Any,
-    name: str,
-    x: float,
-    y: float,
-    colour: str,
-    text: str,
-    bracket_s: float | None,
-    spread: tuple[float, float] | None,
-    *,
-    marker: str,
-    size: float = 6,
-) -> None:
+def _headline_mark(rx: Any, states: Any, mark: _HeadlineMark) -> None:
     """A mark: its line across both axes; on its row, the mark, its bracket (thick), its spread over the
-    ports (whisker) and its label beside it, on the side with room."""
-    rx.axvline(x, color=colour, lw=0.9, alpha=0.75, zorder=1.5, gid=f"headline-mark-{name}")
-    states.axvline(x, color=colour, lw=0.9, alpha=0.75, zorder=1.5)
-    below = y - 1.6
-    if spread is not None:
+    ports (whisker); its label above the row (placed by _place_headline_labels)."""
+    name, x, y = mark.name, mark.x, mark.row
+    rx.axvline(x, color=mark.colour, lw=0.9, alpha=0.75, zorder=1.5, gid=f"headline-mark-{name}")
+    states.axvline(x, color=mark.colour, lw=0.9, alpha=0.75, zorder=1.5, gid=f"headline-mark-{name}-states")
+    if mark.spread is not None:
         rx.plot(
-            list(spread),
-            [below, below],
+            list(mark.spread),
+            [y, y],
             color="black",
             lw=0.8,
             marker="|",
@@ -1168,32 +1300,182 @@ def _headline_mark(
             gid=f"headline-spread-{name}",
             zorder=4,
         )
-    if bracket_s:
+    if mark.bracket_s:
         rx.plot(
-            [x - bracket_s, x],
-            [below, below],
-            color=colour,
+            [x - mark.bracket_s, x],
+            [y, y],
+            color=mark.colour,
             lw=5,
             alpha=0.6,
             solid_capstyle="butt",
             gid=f"headline-bracket-{name}",
             zorder=4,
         )
-    rx.plot([x], [below], ls="none", zorder=5, **_mark_style(marker, colour, size))
-    lo, hi = rx.get_xlim()
-    right = (x - lo) / (hi - lo) < 0.5 if hi > lo else True
+    rx.plot(
+        [x],
+        [y],
+        ls="none",
+        zorder=5,
+        gid=f"headline-marker-{name}",
+        **_mark_style(mark.marker, mark.colour, mark.size),
+    )
     rx.annotate(
-        text,
-        (x, y),
-        xytext=(4 if right else -4, 0),
+        mark.texts[0],
+        (x, y + LABEL_ABOVE_ROW),
+        xytext=(LABEL_PAD_PT, 0),
         textcoords="offset points",
-        ha="left" if right else "right",
-        va="center",
+        ha="left",
+        va="bottom",
         fontsize="x-small",
         gid=f"headline-label-{name}",
         bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85},
         zorder=6,
-    )
+        annotation_clip=False,
+    ).set_in_layout(False)
+
+
+LABEL_PAD_PT = 3.0
+"""Points between a label and the mark line it stands beside."""
+NEAR_PX = 3.0
+"""Mark lines closer than this (pixels) would hide one another: the later is drawn dashed over the other."""
+FLOOR_TEXT = f"floor {NO_LIGHT_DBM:g} dBm: no light".replace("-", "−")
+
+
+def _place_headline_labels(fig: Any, rx_axes: Sequence[Any], marks: Sequence[_HeadlineMark]) -> None:
+    """Place each mark's label (top to bottom in pipeline order) and the floor's label where it stays inside
+    its axes, crosses no mark line and overlaps no other label, marker, bracket or spread: the label's text
+    measured (renderer extents, after the figure's layout) beside its own line, on the side with room,
+    then wrapped, then beside the next line over (a mark too close to its neighbour is labelled beside the
+    pair, on its own row); failing all, the candidate with the least overlap. Mark lines closer than
+    NEAR_PX are drawn dashed over one another so both show."""
+    engine = fig.get_layout_engine()
+    if engine is not None:
+        engine.execute(fig)  # labels stay out of the layout (in_layout False): it holds after they move
+    renderer = fig.canvas.get_renderer()
+    placed: list[Any] = []  # Bboxes of the labels placed so far
+    for ax in rx_axes:
+        lines = [a for a in ax.get_lines() if str(a.get_gid()).startswith("headline-mark-")]
+        px = {str(a.get_gid()).removeprefix("headline-mark-"): _px(ax, a.get_xdata()[0]) for a in lines}
+        order = sorted(lines, key=lambda a: px[str(a.get_gid()).removeprefix("headline-mark-")])
+        for before, after in itertools.pairwise(order):
+            if abs(_px(ax, after.get_xdata()[0]) - _px(ax, before.get_xdata()[0])) < NEAR_PX:
+                after.set_linestyle((0, (3, 2)))
+                states_line = next(
+                    (a for a in fig.findobj(Line2D) if a.get_gid() == f"{after.get_gid()}-states"), None
+                )
+                if states_line is not None:
+                    states_line.set_linestyle((0, (3, 2)))
+        obstacles = [
+            _padded(a.get_window_extent(renderer), 0.5 * a.get_linewidth() * fig.dpi / 72)
+            for a in ax.get_lines()
+            if str(a.get_gid()).startswith(("headline-bracket-", "headline-spread-", "headline-marker-"))
+        ]
+        lines_px = sorted(px.values())
+        for mark in marks:
+            label = next((t for t in ax.texts if t.get_gid() == f"headline-label-{mark.name}"), None)
+            if label is None:
+                continue
+            own = px[mark.name]
+            right = [own, *(p for p in lines_px if p > own)]
+            left = [own, *sorted((p for p in lines_px if p < own), reverse=True)]
+            room_right = (right[1] if len(right) > 1 else ax.bbox.x1) - own
+            room_left = own - (left[1] if len(left) > 1 else ax.bbox.x0)
+            sides = ("right", "left") if room_right >= room_left else ("left", "right")
+            candidates = [
+                (anchors[rank], side, text)
+                for rank in range(len(lines_px))
+                for text in mark.texts
+                for side, anchors in ((s, right if s == "right" else left) for s in sides)
+                if rank < len(anchors)
+            ]
+            placed.append(_place(label, ax, candidates, renderer, lines_px, [*obstacles, *placed]))
+    floor: tuple[float, Any, Any] | None = None
+    for ax in reversed(list(rx_axes)):  # under the floor line: right end of the last window first
+        lines_px = sorted(
+            _px(ax, a.get_xdata()[0]) for a in ax.get_lines() if str(a.get_gid()).startswith("headline-mark-")
+        )
+        label = ax.annotate(
+            FLOOR_TEXT,
+            (0, NO_LIGHT_DBM - 2),
+            xytext=(LABEL_PAD_PT, 0),
+            textcoords="offset points",
+            ha="left",
+            va="center",
+            fontsize="x-small",
+            color="0.3",
+            gid="headline-floor-label",
+            annotation_clip=False,
+        )
+        label.set_in_layout(False)
+        ends = [ax.bbox.x1 - 1, ax.bbox.x0 + 1]
+        candidates = [
+            (ends[0], "left", FLOOR_TEXT),
+            *((p, "right", FLOOR_TEXT) for p in reversed(lines_px)),
+            *((p, "left", FLOOR_TEXT) for p in lines_px),
+            (ends[1], "right", FLOOR_TEXT),
+        ]
+        box = _place(label, ax, candidates, renderer, lines_px, placed)
+        cost = _cost(box, ax.bbox, lines_px, placed)
+        if floor is None or cost < floor[0]:
+            if floor is not None:
+                floor[1].remove()
+            floor = (cost, label, box)
+        else:
+            label.remove()
+        if cost == 0:
+            break
+
+
+def _px(ax: Any, x: float) -> float:
+    return float(ax.transData.transform((x, 0))[0])
+
+
+def _padded(box: Any, pad: float) -> Any:
+    return Bbox.from_extents(box.x0 - pad, box.y0 - pad, box.x1 + pad, box.y1 + pad)
+
+
+def _overlap(a: Any, b: Any) -> float:
+    w = min(a.x1, b.x1) - max(a.x0, b.x0)
+    h = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return w * h if w > 0 and h > 0 else 0.0
+
+
+def _cost(box: Any, inside: Any, lines_px: Sequence[float], taken: Sequence[Any]) -> float:
+    """How badly a label's box sits: its area outside the axes, each mark line it crosses, its overlaps."""
+    outside = box.width * box.height - _overlap(box, inside)
+    crossed = sum(box.x0 < p < box.x1 for p in lines_px)
+    return float(10 * outside + 100 * box.height * crossed + sum(_overlap(box, t) for t in taken))
+
+
+def _place(
+    label: Any,
+    ax: Any,
+    candidates: Sequence[tuple[float, str, str]],
+    renderer: Any,
+    lines_px: Sequence[float],
+    taken: Sequence[Any],
+) -> Any:
+    """Put `label` at the first candidate (anchor in pixels, side of it, text) that costs nothing, else at
+    the cheapest; returns its box (padded by its background)."""
+    best: tuple[float, int] | None = None
+    for i, candidate in enumerate(candidates):
+        cost = _cost(_try(label, ax, candidate, renderer), ax.bbox, lines_px, taken)
+        if best is None or cost < best[0]:
+            best = (cost, i)
+        if cost == 0:
+            break
+    assert best is not None
+    return _try(label, ax, candidates[best[1]], renderer)
+
+
+def _try(label: Any, ax: Any, candidate: tuple[float, str, str], renderer: Any) -> Any:
+    anchor, side, text = candidate
+    label.set_text(text)
+    x = float(ax.transData.inverted().transform((anchor, 0))[0])
+    label.xy = (x, label.xy[1])
+    label.xyann = (LABEL_PAD_PT if side == "right" else -LABEL_PAD_PT, 0)
+    label.set_horizontalalignment("left" if side == "right" else "right")
+    return _padded(label.get_window_extent(renderer), 2.0)
 
 
 def _time_ticks(ax: Any, lo: float, hi: float) -> None:
@@ -1359,22 +1641,39 @@ def render_distributions(measured: pd.DataFrame) -> Any:
         ax.set_gid(gid)
         data = [values for _, values, _ in phases]
         positions = list(range(len(phases), 0, -1))  # the first phase on top
+        # Boxes over the dots (drawn faint beneath): a box a few pixels wide on a log axis still reads; its
+        # median is written under the phase's name, so the number never depends on reading the box.
         ax.boxplot(
             data,
             positions=positions,
             orientation="horizontal",
-            tick_labels=[f"{name} (n={values.size})" for name, values, _ in phases],
+            tick_labels=[
+                f"{name} (n={values.size})\nmedian {_ms(float(np.median(values)))}"
+                for name, values, _ in phases
+            ],
             showfliers=False,
+            widths=0.6,
+            boxprops={"linewidth": 1.3, "zorder": 3},
+            whiskerprops={"linewidth": 1.1, "zorder": 3},
+            capprops={"linewidth": 1.1, "zorder": 3},
+            medianprops={"color": "black", "linewidth": 2.2, "zorder": 4},
         )
         rng = np.random.default_rng(0)
         for y, (name, values, _) in zip(positions, phases, strict=True):
             ax.scatter(
-                values, y + rng.uniform(-0.15, 0.15, values.size), s=8, alpha=0.5, color=PHASE_COLOURS[name]
+                values,
+                y + rng.uniform(-0.22, 0.22, values.size),
+                s=6,
+                alpha=0.35,
+                color=PHASE_COLOURS[name],
+                lw=0,
+                zorder=2,
             )
         ax.set_xscale("log")
         ax.set_title(title, loc="left", fontsize="medium")
-        ax.set_xlabel("duration (ms, log scale)")
+        ax.set_xlabel("duration (log scale)")
         ax.grid(axis="x", which="both")
+        ax.tick_params(axis="y", labelsize="small")
         for slot, (name, values, n_text) in enumerate(phases):
             cdf = fig.add_subplot(grid[first_row + slot // n_cols, 1 + slot % n_cols])
             _draw_cdf(cdf, name, values, n_text)
@@ -1383,6 +1682,11 @@ def render_distributions(measured: pd.DataFrame) -> Any:
         first_row += n_rows
     if len(box_axes) > 1:  # one duration axis for both sections: the down side reads against recovery
         box_axes[0].tick_params(labelbottom=True)
+    if box_axes:
+        shown = np.concatenate([values for _, _, phases in sections for _, values, _ in phases])
+        lo, hi = float(shown.min()) / 1.5, float(shown.max()) * 1.5
+        box_axes[0].set_xlim(lo, hi)
+        _log_duration_ticks(box_axes[0], lo, hi, width * 2 / (2 + n_cols))
     title = (
         f"Phase durations over {_count_reconfigs(measured)} reconfigurations, each phase over its own unit"
     )
@@ -1392,6 +1696,32 @@ def render_distributions(measured: pd.DataFrame) -> Any:
         title += f"; left out: {' and '.join(flagged)} phase value{plural}"
     fig.suptitle(title)
     return fig
+
+
+def _duration(ms: float) -> str:
+    """A tick's duration (given in ms) with its unit, in plain digits: 200 µs, 5 ms, 1 s."""
+    if ms >= 1000:
+        return f"{ms / 1000:.4g} s"
+    if ms >= 1:
+        return f"{ms:.4g} ms"
+    return f"{ms * 1000:.4g} µs"
+
+
+def _log_duration_ticks(ax: Any, lo: float, hi: float, width_in: float) -> None:
+    """Label a log duration axis (ms) in plain units at 1-2-5, 1-3 or 1 per decade: as many as its width
+    holds without the labels running into one another (a label ~6 characters of the tick font)."""
+    decades = max(np.log10(hi / lo), 1e-9)
+    per_decade_pt = 0.8 * width_in * 72 / decades  # the axes take ~80% of their grid cell
+    label_pt = 6 * 0.6 * float(FontProperties(size=plt.rcParams["xtick.labelsize"]).get_size_in_points())
+    need = 1.4 * label_pt  # between two labels' centres
+    if per_decade_pt * np.log10(2) >= need:
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    elif per_decade_pt * np.log10(3) >= need:
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 3.0)))
+    else:  # a decade per label, or every other decade where one is too narrow for its label
+        ax.xaxis.set_major_locator(LogLocator(base=10.0 if per_decade_pt >= need else 100.0))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _duration(v)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _draw_cdf(cdf: Any, name: str, values: np.ndarray, n_text: str) -> None:

@@ -37,12 +37,15 @@ def synth_events(
     threshold: float = -10.0,
     recover: bool = True,
     firmware_ms: int = 40,
+    loss_prev_us: int | None = None,
 ) -> list[Event]:
     """A run as the controller records it: run.start, then per reconfiguration a phase, the switch's command
     and completion per rail, and per port light lost and back, firmware, carrier and traffic down and up.
     Reconfiguration 0 is the baseline. With recover=False the last reconfiguration never comes back.
     `firmware_ms`: firmware link-up after the command (plus up to 20 ms of jitter), e.g. 6000 as on the
-    Opus testbed."""
+    Opus testbed. `loss_prev_us`: the Rx sample that first reads dark names the lit one before it
+    (meta.prev_ns) this long before it, as the DOM poller does; by default the loss is stamped as it
+    happened."""
     spacing = 200 if firmware_ms <= 100 else 2 * firmware_ms
     ports = [
         {
@@ -102,7 +105,12 @@ def synth_events(
                 return Event(t_ns=t, source=s, kind=kind, value=value, reconfig=r, meta=meta)
 
             events += [
-                at(base + 2 * MS, Kind.RX_POWER, None),
+                at(
+                    base + 2 * MS,
+                    Kind.RX_POWER,
+                    None,
+                    prev=None if loss_prev_us is None else base + 2 * MS - loss_prev_us * 1000,
+                ),
                 at(base + 2 * MS, Kind.LINK_FIRMWARE, 0),
                 at(base + 2 * MS + MS // 5, Kind.CARRIER, 0),
                 at(base + 3 * MS, Kind.TRAFFIC_LOST, None),
