@@ -91,9 +91,16 @@ def run_command(out: Path, seed: int, *, plots: bool = True, profile: str = "fas
 
 
 def burst(
-    out: Path, seed: int, delay_s: float, signals: list[signal.Signals], *, plots: bool = True
+    out: Path,
+    seed: int,
+    delay_s: float,
+    signals: list[signal.Signals],
+    *,
+    plots: bool = True,
+    after_directory: bool = False,
 ) -> dict[str, object]:
-    """One run sent `signals`, BURST_GAP_S apart, `delay_s` after it started; what it left, judged."""
+    """One run sent `signals`, BURST_GAP_S apart, `delay_s` after it started (`after_directory`: after its
+    run directory appeared, whatever start-up cost on this machine); what it left, judged."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         run_command(out, seed, plots=plots),
@@ -102,6 +109,11 @@ def burst(
         text=True,
         env=env,
     )
+    deadline = time.monotonic() + EXIT_S
+    while after_directory and proc.poll() is None and time.monotonic() < deadline:
+        if list(out.glob("*/run.json")):
+            break
+        time.sleep(0.01)
     time.sleep(delay_s)
     sent = 0
     for n, sig in enumerate(signals):

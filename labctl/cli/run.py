@@ -64,8 +64,10 @@ class RichProgress:
         self.task: Any = None
         self.first_lines = first_lines or []
         """Said once the run has started, under its directory (which files it runs)."""
+        self.run_dir: Path | None = None
 
     def started(self, run_dir: Path, steps: int) -> None:
+        self.run_dir = run_dir
         # Printed once, here: a long run can be inspected (`labctl report`) while it goes.
         err.print(f"run directory: [bold]{run_dir}[/]")
         for line in self.first_lines:
@@ -337,6 +339,9 @@ async def _run_with_signals(coro: Any, progress: RichProgress, signals: _Signals
     def on_signal(name: str) -> None:
         signals.hits += 1
         signals.first = signals.first or name
+        if not progress.run_dir:  # before the run's directory: its one line comes as it stops
+            task.cancel()
+            return
         if signals.hits == 1:
             progress.message(f"[yellow]{name}: stopping; restoring the baseline (send again to abandon)[/]")
         elif signals.hits == 2:

@@ -26,6 +26,7 @@ from labctl.core.clock import Timebase, now_ns
 from labctl.core.events import Event, EventLog, Kind
 from labctl.core.fileio import write_json_atomic
 from labctl.core.registry import DEFAULT_EXPERIMENT_KIND
+from labctl.core.shipped import builtin_inventory
 from labctl.labs import build_lab, load
 from labctl.labs.base import LabContext
 from labctl.linux.timesync import clock_sync_state
@@ -107,6 +108,18 @@ def _git_describe() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
+
+
+def input_files(experiment: Path, inventory_path: Path) -> dict[str, Any]:
+    """Which files a run ran, as absolute paths (run.json; `experiment_path`, `inventory_path` are as
+    given), and whether the inventory is the built-in lab (a command's default where its directory has no
+    inventory.yaml: labctl.core.shipped). Not resolved: in a clone the built-in files link to the
+    repository's."""
+    return {
+        "experiment_file": str(experiment.absolute()),
+        "inventory_file": str(inventory_path.absolute()),
+        "inventory_builtin": inventory_path.absolute() == builtin_inventory().absolute(),
+    }
 
 
 def restore_file(run_dir: Path, switch: str) -> Path:
@@ -209,6 +222,7 @@ async def run_experiment(
             "experiment_path": str(experiment),
             "inventory": inventory.snapshot(),
             "inventory_path": str(inventory_path),
+            **input_files(experiment, inventory_path),
             "profile": {"name": profile_name, **profile_obj.model_dump(mode="json")},
             "seed": seed,
             "timebase": {
