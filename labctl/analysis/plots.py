@@ -13,7 +13,9 @@ threshold line), `mark-t1` … `mark-t5` (the marks; `mark-tN-spread` the p5–p
 summarized per rail), `rx-rail-R` (a rail's Rx traces), `ocs-rail-R` (a rail's switch command bar),
 `cdf-PHASE` (a phase's CDF axis), `box-recovery` / `box-down` (the box plots); in the headline
 `headline-rx` (the port's Rx trace), `headline-rx-spread` (p5–p95 over the ports), `headline-mark-tN`
-(a mark's line, label `headline-label-tN`, bracket `headline-bracket-tN`, spread `headline-spread-tN`).
+(a mark's line, label `headline-label-tN`, bracket `headline-bracket-tN`, spread `headline-spread-tN`),
+`headline-light-lost` / `headline-light-back` (the shaded brackets the light went out and came back in),
+`headline-floor` and `headline-floor-label` (the no-light floor line and its label).
 """
 
 from __future__ import annotations
@@ -1028,7 +1030,7 @@ def render_headline(data: HeadlineData) -> Any:
     # Room for each mark's label beside its line, on its own row, in the style's font (_place_headline_labels)
     width = 0.75 * float(plt.rcParams["figure.figsize"][0])
     font_in = float(plt.rcParams["font.size"]) / 72
-    fig = plt.figure(figsize=(width, max(5.2, 42 * font_in)), layout="constrained")
+    fig = plt.figure(figsize=(width, max(5.8, 46 * font_in)), layout="constrained")
     axes = fig.subplots(
         2,
         len(data.windows),
@@ -1127,7 +1129,7 @@ class _HeadlineMark:
     size: float
 
 
-LABEL_ABOVE_ROW = 1.3
+LABEL_ABOVE_ROW = 1.0
 """dBm between a mark's row and the bottom of its label."""
 
 
@@ -1137,7 +1139,7 @@ def _headline_marks(data: HeadlineData, row: pd.Series) -> list[_HeadlineMark]:
     rows, t0 = data.rows, data.t0
     own = rows["t0_command_ns"].to_numpy(dtype=np.float64, na_value=np.nan)
     own = np.where(np.isfinite(own), own, float(t0))
-    top = max(min(data.threshold - 4, -13.0), NO_LIGHT_DBM + 20)
+    top = max(min(data.threshold - 2.5, -12.5), NO_LIGHT_DBM + 20)
     row_ys = np.linspace(top, NO_LIGHT_DBM + 1.5, 1 + len(HEADLINE_MARKS))
     marks = [_HeadlineMark("t0", 0.0, float(row_ys[0]), "black", ("t0 OCS command",), None, None, "|", 6)]
     for k, (col, what, since) in enumerate(HEADLINE_MARKS, start=1):
@@ -1365,11 +1367,11 @@ def _place_headline_labels(fig: Any, rx_axes: Sequence[Any], marks: Sequence[_He
                 )
                 if states_line is not None:
                     states_line.set_linestyle((0, (3, 2)))
-        obstacles = [
-            _padded(a.get_window_extent(renderer), 0.5 * a.get_linewidth() * fig.dpi / 72)
+        obstacles = {  # a label may stand beside its own marker (a tall '|' for t0, t1), not on others'
+            str(a.get_gid()): _padded(a.get_window_extent(renderer), 0.5 * a.get_linewidth() * fig.dpi / 72)
             for a in ax.get_lines()
             if str(a.get_gid()).startswith(("headline-bracket-", "headline-spread-", "headline-marker-"))
-        ]
+        }
         lines_px = sorted(px.values())
         for mark in marks:
             label = next((t for t in ax.texts if t.get_gid() == f"headline-label-{mark.name}"), None)
@@ -1388,7 +1390,8 @@ def _place_headline_labels(fig: Any, rx_axes: Sequence[Any], marks: Sequence[_He
                 for side, anchors in ((s, right if s == "right" else left) for s in sides)
                 if rank < len(anchors)
             ]
-            placed.append(_place(label, ax, candidates, renderer, lines_px, [*obstacles, *placed]))
+            others = [box for gid, box in obstacles.items() if gid != f"headline-marker-{mark.name}"]
+            placed.append(_place(label, ax, candidates, renderer, lines_px, [*others, *placed]))
     floor: tuple[float, Any, Any] | None = None
     for ax in reversed(list(rx_axes)):  # under the floor line: right end of the last window first
         lines_px = sorted(
