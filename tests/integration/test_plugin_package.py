@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -59,8 +60,11 @@ def test_the_package_is_the_code_the_page_shows() -> None:
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("plugin")
     pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    # built from a copy: setuptools leaves build/ and an egg-info beside the sources it builds
+    source = root / "labctl-loopback"
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     built = subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(root / "wheels"), str(EXAMPLE)],
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(root / "wheels"), str(source)],
         capture_output=True,
         text=True,
     )
