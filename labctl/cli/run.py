@@ -494,6 +494,9 @@ def run(
     except asyncio.CancelledError:  # stopped before its run directory existed
         progress.stop()
         err.print(f"[red]aborted: {signals.first or 'signal'} before the run started; nothing was changed[/]")
+        from labctl.cli import signals as guard
+
+        guard.settle()
         raise typer.Exit(EXIT_ABORTED) from None
     finally:
         progress.stop()
@@ -540,6 +543,7 @@ def run(
         out.print(f"figures: not drawn for an aborted run; `labctl plot {outcome.run_dir}` draws them")
     from labctl.cli import signals as guard
 
+    guard.settle()  # all is said: a signal from here to the exit is too late to change anything
     if outcome.status == "aborted" or signals.hits or guard.noted():
         raise typer.Exit(EXIT_ABORTED)
     if outcome.status != "completed":

@@ -9,7 +9,9 @@ process that merely imports labctl.cli, such as a test runner), and:
 - before the run's loop (imports, parsing, a dry run): nothing was started, so a signal ends the process
   at once with one line and exit code 130 (`Stage.EXIT`);
 - after it (the run's record is final): the line is printed, the rest (its summary) goes on, and the
-  command's exit code is 130 (`Stage.NOTE`, `noted`).
+  command's exit code is 130 (`Stage.NOTE`, `noted`);
+- once all is printed (`settle`): ignored to the exit, so the interpreter's finalization, which restores
+  the default action of a handled signal, cannot end a finished run by signal.
 
 Only the window before Python runs labctl's first line (interpreter start-up, tens of ms) is left to Python.
 Other commands get Python's handlers back once the command is known (`release`).
@@ -104,6 +106,14 @@ def release() -> None:
     for sig, previous in list(_previous.items()):
         signal.signal(sig, previous)
     _previous.clear()
+
+
+def settle() -> None:
+    """The command's work is done and said: SIGINT and SIGTERM are ignored from here to the exit. Python's
+    finalization puts back the default action of a signal it handled (death by signal, after a run had
+    printed `status: completed`), but leaves an ignored one ignored."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def noted() -> str | None:
