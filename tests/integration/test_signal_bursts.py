@@ -230,3 +230,34 @@ def test_a_run_names_its_experiment_and_inventory_and_the_built_in_lab(tmp_path:
 )
 def test_only_the_labctl_process_guards_its_signals(argv: list[str], cli: bool) -> None:
     assert is_cli_process(argv) is cli
+
+
+def test_a_hardware_switch_off_the_baseline_is_said_with_its_restore_command() -> None:
+    restore = "labctl ocs apply runs/x/baseline-ocs1.yaml --switch ocs1 --inventory lab.yaml"
+    state = {
+        "ocs1": {
+            "baseline": "dp",
+            "written": True,
+            "in_process": False,
+            "on_baseline": False,
+            "holds": [[1, 37]],
+            "baseline_patches": [[1, 35], [2, 36]],
+            "restore": restore,
+        },
+        "ocs2": {"baseline": "dp", "written": True, "in_process": False, "on_baseline": True},
+        "ocs3": {
+            "baseline": "dp",
+            "written": True,
+            "in_process": False,
+            "on_baseline": None,
+            "read": "final read-back failed: TimeoutError()",
+            "restore": restore.replace("ocs1", "ocs3"),
+        },
+    }
+    one, three = switch_lines(state)
+    assert one == (
+        "switch ocs1 is NOT on the baseline 'dp': it holds 1 patches on the run's ports, the baseline 2 "
+        f"(run.json switch_state); to restore it: {restore}"
+    )
+    assert three.startswith("what switch ocs3 holds is unknown (final read-back failed: TimeoutError())")
+    assert three.endswith(f"to restore it: {restore.replace('ocs1', 'ocs3')}")
