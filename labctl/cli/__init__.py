@@ -24,6 +24,7 @@ import typer
 from labctl.cli.common import EXIT_ABORTED, err, out
 from labctl.cli.lazy import lazy_group
 from labctl.core.errors import InputError, LabctlError
+from labctl.core.extras import hide_library_deprecations
 
 # Every top-level command, in the order `labctl --help` lists them, and the module (labctl/cli/<module>.py)
 # whose `register(app)` adds it.
@@ -84,6 +85,7 @@ def _permission_hint(e: PermissionError) -> str:
 def main() -> None:
     """Console entry point: bad input is one line on stderr and exit code 2, never a traceback."""
     signals.for_command(sys.argv[1:])
+    hide_library_deprecations()
     try:
         # With standalone_mode=False click returns the code of a typer.Exit instead of raising it.
         code = app(standalone_mode=False)

@@ -10,7 +10,9 @@ import importlib
 import importlib.metadata
 import json
 import warnings
+from pathlib import Path
 from types import ModuleType
+from typing import TextIO
 from urllib.parse import unquote, urlparse
 
 from labctl.core.errors import LabctlError
@@ -49,8 +51,12 @@ def is_deprecation(category: type[Warning]) -> bool:
     """A deprecation notice, Python's own or a library's (cryptography's CryptographyDeprecationWarning
     derives from UserWarning, so the class name is what tells it)."""
     return issubclass(category, DeprecationWarning | PendingDeprecationWarning) or any(
-        "Deprecat" in klass.__name__ for klass in category.__mro__
+        is_deprecation_name(klass.__name__) for klass in category.__mro__
     )
+
+
+def is_deprecation_name(category_name: str) -> bool:
+    return "Deprecat" in category_name
 
 
 def quiet_import(module: str) -> ModuleType:
@@ -64,6 +70,44 @@ def quiet_import(module: str) -> ModuleType:
         if not is_deprecation(notice.category):
             warnings.warn_explicit(notice.message, notice.category, notice.filename, notice.lineno)
     return imported
+
+
+LABCTL_DIR = str(Path(__file__).resolve().parents[1])
+
+
+def library_deprecation(category: type[Warning], filename: str) -> bool:
+    """A deprecation notice raised outside labctl's own code: for that library's authors, not for a labctl
+    user at a terminal (labctl's own deprecations are shown)."""
+    return is_deprecation(category) and library_file(filename)
+
+
+def library_file(filename: str) -> bool:
+    """A file outside labctl's package."""
+    return not str(Path(filename).resolve()).startswith(LABCTL_DIR)
+
+
+def hide_library_deprecations() -> None:
+    """For labctl's own commands: a library's deprecation notice never reaches the user's terminal (issue 45:
+    asyncssh's DSA notice under cryptography 51 printed before the NETCONF emulator's banner). Every other
+    warning is shown as before. (`labctl.core.logs.setup_logging`, which routes warnings into the log, drops
+    the same notices there.)"""
+    shown = warnings.showwarning
+    if getattr(shown, "hides_library_deprecations", False):
+        return
+
+    def showwarning(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        if not library_deprecation(category, filename):
+            shown(message, category, filename, lineno, file, line)
+
+    showwarning.hides_library_deprecations = True  # type: ignore[attr-defined]
+    warnings.showwarning = showwarning
 
 
 def require(module: str, extra: str, purpose: str) -> ModuleType:

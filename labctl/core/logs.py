@@ -111,4 +111,22 @@ def setup_logging(
     root.setLevel(max(numeric, logging.WARNING))
     logging.getLogger("labctl").setLevel(numeric)
     logging.captureWarnings(True)  # a Python warning is a log record too (logger py.warnings)
+    captured = logging.getLogger("py.warnings")
+    if not any(isinstance(f, _LibraryDeprecations) for f in captured.filters):
+        captured.addFilter(_LibraryDeprecations())
     return handler
+
+
+class _LibraryDeprecations(logging.Filter):
+    """Drops a library's deprecation notice from the log (labctl.core.extras.library_deprecation): a captured
+    warning's record is `FILE:LINE: CATEGORY: message`, all the filter has to go by."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from labctl.core.extras import is_deprecation_name, library_file
+
+        head = record.getMessage().split(": ", 2)
+        if len(head) < 3:
+            return True
+        location, category = head[0], head[1]
+        filename = location.rsplit(":", 1)[0]
+        return not (is_deprecation_name(category) and library_file(filename))

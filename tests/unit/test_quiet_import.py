@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.core.extras import install_hint, is_deprecation, quiet_import, require
+from labctl.core.extras import hide_library_deprecations, install_hint, is_deprecation, quiet_import, require
 
 
 class VendorDeprecationWarning(UserWarning):
@@ -71,3 +71,50 @@ def test_the_install_hint_names_where_this_labctl_came_from() -> None:
         assert hint == f"pip install -e '{Path(__file__).resolve().parents[2]}[netconf]'"
     else:
         assert hint.endswith("[netconf]'")
+
+
+def _warn_from(filename: str, category: type[Warning], text: str) -> None:
+    warnings.warn_explicit(text, category, filename, 1)
+
+
+def test_a_labctl_command_shows_no_library_deprecation_and_every_other_warning() -> None:
+    import labctl
+
+    ours = str(Path(labctl.__file__).parent / "run" / "engine.py")
+    shown: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        # what the terminal would print: the showwarning in place before labctl's (pytest records otherwise)
+        warnings.showwarning = lambda message, *args, **kwargs: shown.append(str(message))
+        hide_library_deprecations()
+        hide_library_deprecations()  # installed once however often called
+        _warn_from(
+            "/venv/site-packages/asyncssh/crypto/misc.py", VendorDeprecationWarning, "DSA is deprecated"
+        )
+        _warn_from("/venv/site-packages/pandas/core.py", UserWarning, "a library's real warning")
+        _warn_from(ours, DeprecationWarning, "labctl's own deprecation")
+    assert shown == ["a library's real warning", "labctl's own deprecation"]
+
+
+def test_a_service_log_drops_library_deprecations_too() -> None:
+    import io
+
+    from labctl.core.logs import setup_logging
+
+    stream = io.StringIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        handler = setup_logging("info", stream=stream, fmt="text")
+        try:
+            _warn_from(
+                "/venv/site-packages/asyncssh/crypto/misc.py", VendorDeprecationWarning, "DSA is deprecated"
+            )
+            _warn_from("/venv/site-packages/aiomqtt/client.py", RuntimeWarning, "a real problem")
+        finally:
+            import logging
+
+            logging.captureWarnings(False)
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+    assert "DSA is deprecated" not in stream.getvalue()
+    assert "a real problem" in stream.getvalue()
