@@ -395,7 +395,11 @@ class AgentHub:
 
     def report(self) -> dict[str, Any]:
         """For run.json: clock offsets per agent (with every re-measurement) and stream accounting."""
+        refused = {reason: self.replies_refused[reason] for reason in REFUSALS}
+        note = refused_replies_line({"replies_refused": refused})
         return {
+            # what the run's status line adds (labctl run prints each): here, replies refused
+            "status_notes": [note] if note else [],
             "clock_offsets": {
                 host: link.clock_record(self.identity) for host, link in self.links.items() if link.history
             },
@@ -406,7 +410,7 @@ class AgentHub:
                 "expired_commands": self.expired_commands,
                 "world": {"messages": self.world_messages, "items": self.world_items},
                 "rejected": self.rejections.as_dict(),
-                "replies_refused": {reason: self.replies_refused[reason] for reason in REFUSALS},
+                "replies_refused": refused,
                 "duplicate_replies": self.duplicate_replies,
                 "identities": "per-host" if self.broker.per_host else "shared",
                 "agent_rejected": {

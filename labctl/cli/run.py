@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape as markup_escape
 
 from labctl.cli.common import (
     DEFAULT_INVENTORY,
@@ -525,15 +526,12 @@ def run(
         out.print(f"[yellow]clock: {caveat}[/]", highlight=False)
     for line in kind_lines:  # what the experiment kind adds (a replay's step times and stall)
         out.print(line, highlight=False)
-    refused = None
-    if isinstance(meta.get("agents"), dict):  # replies refused: said in the status line (decision 0072)
-        from labctl.agents.hub import refused_replies_line
-
-        refused = refused_replies_line(meta["agents"])
+    # what the lab adds to the status line (an agents lab: replies it refused, decision 0072)
+    notes = "; ".join(str(note) for note in meta.get("status_notes") or [])
     out.print(
         f"status: [bold]{outcome.status}[/]"
         + (f" ({outcome.error})" if outcome.error else "")
-        + (f"; [red]{refused}[/]" if refused else "")
+        + (f"; [red]{markup_escape(notes)}[/]" if notes else "")
     )
     for line in switch_lines(outcome.switch_state):
         out.print(f"[red]{line}[/]", highlight=False)

@@ -29,7 +29,7 @@ import aiomqtt
 from labctl.agents.agent import Agent
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.wire import Batch, Command, Reply, _enc, topic, world_topic
-from labctl.core.events import Event
+from labctl.core.events import Event, Kind
 from labctl.inventory.schema import Inventory
 
 __all__ = ["AdversarialAgent"]
@@ -163,7 +163,7 @@ class AdversarialAgent(Agent):
                 seq=0,
                 n0=0,
                 dropped=0,
-                events=[Event(t_ns=0, source=f"nic:{other}/p0", host=other, kind="carrier")],
+                events=[Event(t_ns=0, source=f"nic:{other}/p0", host=other, kind=Kind.CARRIER)],
             )
             for leaf, body in (
                 ("reply", self._forged(cmd.id, cmd.op, host=other)),

@@ -34,7 +34,6 @@ from tests.mosquitto import Mosquitto
 pytestmark = pytest.mark.xdist_group("agents")
 
 
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -189,7 +189,12 @@ def fresh_cli(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 
 def _command_modules_loaded() -> set[str]:
-    return {m.rpartition(".")[2] for m in sys.modules if m.startswith("labctl.cli.")} - {"common", "lazy"}
+    # signals: loaded first by every `labctl` process, to handle SIGINT/SIGTERM from the start (decision 0073)
+    return {m.rpartition(".")[2] for m in sys.modules if m.startswith("labctl.cli.")} - {
+        "common",
+        "lazy",
+        "signals",
+    }
 
 
 @pytest.mark.parametrize(

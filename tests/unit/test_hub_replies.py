@@ -155,6 +155,7 @@ async def test_a_late_answer_to_a_request_that_timed_out_is_no_forgery(hub: Agen
 
 async def test_the_end_of_a_run_says_how_many_replies_were_refused_and_why(hub: AgentHub) -> None:
     assert refused_replies_line(hub.report()["agents"]) is None  # nothing refused: nothing said
+    assert hub.report()["status_notes"] == []
     hub.post("h1", "window", {})
     cmd = sent(hub)
     for guess in (cmd.id + 1, cmd.id + 2):
@@ -164,3 +165,5 @@ async def test_the_end_of_a_run_says_how_many_replies_were_refused_and_why(hub: 
         "3 agent replies refused (2 unsolicited, 1 wrong_op): an agent answered commands not sent to it; "
         "none was used (run.json agents.replies_refused)"
     )
+    # labctl run adds the lab's status notes to its status line
+    assert hub.report()["status_notes"] == [refused_replies_line(hub.report()["agents"])]
