@@ -61,7 +61,7 @@ class LinkSettings:
         return replace(merged, priv_flags=tuple(flags.items()))
 
     def differences(self, actual: LinkSettings) -> list[str]:
-        """Each setting this asks for that `actual` (a read-back) does not hold, as `name: asked X, read Y`."""
+        """Each setting asked for that `actual` (a read-back) does not hold: `name: asked X, read Y`."""
         out: list[str] = []
         for name in ("autoneg", "speed_mbps", "duplex", "link_modes", "fec"):
             asked = getattr(self, name)
