@@ -34,19 +34,7 @@ from _table import record  # noqa: E402
 from labctl.core.errors import InputError  # noqa: E402
 from labctl.core.yamlio import MAX_FILE_BYTES  # noqa: E402
 from labctl.inventory.schema import load_inventory  # noqa: E402
-from tests.helpers.hostile_input import HOSTILE  # noqa: E402
-
-
-def long_switch_name(length: int) -> str:
-    """The serial-emulated lab with its switch named by `length` characters, wherever the file names it."""
-    data = yaml.safe_load((REPO / "experiments" / "inventories" / "serial-emulated.yaml").read_text())
-    ((old, config),) = data["switches"].items()
-    name = "o" * length
-    data["switches"] = {name: config}
-    for host in data["hosts"].values():
-        for nic in host["nics"]:
-            nic["switch"] = name if nic["switch"] == old else nic["switch"]
-    return str(yaml.safe_dump(data, width=1 << 30))
+from tests.helpers.hostile_input import HOSTILE, long_switch_name  # noqa: E402
 
 
 def cases(tmp: Path) -> dict[str, Path]:

@@ -11,6 +11,22 @@ import yaml
 from labctl.inventory.schema import load_inventory
 from labctl.run.experiment import build_plan, load_experiment
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def long_switch_name(length: int) -> str:
+    """The serial-emulated lab (the emulator on a pty, the real dicon-serial driver) with its switch named by
+    `length` characters, everywhere the inventory names it."""
+    data = yaml.safe_load((REPO / "experiments" / "inventories" / "serial-emulated.yaml").read_text())
+    ((old, config),) = data["switches"].items()
+    name = "o" * length
+    data["switches"] = {name: config}
+    for host in data["hosts"].values():
+        for nic in host["nics"]:
+            assert nic["switch"] == old
+            nic["switch"] = name
+    return str(yaml.safe_dump(data, width=1 << 30))
+
 
 def alias_bomb(levels: int = 9, width: int = 9) -> str:
     text = "a0: &a0 [" + ", ".join(["lol"] * width) + "]\n"

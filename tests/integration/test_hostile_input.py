@@ -23,6 +23,7 @@ from tests.helpers.hostile_input import (
     FULL_INVENTORY,
     HOSTILE,
     _check,
+    long_switch_name,
     numeric_leaves,
 )
 
@@ -154,18 +155,8 @@ def test_cli_refuses_a_negative_seed(tmp_path: Path, experiment_path: Path, inve
 
 
 def _long_switch_name(tmp_path: Path, length: int) -> Path:
-    """The serial-emulated lab (the emulator on a pty, the real dicon-serial driver) with its switch's name
-    `length` characters long, everywhere the inventory names it."""
-    data = yaml.safe_load((REPO / "experiments" / "inventories" / "serial-emulated.yaml").read_text())
-    ((old, config),) = data["switches"].items()
-    name = "o" * length
-    data["switches"] = {name: config}
-    for host in data["hosts"].values():
-        for nic in host["nics"]:
-            assert nic["switch"] == old
-            nic["switch"] = name
     path = tmp_path / "serial-long-name.yaml"
-    path.write_text(yaml.safe_dump(data, width=1 << 30))
+    path.write_text(long_switch_name(length))
     return path
 
 
