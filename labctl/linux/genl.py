@@ -60,7 +60,8 @@ class GenericNetlink:
         return bytearray(NLMSGHDR.pack(NLMSGHDR.size + len(body), family, NLM_F_REQUEST, 0, 0) + body)
 
     def request(self, msg: bytearray) -> memoryview:
-        """Send `msg` (its seq is stamped here) and return the payload after the genl header of the reply."""
+        """Send `msg` (its seq is stamped here) and return the payload after the genl header of the reply
+        (empty for the ACK of a request sent with NLM_F_ACK: a SET)."""
         self._seq = (self._seq + 1) & 0xFFFFFFFF
         U32.pack_into(msg, SEQ_AT, self._seq)
         self.sock.send(msg)
@@ -73,6 +74,8 @@ class GenericNetlink:
                     break
                 if seq == self._seq:
                     if kind == NLMSG_ERROR:
+                        if NLMSGERR.unpack_from(self._buf, at + NLMSGHDR.size)[0] == 0:
+                            return memoryview(self._buf)[0:0]  # the ACK a request with NLM_F_ACK asked for
                         raise self._error(at, length, flags)
                     if kind != NLMSG_DONE:
                         start = at + NLMSGHDR.size + GENLMSGHDR.size
