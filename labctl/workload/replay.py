@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import csv
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -32,7 +33,7 @@ from labctl.core.events import Event, Kind
 from labctl.linux import timerfd
 from labctl.linux.timerfd import Alarm
 from labctl.workload.circuits import TopoState, after_op, topo_id
-from labctl.workload.orchestrator import JobOrchestrator, WriteResult
+from labctl.workload.orchestrator import WriteResult
 from labctl.workload.trace import Op, Trace
 
 Mode = Literal["provisioning", "on-demand"]
@@ -42,6 +43,35 @@ class LinkWatch(Protocol):
     """Watching, from its creation, for the moved ports of some rail changes to carry traffic again."""
 
     async def wait(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Orchestrator(Protocol):
+    """What the replay asks of a job's controller (JobOrchestrator on a lab; labctl.workload.whatif's
+    stand-in, whose switches take a given recovery time)."""
+
+    fallback: dict[str, Any] | None
+
+    @property
+    def state(self) -> TopoState: ...
+
+    def operation(self, label: str, stages: Sequence[int]) -> AbstractAsyncContextManager[int]: ...
+
+    def planned_changes(self, target: TopoState) -> list[tuple[int, Any, Any]]: ...
+
+    async def write(self, target: TopoState, context: dict[str, Any] | None = None) -> WriteResult: ...
+
+
+class ReplayClock(Protocol):
+    """The replay's timeline clock: CLOCK_MONOTONIC with a timerfd on a lab (`TimerfdClock`), or a
+    virtual one (labctl.workload.whatif) that jumps to the next deadline when every task waits."""
+
+    def now_ns(self) -> int: ...
+
+    async def sleep_until(self, t_ns: int) -> int:
+        """Sleep to an absolute time; returns how late it woke (ns)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -169,17 +199,34 @@ async def sleep_until(t_ns: int, alarm: Alarm | None = None) -> int:
     return max(0, now_ns() - t_ns)
 
 
+class TimerfdClock:
+    """The run's clock (labctl.core.clock.now_ns), slept on with one timerfd (`sleep_until`)."""
+
+    def __init__(self) -> None:
+        self._alarm = Alarm()
+
+    def now_ns(self) -> int:
+        return now_ns()
+
+    async def sleep_until(self, t_ns: int) -> int:
+        return await sleep_until(t_ns, self._alarm)
+
+    def close(self) -> None:
+        self._alarm.close()
+
+
 class ReplayEngine:
     def __init__(
         self,
         trace: Trace,
-        orchestrator: JobOrchestrator,
+        orchestrator: Orchestrator,
         emit: Callable[[Event], object],
         *,
         mode: Mode = "provisioning",
         learn_steps: int = 0,
         links_up: LinksUp | None = None,
         on_step: Callable[[StepRecord], None] | None = None,
+        clock: Callable[[], ReplayClock] = TimerfdClock,
     ) -> None:
         self.trace = trace
         self.orch = orchestrator
@@ -188,19 +235,25 @@ class ReplayEngine:
         self.learn_steps = learn_steps
         self.links_up = links_up
         self.on_step = on_step
+        self.make_clock = clock
+        """Makes the timeline's clock when a replay starts (closed when it ends)."""
+        self._clock: ReplayClock | None = None
         self._origin_ns = 0
+
+    def _now(self) -> int:
+        return self._clock.now_ns() if self._clock is not None else now_ns()
 
     async def _write(self, target: TopoState, op: Op) -> WriteResult:
         watch: LinkWatch | None = None
         if self.links_up is not None:
             planned = self.orch.planned_changes(target)
             if planned:  # subscribed before anything is sent: a link up during a retry still counts
-                watch = self.links_up(planned, now_ns())
+                watch = self.links_up(planned, self._now())
         try:
             result = await self.orch.write(target, {"step": op.step, "op": op.label})
             if watch is not None and result.changes and not result.fallback:
                 await watch.wait()
-                result.ready_ns = now_ns()
+                result.ready_ns = self._now()
         finally:
             if watch is not None:
                 watch.close()
@@ -230,7 +283,8 @@ class ReplayEngine:
         rail = [op for step in self.trace.steps for op in step if op.on_rail]
         lengths = self.trace.step_lengths_ns
         state = self.orch.state
-        clock = now_ns()  # the timeline's origin: the first rail operation arrives now
+        timeline = self._clock = self.make_clock()
+        clock = timeline.now_ns()  # the timeline's origin: the first rail operation arrives now
         self._origin_ns = clock
         # Steps before the first rail operation's have no switch: each is its trace length, back from it.
         first_step = rail[0].step if rail else len(lengths)
@@ -245,7 +299,6 @@ class ReplayEngine:
         offsets = [0]
         for length in lengths:
             offsets.append(offsets[-1] + length)
-        alarm = Alarm()
         try:
             for i, op in enumerate(rail):
                 gap = (
@@ -267,26 +320,26 @@ class ReplayEngine:
                         boundary, task = pending[2], pending[1]
                         pending = None
                         provisioned = True
-                        late_arrival = await sleep_until(arrival, alarm)
+                        late_arrival = await timeline.sleep_until(arrival)
                         result = await task
                     else:
                         if pending is not None:  # a write for other circuits still runs: it goes first
                             stale, pending = pending[1], None
                             await stale
-                        late_arrival = await sleep_until(arrival, alarm)
+                        late_arrival = await timeline.sleep_until(arrival)
                         boundary = arrival
                         result = await self._write(target, op)
                     if result.tries == 0:  # a no-op (after the fallback): nothing was switched
                         switched, provisioned, result, boundary = False, False, None, None
                 else:
-                    late_arrival = await sleep_until(arrival, alarm)
+                    late_arrival = await timeline.sleep_until(arrival)
                 start = max(arrival, result.ready_ns) if result is not None else arrival
-                late = await sleep_until(start, alarm)
+                late = await timeline.sleep_until(start)
                 async with self.orch.operation(op.label, op.stages) as g1_wait:
                     if g1_wait:  # a change still held a stage (G1): the op starts when it let go
-                        start = now_ns()
+                        start = timeline.now_ns()
                     end = start + op.duration_ns
-                    late_end = await sleep_until(end, alarm)
+                    late_end = await timeline.sleep_until(end)
                 state = target
                 record = OpRecord(
                     op.step,
@@ -342,7 +395,7 @@ class ReplayEngine:
                         self._close_step(out, k, t, t + lengths[k])
                         t += lengths[k]
         finally:
-            alarm.close()
+            timeline.close()
             if pending is not None:
                 if not pending[1].done():
                     pending[1].cancel()
