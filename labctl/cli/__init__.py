@@ -36,6 +36,7 @@ COMMANDS = {
     **{command: command for command in ("runs", "init", "plugins", "schema", "export", "cost")},
     **{group: group for group in ("inventory", "lab", "ocs", "emulate", "probe", "dom", "bench", "plan")},
     "replay": "replay",
+    "whatif": "whatif",
 }
 
 app = typer.Typer(
