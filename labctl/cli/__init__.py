@@ -33,10 +33,9 @@ COMMANDS = {
     **dict.fromkeys(("serve", "submit", "queue", "cancel", "history"), "queue"),
     "agent": "agent",
     # plain commands before the groups: typer lists them so when all are built
-    **{command: command for command in ("runs", "init", "plugins", "schema", "export", "cost")},
+    **{command: command for command in ("runs", "init", "plugins", "schema", "export", "cost", "whatif")},
     **{group: group for group in ("inventory", "lab", "ocs", "emulate", "probe", "dom", "bench", "plan")},
     "replay": "replay",
-    "whatif": "whatif",
 }
 
 app = typer.Typer(
