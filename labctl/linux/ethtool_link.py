@@ -31,11 +31,21 @@ class PrivFlags:
 class EthtoolLink:
     """ethtool netlink for the link settings of devices in one network namespace (None: this one)."""
 
-    def __init__(self, netns: str | None = None, timeout_s: float = 2.0, *, compact: bool = True) -> None:
+    def __init__(
+        self,
+        netns: str | None = None,
+        timeout_s: float = 2.0,
+        *,
+        compact: bool = True,
+        nl: GenericNetlink | None = None,
+    ) -> None:
+        """`nl`: a transport already open (tests give one on a scripted socket); else a socket in `netns`."""
         self.netns = netns
         self.compact = compact
-        (sock,) = sockets_in_netns(netns, [GenericNetlink.new_socket])
-        self.nl = GenericNetlink(sock, timeout_s)
+        if nl is None:
+            (sock,) = sockets_in_netns(netns, [GenericNetlink.new_socket])
+            nl = GenericNetlink(sock, timeout_s)
+        self.nl = nl
         try:
             self.family = self.nl.resolve_family(m.ETHTOOL_GENL_NAME)
         except BaseException:
@@ -51,6 +61,10 @@ class EthtoolLink:
 
     def close(self) -> None:
         self.nl.close()
+
+    def driver(self, ifname: str) -> str | None:
+        """The device's driver name (the legacy ETHTOOL_GDRVINFO ioctl: netlink has no request for it)."""
+        return driver_name(ifname, self.netns)
 
     # -- GET ---------------------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ for an ACK, so success is an NLMSG_ERROR with code 0 and a refusal carries the k
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from labctl.linux.genl import GenericNetlink
@@ -180,9 +180,7 @@ class Bitset:
     mask: frozenset[int] | None = None
     names: Mapping[int, str] = field(default_factory=dict)
 
-    def named(
-        self, bits: Sequence[int] | frozenset[int], strings: Mapping[int, str] | None = None
-    ) -> list[str]:
+    def named(self, bits: Iterable[int], strings: Mapping[int, str] | None = None) -> list[str]:
         """Names of `bits` in index order: the verbose form's own, else the string set's, else `bit<i>`."""
         table = strings or {}
         return [self.names.get(i) or table.get(i) or f"bit{i}" for i in sorted(bits)]
