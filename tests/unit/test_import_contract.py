@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "lab",
         (
             "labctl.labs", "labctl.agents", "labctl.probes", "labctl.models", "labctl.emulators",
-            "labctl.ocs", "labctl.rdma", "labctl.plans", "labctl.inventory", "labctl.linux",
+            "labctl.ocs", "labctl.rdma", "labctl.plans", "labctl.inventory", "labctl.linux", "labctl.nic",
         ),
     ),
     ("analysis", ("labctl.analysis",)),
