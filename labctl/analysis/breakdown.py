@@ -71,6 +71,7 @@ COLUMNS = [
     "unresolved",
     "transport",
     "t2_source",
+    "link_setting",
 ]
 DURATIONS = COLUMNS[COLUMNS.index("switch_ns") : COLUMNS.index("traffic_lost_ns") + 1]
 """The phase durations (and the two down-side delays): switch_ns .. traffic_lost_ns."""
@@ -80,7 +81,9 @@ DEFAULT_THRESHOLD_DBM = -10.0
 T2_SOURCES = ("dom", "power-meter", "auto")
 METER = "rx_power<meter"
 """The index key of the meter readings of a NIC port's receive fiber (rx_power events naming it in meta)."""
-CONTROL_KINDS = frozenset({Kind.PHASE, Kind.OCS_COMMAND, Kind.OCS_COMPLETE, Kind.RUN_TIMEOUT, Kind.RUN_START})
+CONTROL_KINDS = frozenset(
+    {Kind.PHASE, Kind.OCS_COMMAND, Kind.OCS_COMPLETE, Kind.RUN_TIMEOUT, Kind.RUN_START, Kind.LINK_SETTINGS}
+)
 SIGNAL_KINDS = (
     Kind.RX_POWER,
     Kind.RX_UPDATE,
@@ -300,6 +303,10 @@ def compute_breakdown(
             else DEFAULT_THRESHOLD_DBM
         )
     phases = [e for e in control if e.kind == Kind.PHASE]
+    settings = _settings_applied(control)
+    reference = next(
+        (str(e.value) for e in control if e.kind == Kind.LINK_SETTINGS and e.meta.get("reference")), None
+    )
     commands: dict[tuple[int | None, Any], int] = {}
     completes: dict[tuple[int | None, Any], int] = {}
     timed_out: dict[int | None, set[str]] = defaultdict(set)
@@ -341,6 +348,7 @@ def compute_breakdown(
                 "unresolved": "",
                 "transport": transport,  # what carried the ping-pong whose first success is t5
                 "t2_source": "",
+                "link_setting": _setting_at(settings.get(source), phase.t_ns),
             }
             if t0 is None:
                 rows.append(row)
@@ -384,7 +392,30 @@ def compute_breakdown(
             row["impossible"] = ",".join(impossible)
             row["unresolved"] = ",".join(unresolved)
             rows.append(row)
-    return _frame(rows)
+    frame = _frame(rows)
+    if reference is not None:
+        frame.attrs["link_setting_reference"] = reference
+    return frame
+
+
+def _settings_applied(control: list[Event]) -> dict[str, list[tuple[int, str]]]:
+    """Per port source, (time, label) of each `link.settings` event that set it (a tune experiment's apply:
+    the sweep's setting; its restore: none), in time order."""
+    out: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for e in control:
+        if e.kind == Kind.LINK_SETTINGS and e.meta.get("stage") in ("apply", "restore"):
+            out[e.source].append((e.t_ns, str(e.value) if e.meta.get("stage") == "apply" else ""))
+    return out
+
+
+def _setting_at(applied: list[tuple[int, str]] | None, t_ns: int) -> str:
+    """The sweep's setting a port held at t_ns ("" where none was applied)."""
+    label = ""
+    for t, value in applied or ():
+        if t > t_ns:
+            break
+        label = value
+    return label
 
 
 def _marks(
@@ -458,6 +489,7 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     for col in ("phase", "host", "port", "source", "peer", "transport"):
         frame[col] = frame[col].astype("string")
     frame["t2_source"] = frame["t2_source"].astype("string").fillna("")
+    frame["link_setting"] = frame["link_setting"].astype("string").fillna("")
     for col in FLAG_COLUMNS:
         frame[col] = frame[col].fillna("").astype("string")
     return frame
@@ -471,6 +503,8 @@ def read_breakdown_csv(path: Path) -> pd.DataFrame:
         | dict.fromkeys(FLAG_COLUMNS, "string"),
     )
     frame["timed_out"] = frame["timed_out"].astype(bool)
+    if "link_setting" in frame:
+        frame["link_setting"] = frame["link_setting"].astype("string").fillna("")
     for col in FLAG_COLUMNS:  # breakdowns written before these columns existed have none flagged
         frame[col] = (
             frame[col].fillna("") if col in frame else pd.Series("", index=frame.index, dtype="string")

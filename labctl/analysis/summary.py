@@ -16,6 +16,7 @@ from labctl.analysis.breakdown import (
     write_breakdown,
 )
 from labctl.analysis.figures import FIGURES
+from labctl.analysis.settings import by_setting
 from labctl.analysis.store import read_run_json
 from labctl.core.fileio import write_json_atomic
 
@@ -51,6 +52,9 @@ def summarize_ahead(run_dir: Path, threshold_dbm: float | None) -> Summarized:
 def _summary(frame: Any, offsets: dict[str, Any]) -> dict[str, Any]:
     summary = summarize(frame)
     summary["clock_caveats"] = clock_caveats(frame, offsets)
+    settings = by_setting(frame, frame.attrs.get("link_setting_reference"))
+    if settings is not None:  # a tune run: each link setting's link-up, against the reference
+        summary["by_link_setting"] = settings
     return summary
 
 

@@ -36,6 +36,7 @@ COMMANDS = {
     **{command: command for command in ("runs", "init", "plugins", "schema", "export", "cost", "whatif")},
     **{group: group for group in ("inventory", "lab", "ocs", "emulate", "probe", "dom", "bench", "plan")},
     "replay": "replay",
+    "tune": "tune",
 }
 
 app = typer.Typer(

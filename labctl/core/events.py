@@ -68,6 +68,8 @@ class Kind:
     INSTRUMENT: Final = "instrument"  # a bench instrument as set up (value: *IDN?; meta: its settings)
     LINK_FIRMWARE: Final = "link.firmware"  # NIC firmware link state, where observable
     LINK_STATE: Final = "link.state"  # the driver's link state for ethtool: up, down, or why down
+    # A port's link settings read, applied or restored (value: the setting's label; meta: stage, asked, read)
+    LINK_SETTINGS: Final = "link.settings"
     CARRIER: Final = "carrier"
     OPERSTATE: Final = "operstate"
     TRAFFIC_OK: Final = "traffic.ok"  # value = RTT ns

@@ -51,6 +51,7 @@ DEFAULT_EXPERIMENT_KIND = "timeline"
 EXPERIMENT_KINDS: Mapping[str, str] = {
     "timeline": "labctl.run.experiment:KIND",
     "replay": "labctl.workload.experiment:KIND",
+    "tune": "labctl.run.tune:KIND",
 }
 PROBES: Mapping[str, str] = {
     "model-link": "labctl.probes.model:LINK",

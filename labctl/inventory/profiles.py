@@ -8,7 +8,7 @@ seeded generator. `opus-testbed` is the Figure 9 measurement of the Opus testbed
 from __future__ import annotations
 
 import random
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -16,6 +16,65 @@ from labctl.core.errors import InputError
 
 MAX_RANGE = 3_600_000.0  # an hour in ms (the largest unit a range is written in): nothing physical is longer
 Range = Annotated[tuple[float, float], Field(description="[low, high], drawn uniformly")]
+
+
+FecName = Literal["off", "rs", "baser", "llrs", "auto"]  # labctl.nic.settings.FecMode (ethtool's names)
+
+
+class LinkModel(BaseModel):
+    """What a modeled NIC port's link is set to before a run, what it can be set to, and how each setting
+    changes its firmware link-up (the simulated lab's `LinkControl`, labctl.models.link_control).
+
+    `firmware_up_ms` is the link-up with these defaults (auto-negotiation on). A link's firmware delay is
+    that draw times the factor of each setting of its slower end: the seed's ≈6 s with auto-negotiation on
+    and ≈3 s off (Opus, Figure 9: ../seeds/000_c57dabf76e4b88f5.txt) give `autoneg_off_factor` 0.5. The
+    FEC and forced-mode factors are assumptions (no source in the seeds or the reference notes): FEC off
+    skips the RS-FEC alignment lock; a forced link mode with auto-negotiation on changes nothing. Ends that
+    disagree on auto-negotiation, or on a FEC mode neither leaves to `auto`, never come up (an assumption
+    that matches what ConnectX NICs are reported to do, not a measurement)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    autoneg: bool = Field(default=True, description="auto-negotiation as the port starts")
+    speed_mbps: int = Field(default=100_000, ge=1, le=1_600_000, description="link speed as it starts")
+    link_modes: tuple[str, ...] = Field(
+        default=("100000baseSR4/Full",), description="link modes advertised as it starts (ethtool names)"
+    )
+    supported_link_modes: tuple[str, ...] = Field(
+        default=("100000baseSR4/Full", "50000baseSR2/Full", "40000baseSR4/Full", "25000baseSR/Full"),
+        description="link modes the port can be set to (a ConnectX-6 Dx port with a 100G SR4 module)",
+    )
+    fec: FecName = Field(default="rs", description="FEC mode as it starts (RS-FEC: 100GBASE-SR4's own)")
+    fec_modes: tuple[FecName, ...] = Field(
+        default=("off", "rs", "baser", "auto"), description="FEC modes the port can be set to"
+    )
+    priv_flags: dict[str, bool] = Field(
+        default={"rx_cqe_compress": False, "rx_striding_rq": True, "tx_port_ts": False},
+        description="driver private flags and their state as the port starts (mlx5's names)",
+    )
+    autoneg_off_factor: float = Field(
+        default=0.5,
+        gt=0,
+        le=10,
+        description="firmware link-up with auto-negotiation off, as a share of `firmware_up_ms` (seed: ≈3 s "
+        "of ≈6 s)",
+    )
+    fec_factor: dict[FecName, float] = Field(
+        default={"off": 0.9, "rs": 1.0, "baser": 1.0, "llrs": 1.0, "auto": 1.0},
+        description="firmware link-up per FEC mode, as a share of `firmware_up_ms` (assumption: no source)",
+    )
+    forced_mode_factor: float = Field(
+        default=1.0,
+        gt=0,
+        le=10,
+        description="firmware link-up with link modes forced (a subset advertised), as a share (assumption)",
+    )
+
+    def factor(self, autoneg: bool, fec: str, forced: bool) -> float:
+        """The share of `firmware_up_ms` a port with these settings takes to come up."""
+        share = 1.0 if autoneg else self.autoneg_off_factor
+        share *= float(dict(self.fec_factor).get(fec, 1.0))  # type: ignore[call-overload]
+        return float(share * (self.forced_mode_factor if forced else 1.0))
 
 
 class Profile(BaseModel):
@@ -55,6 +114,11 @@ class Profile(BaseModel):
         default=0.05, ge=0, le=30, description="peak-to-peak noise on lit Rx power readings, dB"
     )
     rtt_us: Range = Field(default=(8.0, 14.0), description="ping-pong round trip on a working circuit, us")
+    link: LinkModel = Field(
+        default=LinkModel(),
+        description="NIC ports' link settings as they start and each setting's effect on firmware link-up "
+        "(what a tune experiment sweeps on the simulated lab)",
+    )
     dom_update_ms: Range = Field(
         default=(0.0, 0.0),
         description="how often each transceiver refreshes its DOM registers (one draw per module; 0: on "

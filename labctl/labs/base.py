@@ -22,6 +22,7 @@ from labctl.probes.sampling import CircuitProbe, Probe, ProbeSettings
 
 if TYPE_CHECKING:  # the probe contract and the behaviour model, named in the agent hook's type only
     from labctl.models.fabric import SimFabric
+    from labctl.nic.settings import LinkControl
     from labctl.probes.base import ProbeContext
 
 __all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
@@ -92,6 +93,8 @@ class Lab:
     meta: dict[str, Any] = field(default_factory=dict)
     """Merged into run.json at the end of the run (e.g. agents' `clock_offsets`)."""
     fault: FaultLatch = field(default_factory=FaultLatch)
+    link_control: LinkControl | None = None
+    """Reads and applies the NIC ports' link settings (a tune experiment), where the lab offers it."""
 
     @property
     def circuit_probes(self) -> list[CircuitProbe]:
@@ -148,6 +151,9 @@ class LabKind:
     """Where an agent's probes look, on its host: (inventory, host, settings, the agent's mirror of the
     controller's behaviour model, fed by its `_world` messages; None where the probes read the host's own
     interfaces, `agents_probe_interfaces`) → their ProbeContext."""
+    no_link_control: str | None = "this lab kind offers no link settings control"
+    """Why a tune experiment cannot run on this kind of lab (checked before anything is built); None where
+    its `Lab.link_control` reads and applies link settings."""
 
 
 def require_transport(settings: ProbeSettings, kind: str, supported: tuple[str, ...] = ("udp",)) -> None:

@@ -177,4 +177,5 @@ KIND = LabKind(
     "carrier and traffic are real kernel events, only the delays are modeled",
     check,
     build,
+    no_link_control="veths accept no link modes",
 )

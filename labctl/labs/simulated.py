@@ -20,6 +20,7 @@ from labctl.labs.world import (
     switch_models,
 )
 from labctl.models.fabric import SimFabric
+from labctl.models.link_control import ModelLinkControl
 from labctl.probes.base import ProbeContext
 from labctl.probes.model import model_sites
 
@@ -38,7 +39,7 @@ def build(ctx: LabContext) -> Lab:
     require_transport(ctx.probes, "simulated", tuple(TRAFFIC_PROBE))
     models = switch_models(ctx)
     fabric = SimFabric(ctx.inventory, models, ctx.profile, ctx.rng)
-    lab = Lab(close_hooks=[fabric.cancel_pending])
+    lab = Lab(close_hooks=[fabric.cancel_pending], link_control=ModelLinkControl(fabric, ctx.inventory))
     drive_models(ctx, models, lab)
     sites = model_sites(fabric, ctx.inventory.ports)
     probes = tuple(
@@ -54,4 +55,5 @@ KIND = LabKind(
     "in-process switch and NIC models on real asyncio time (no root, no hardware)",
     check,
     build,
+    no_link_control=None,
 )

@@ -54,6 +54,10 @@ DARK_RAMP_DB = 30.0  # Rx power rises from ~30 dB below its level while the opti
 NEVER = np.iinfo(np.int64).max
 """A transport that is not coming up (its link dropped, or never lit)."""
 
+NO_LINK_NS = 3_600 * 1_000_000_000
+"""Firmware link-up of ends whose link settings disagree (the profile's `link` model): an hour, i.e. not
+within any recovery timeout."""
+
 
 class PortArrays:
     """The per-port state the vectorized readers need, one numpy array per field (index: the port's slot).
@@ -211,6 +215,12 @@ class SimFabric:
         self.schedule: ModelSchedule | None = None
         """Where readers advance the model (an agent's mirror): the schedule its samplers share."""
         self._port_slots: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        n = len(self.port_at)
+        self._tuned = False  # every port as the profile's `link` model starts: a share of 1 each
+        self._share = np.ones(n)
+        """Each port's firmware link-up as a share of the profile's draw (its link settings)."""
+        self._autoneg = np.full(n, profile.link.autoneg, bool)
+        self._fec: list[str] = [profile.link.fec] * n
         for port in inventory.ports:
             # Per-port spread of received power, as fibers and connectors differ.
             level = profile.rx_power_dbm + rng.uniform(-0.8, 0.8)
@@ -242,6 +252,29 @@ class SimFabric:
             a = self.arrays
             a.update_ns[:] = np.rint(self.noise.uniform(low, high, len(self.port_at)) * 1e6)
             a.update_phase_ns[:] = np.rint(self.noise.uniform(0, 1, len(self.port_at)) * a.update_ns)
+
+    def set_link_timing(self, port: NicPort, share: float, autoneg: bool, fec: str) -> None:
+        """A port's link settings changed (labctl.models.link_control): its next link-up takes `share` of
+        the profile's firmware draw (a link, the share of its slower end); ends that disagree on
+        auto-negotiation, or on a FEC mode neither leaves to `auto`, do not come up. A link that is up
+        stays up: the settings show at its next link-up."""
+        slot = self.slot[port]
+        self._share[slot] = share
+        self._autoneg[slot] = autoneg
+        self._fec[slot] = fec
+        self._tuned = True
+
+    def _firmware_ns(self, ends: np.ndarray, peers: np.ndarray, draws: np.ndarray) -> np.ndarray:
+        """Firmware link-up of links whose ends have link settings of their own (`set_link_timing`)."""
+        low, high = self.profile.firmware_up_ms
+        share = np.maximum(self._share[ends], self._share[peers])
+        ns: np.ndarray = np.rint((low + (high - low) * draws) * 1_000_000 * share).astype(np.int64)
+        fec = self._fec
+        for k, (a, b) in enumerate(zip(ends.tolist(), peers.tolist(), strict=True)):
+            agree = fec[a] == fec[b] or "auto" in (fec[a], fec[b])
+            if self._autoneg[a] != self._autoneg[b] or not agree:
+                ns[k] = NO_LINK_NS
+        return ns
 
     def add_listener(self, listener: TransitionListener) -> None:
         self.listeners.append(listener)
@@ -348,7 +381,9 @@ class SimFabric:
             ns: np.ndarray = np.rint((low + (high - low) * draws[:, column]) * unit).astype(np.int64)
             return ns
 
-        t_fw = times + span("firmware_up_ms", 0)
+        t_fw = times + (
+            self._firmware_ns(ends, peers, draws[:, 0]) if self._tuned else span("firmware_up_ms", 0)
+        )
         carrier_a = t_fw + span("carrier_after_firmware_us", 1)
         carrier_b = t_fw + span("carrier_after_firmware_us", 2)
         t_transport = np.maximum(carrier_a, carrier_b) + span("transport_after_carrier_ms", 3)

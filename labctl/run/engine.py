@@ -86,6 +86,8 @@ class RunEngine:
         self.final_state: dict[str, frozenset[tuple[int, int]] | str] = {}
         """Switch → the patches it held at the end (read back), or why that is not known."""
         self._force_restore = False  # a write was cut short: what the switches hold is not known here
+        self._restores: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        """What steps changed outside the switches, with how to put it back (`add_restore`)."""
         self._gpu: Any = None
         self._roles: _ProbeRoles | None = None
         """The lab's probes by role, once they have started (each role is an isinstance check against a
@@ -373,6 +375,32 @@ class RunEngine:
         tracker = RecoveryTracker(expected, t0_ns, lambda k: None, deadline_ns=deadline)
         return LinkWatch(tracker, self.events.subscribe(tracker), deadline, self.events, timeout_s)
 
+    def add_restore(self, what: str, restore: Callable[[], Awaitable[None]]) -> None:
+        """A step changed the lab outside the switches (a port's link settings): `restore` puts it back when
+        the run ends, however it ends (completed, failed, aborted), before the baseline is restored; the
+        latest first. A restore that raises fails the run with its message; a second signal abandons it as it
+        abandons the baseline's."""
+        self._restores.append((what, restore))
+
+    async def _run_restores(self) -> tuple[list[str], bool]:
+        """Every `add_restore`, latest first: (what failed, as `what NOT restored: why`; abandoned)."""
+        failed: list[str] = []
+        self._restoring = True
+        try:
+            while self._restores:
+                what, restore = self._restores.pop()
+                try:
+                    await restore()
+                except asyncio.CancelledError:
+                    _absorb_cancel()
+                    failed.append(f"{what} NOT restored (abandoned)")
+                    return failed, True
+                except Exception as e:
+                    failed.append(f"{what} NOT restored: {e}")
+        finally:
+            self._restoring = False
+        return failed, False
+
     def unclean(self) -> None:
         """A write was cut short (cancelled, timed out, failed): it may have moved part of a rail that
         `current` still calls the baseline, so the restore must not be skipped as "nothing moved"."""
@@ -569,6 +597,14 @@ class RunEngine:
                 self.events.emit(now_ns(), Kind.RUN_FAULT, "controller", error)
                 log.exception("run failed")
             abandoned = self._abandon_restore
+            if self._restores and not abandoned:
+                failed, abandoned = await self._run_restores()
+                if failed:
+                    error = "; ".join(filter(None, [error, *failed]))
+                    status = "aborted" if abandoned else ("failed" if status == "completed" else status)
+            elif self._restores:
+                what = ", ".join(w for w, _ in self._restores)
+                error = "; ".join(filter(None, [error, f"{what} NOT restored (abandoned)"]))
             # Nothing was changed (e.g. a switch never connected): nothing to put back.
             if (self.rails.touched or self.attenuated) and not abandoned:
                 self._restoring = True

@@ -16,7 +16,7 @@ could not carry out, before anything moves.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
@@ -118,6 +118,11 @@ class RunContext(Protocol):
 
     def links_up(self, changes: list[tuple[int, Mapping, Mapping]], t0_ns: int) -> LinkWatch:
         """Start watching, now, the ports these changes move (subscribed before the write is sent)."""
+        ...
+
+    def add_restore(self, what: str, restore: Callable[[], Awaitable[None]]) -> None:
+        """Put back, when the run ends however it ends, what a step changed outside the switches (a port's
+        link settings); a restore that raises fails the run with its message."""
         ...
 
     def unclean(self) -> None:

@@ -28,6 +28,7 @@ LABCTL = REPO / "labctl"
 OWNERS = {
     "timeline": ("labctl/run/experiment.py", "labctl/core/registry.py"),
     "replay": ("labctl/workload/", "labctl/cli/replay.py", "labctl/core/registry.py"),
+    "tune": ("labctl/run/tune.py", "labctl/cli/tune.py", "labctl/core/registry.py"),
 }
 # The same word meaning something else: the timeline figure (its name and file name).
 OTHER_MEANINGS = {
@@ -55,7 +56,7 @@ def test_the_file_names_its_kind_and_timeline_is_the_default() -> None:
 def test_an_unknown_kind_is_one_line_naming_the_known_ones(tmp_path: Path) -> None:
     path = tmp_path / "x.yaml"
     path.write_text("name: x\nkind: sweep-the-floor\n")
-    with pytest.raises(InputError, match=r"x\.yaml:2.*kind: 'sweep-the-floor'.*known: replay, timeline"):
+    with pytest.raises(InputError, match=r"x\.yaml:2.*kind: 'sweep-the-floor'.*known: replay, timeline, tune"):
         compile_experiment(path, load_inventory(REPO / "inventory.yaml"))
 
 
