@@ -143,6 +143,8 @@ RUN: dict[str, int] = {
     "labctl plan ep-rings -E 10440 -G 72": 0,
     "labctl plan ring -n 8 -i inventory.yaml --out ring.yaml": 0,
     "labctl replay model opus-testbed": 0,
+    "labctl whatif --provisioning": 0,
+    "labctl whatif runs/ --job config-2 --draw --json": 0,
     "labctl plugins": 0,
 }
 
