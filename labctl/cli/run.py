@@ -695,6 +695,10 @@ def _report_one(row: dict[str, Any], as_json: bool) -> None:
     out.print(_summary_table(summary, "link-up breakdown"))
     for line in quality_lines(summary, meta.get("probes")):
         out.print(line, highlight=False)
+    from labctl.analysis.settings import recommendation_lines
+
+    for line in recommendation_lines(summary.get("by_link_setting")):  # a tune run: ranked by setting
+        out.print(line, markup=False, highlight=False)
     clocks = clock_table(meta)
     if clocks is not None:
         out.print(clocks)
