@@ -32,11 +32,11 @@ COMMANDS = {
     **dict.fromkeys(("run", "report", "compare", "plot"), "run"),
     **dict.fromkeys(("serve", "submit", "queue", "cancel", "history"), "queue"),
     "agent": "agent",
+    "tune": "tune",
     # plain commands before the groups: typer lists them so when all are built
     **{command: command for command in ("runs", "init", "plugins", "schema", "export", "cost", "whatif")},
     **{group: group for group in ("inventory", "lab", "ocs", "emulate", "probe", "dom", "bench", "plan")},
     "replay": "replay",
-    "tune": "tune",
 }
 
 app = typer.Typer(
