@@ -35,7 +35,10 @@ class LinkSettings:
     """Driver private flags to set, (name, on), sorted by name."""
 
     def __post_init__(self) -> None:
+        # sorted, so that the same modes or flags asked in another order compare (and label) equal
         object.__setattr__(self, "priv_flags", tuple(sorted(dict(self.priv_flags).items())))
+        if self.link_modes is not None:
+            object.__setattr__(self, "link_modes", tuple(sorted(set(self.link_modes))))
 
     @property
     def label(self) -> str:

@@ -36,6 +36,7 @@ OTHER_MEANINGS = {
     ("labctl/analysis/figures.py", "timeline"),
     ("labctl/run/lifecycle.py", "timeline"),  # asking the figure workers for the timeline figure ahead
     ("labctl/cli/__init__.py", "replay"),  # the `labctl replay` command group, in the lazy command table
+    ("labctl/cli/__init__.py", "tune"),  # the `labctl tune` command, in the lazy command table
 }
 
 
@@ -56,7 +57,9 @@ def test_the_file_names_its_kind_and_timeline_is_the_default() -> None:
 def test_an_unknown_kind_is_one_line_naming_the_known_ones(tmp_path: Path) -> None:
     path = tmp_path / "x.yaml"
     path.write_text("name: x\nkind: sweep-the-floor\n")
-    with pytest.raises(InputError, match=r"x\.yaml:2.*kind: 'sweep-the-floor'.*known: replay, timeline, tune"):
+    with pytest.raises(
+        InputError, match=r"x\.yaml:2.*kind: 'sweep-the-floor'.*known: replay, timeline, tune"
+    ):
         compile_experiment(path, load_inventory(REPO / "inventory.yaml"))
 
 
