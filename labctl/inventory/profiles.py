@@ -59,7 +59,7 @@ class LinkModel(BaseModel):
         description="firmware link-up with auto-negotiation off, as a share of `firmware_up_ms` (seed: ≈3 s "
         "of ≈6 s)",
     )
-    fec_factor: dict[FecName, float] = Field(
+    fec_factor: dict[FecName, Annotated[float, Field(gt=0, le=10)]] = Field(
         default={"off": 0.9, "rs": 1.0, "baser": 1.0, "llrs": 1.0, "auto": 1.0},
         description="firmware link-up per FEC mode, as a share of `firmware_up_ms` (assumption: no source)",
     )

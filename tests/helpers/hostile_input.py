@@ -78,6 +78,13 @@ FULL_INVENTORY: dict[str, Any] = {
             "rx_noise_db": 0.05,
             "rtt_us": [8.0, 14.0],
             "dom_update_ms": [0.0, 0.0],
+            "link": {
+                "autoneg": True,
+                "speed_mbps": 100_000,
+                "autoneg_off_factor": 0.5,
+                "fec_factor": {"off": 0.9, "rs": 1.0},
+                "forced_mode_factor": 1.0,
+            },
         }
     },
     "switches": {

@@ -265,7 +265,7 @@ async def test_simulated_run_takes_t2_from_the_power_meter(tmp_path: Path) -> No
     start = next(e for e in events if e.kind == Kind.RUN_START)
     assert start.meta["t2_source"] == "power-meter"
     frame = pd.read_csv(outcome.run_dir / "breakdown.csv")
-    assert list(frame.columns)[-1] == "t2_source"
+    assert "t2_source" in frame.columns
     measured = frame[frame["reconfig"] > 0]
     assert len(measured) == 2 * 4 and (measured["t2_source"] == "power-meter").all()
     assert measured["t2_rx_power_ns"].notna().all()
