@@ -630,6 +630,7 @@ NEEDED = {
     "t4_resolution_ns": _INT,
     "t5_resolution_ns": _INT,
     "t2_source": _TEXT,
+    "link_setting": _TEXT,
     **{f"{phase}_ns": _INT for phase in PHASES},
 }
 """The breakdown columns the pooled statistics read (a file without one reads it as empty)."""

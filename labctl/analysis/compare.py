@@ -36,6 +36,9 @@ from labctl.analysis.breakdown import (
     describe as describe_phase,
 )
 from labctl.analysis.catalog import Filters, iso, load_breakdowns, select_runs
+from labctl.analysis.settings import PHASES as SETTING_PHASES
+from labctl.analysis.settings import difference as setting_difference
+from labctl.analysis.settings import reference_of, section
 from labctl.core.errors import InputError
 
 if TYPE_CHECKING:
@@ -170,16 +173,20 @@ class Pool:
             [[r["run_id"] for r in self.runs], list(range(len(self.runs)))],
         )
 
-    def phase(self, column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def phase(self, column: str, setting: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One phase's values over its own unit, flagged rows left out (as breakdown.phase_clustered with
         `run_id`): the values, each one's cluster (its run × reconfiguration, numbered in (run_id,
-        reconfig) order) and its run's place in `runs`."""
+        reconfig) order) and its run's place in `runs`. `setting`: only the rows of that link_setting."""
         name = column.removesuffix("_ns")
         keep = [
             "v IS NOT NULL",
             f"NOT {_flag_test('impossible', name)}",
             f"NOT {_flag_test('unresolved', name)}",
         ]
+        params: list[Any] = []
+        if setting is not None:
+            keep.append("link_setting = ?")
+            params.append(setting)
         if UNITS[column] == "switch command":  # one value per command: its (t0, t1) within a reconfiguration
             keep.append("nth = 1")
         elif UNITS[column] == "circuit end":
@@ -187,7 +194,7 @@ class Pool:
         found = self.con.execute(
             f"""
             WITH numbered AS (
-                SELECT run_id, reconfig, {column} AS v, peer, impossible, unresolved,
+                SELECT run_id, reconfig, {column} AS v, peer, impossible, unresolved, link_setting,
                        row_number() OVER (
                            PARTITION BY run_id, reconfig, t0_command_ns, t1_switch_done_ns ORDER BY row_number
                        ) AS nth
@@ -196,13 +203,26 @@ class Pool:
             SELECT v, dense_rank() OVER (ORDER BY n.run_id, reconfig) - 1 AS cluster, o.idx AS run
             FROM numbered AS n JOIN {self.table}_order AS o USING (run_id)
             WHERE {" AND ".join(keep)}
-            """
+            """,
+            params,
         ).fetchnumpy()
         return (
             np.asarray(found["v"], dtype=np.int64),
             np.asarray(found["cluster"], dtype=np.int64),
             np.asarray(found["run"], dtype=np.int64),
         )
+
+    def settings(self) -> dict[str, int]:
+        """Each link_setting of the pool's rows (a tune run's) in the order first measured (runs in the
+        order given, reconfigurations in order) with how many run × reconfigurations measured it; empty
+        where no row has one."""
+        found = self.con.execute(
+            f"""SELECT link_setting, count(DISTINCT (run_id, reconfig)) AS k, min((o.idx, reconfig)) AS first
+                FROM {self.table} JOIN {self.table}_order AS o USING (run_id)
+                WHERE coalesce(link_setting, '') <> ''
+                GROUP BY link_setting ORDER BY first"""
+        ).fetchall()
+        return {str(label): int(k) for label, k, _ in found}
 
     def totals(self) -> dict[str, Any]:
         """The counts summarize() gives beside the phases, over the pooled rows."""
@@ -280,6 +300,50 @@ def identity(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def pool_reference(runs: Sequence[dict[str, Any]], notes: list[str]) -> str | None:
+    """The reference setting the pooled runs name (each run's run.json: settings.reference_of); where they
+    name different ones, the first run's, said in `notes`; None where none names one."""
+    from labctl.analysis.store import read_run_json
+
+    named: list[str] = []
+    for run in runs:
+        try:
+            reference = reference_of(read_run_json(Path(run["path"])))
+        except InputError:
+            reference = None
+        if reference is not None:
+            named.append(reference)
+    if len(set(named)) > 1:
+        counts = ", ".join(f"{label} ({n})" for label, n in Counter(named).items())
+        notes.append(f"the runs name different reference settings: {counts}; {named[0]} is used")
+    return named[0] if named else None
+
+
+def pooled_by_setting(pool: Pool, reference: str | None = None) -> dict[str, Any] | None:
+    """settings.by_setting over the pool's runs (None where no row has a link_setting): per setting its
+    pooled firmware and total link-up, the difference to the reference (default: the runs' own, else the
+    first measured) and the ranking, every interval resampling run × reconfiguration."""
+    counts = pool.settings()
+    if not counts:
+        return None
+    if reference is None:
+        reference = pool_reference(pool.runs, pool.notes)
+        if reference is None:
+            pool.notes.append(
+                f"no run names its reference setting: the first measured ({next(iter(counts))}) is used"
+            )
+    data = {label: {col: pool.phase(col, label)[:2] for col in SETTING_PHASES} for label in counts}
+    return section(
+        list(counts),
+        reference,
+        data,
+        counts,
+        describe_phase=describe,
+        cluster=POOLED_CLUSTER,
+        bootstrap=cluster_bootstrap_medians,
+    )
+
+
 def _connect() -> duckdb.DuckDBPyConnection:
     import duckdb
 
@@ -305,6 +369,9 @@ def pooled_summary(pool: Pool) -> dict[str, Any]:
     summary |= {"resolution": totals["resolution"], "phases": phases, "t2_source": totals["t2_source"]}
     summary["runs"] = [identity(r) for r in pool.runs]
     summary["experiments"] = sorted({r["experiment"] for r in pool.runs if r["experiment"]})
+    settings = pooled_by_setting(pool)
+    if settings is not None:  # tune runs: each link setting pooled, against the reference
+        summary["by_link_setting"] = settings
     summary["notes"] = pool.notes
     return summary
 
@@ -348,10 +415,11 @@ def compare_runs(a_runs: Sequence[dict[str, Any]], b_runs: Sequence[dict[str, An
                     entry["difference_ci"] = percentile_interval(diffs)
                 entry["ratio"] = round(float(np.median(b) / np.median(a)), 4) if np.median(a) else None
             phases[col.removesuffix("_ns")] = entry
+        settings = compare_settings(a_pool, b_pool)
         notes = a_pool.notes + b_pool.notes
     finally:
         con.close()
-    return {
+    result = {
         "unit": "ns",
         "ci": ci_text(POOLED_CLUSTER) + "; the difference's: each set resampled on its own",
         "a": {"runs": [identity(r) for r in a_runs]},
@@ -360,6 +428,35 @@ def compare_runs(a_runs: Sequence[dict[str, Any]], b_runs: Sequence[dict[str, An
         "warnings": set_differences(a_runs, b_runs),
         "notes": notes,
     }
+    if settings is not None:
+        result["by_link_setting"] = settings
+    return result
+
+
+def compare_settings(a_pool: Pool, b_pool: Pool) -> dict[str, Any] | None:
+    """Two sets of tune runs by link setting: each set's pooled_by_setting (its settings, the difference
+    to its reference, its ranking) and, per setting both measured, B − A of its firmware and total medians
+    with a 95% CI (each set's run × reconfigurations resampled on its own). None where neither set's rows
+    have a link_setting."""
+    a, b = pooled_by_setting(a_pool), pooled_by_setting(b_pool)
+    if a is None and b is None:
+        return None
+    both = [label for label in (a or {}).get("settings", {}) if label in (b or {}).get("settings", {})]
+    differences: dict[str, Any] = {}
+    for label in both:
+        entry: dict[str, Any] = {}
+        for col in SETTING_PHASES:
+            entry[col.removesuffix("_ns")] = setting_difference(
+                a_pool.phase(col, label)[:2],
+                b_pool.phase(col, label)[:2],
+                bootstrap=cluster_bootstrap_medians,
+            )
+        differences[label] = entry
+    only = {
+        side: [label for label in (s or {}).get("settings", {}) if label not in both]
+        for side, s in (("a", a), ("b", b))
+    }
+    return {"unit": "ns", "a": a, "b": b, "differences": differences, "only_in": only}
 
 
 def compare(

@@ -634,7 +634,7 @@ def _run_summary(run_dir: Path, meta: dict[str, Any]) -> tuple[dict[str, Any], i
         try:
             frame = pd.read_parquet(parquet)
             if "impossible" in frame:
-                return summarize(frame), events, notes
+                return _with_settings(summarize(frame), frame, meta), events, notes
             why = f"{BREAKDOWN_PARQUET} predates the impossible/unresolved flags"
         except Exception as e:  # pyarrow's errors for a damaged file have no common base but Exception
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -644,7 +644,18 @@ def _run_summary(run_dir: Path, meta: dict[str, Any]) -> tuple[dict[str, Any], i
     run = load_run(run_dir)  # reads events.jsonl: said in the note
     notes.append(f"{why}: the breakdown was computed from {EVENTS}")
     notes += [n for n in run.notes if n not in notes]
-    return summarize(run.breakdown), len(run.events), notes
+    return _with_settings(summarize(run.breakdown), run.breakdown, meta), len(run.events), notes
+
+
+def _with_settings(summary: dict[str, Any], frame: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    """A recomputed summary with a tune run's `by_link_setting`, its reference taken from run.json (the
+    run's record, else its experiment's spec), never from the order the settings were measured in."""
+    from labctl.analysis.settings import by_setting, reference_of
+
+    section = by_setting(frame, reference_of(meta) or frame.attrs.get("link_setting_reference"))
+    if section is not None:
+        summary["by_link_setting"] = section
+    return summary
 
 
 def _report_one(row: dict[str, Any], as_json: bool) -> None:
@@ -763,6 +774,10 @@ def _report_many(rows: list[dict[str, Any]], as_json: bool) -> None:
     for line in quality_lines(summary):
         out.print(line, highlight=False)
     out.print(run_medians_table(summary))
+    from labctl.analysis.settings import recommendation_lines
+
+    for line in recommendation_lines(summary.get("by_link_setting")):  # tune runs: pooled per setting
+        out.print(line, markup=False, highlight=False)
 
 
 def run_medians_table(summary: dict[str, Any]) -> Table:
@@ -920,6 +935,67 @@ def compare(
         + (f" (reconfigurations resampled: {', '.join(sorted(clusters))})" if clusters else ""),
         highlight=False,
     )
+    settings = result.get("by_link_setting")
+    if settings:
+        _compare_settings(settings, medians)
+
+
+def _compare_settings(settings: dict[str, Any], medians: Any) -> None:
+    """`labctl compare` of tune runs: per link setting both sets measured, each set's median total link-up
+    with its CI and B − A with its own; then each set's ranking and recommendation."""
+    from rich.table import Table
+
+    from labctl.analysis.settings import recommendation_lines
+    from labctl.core.units import UnitColumn
+
+    a, b = settings.get("a") or {"settings": {}}, settings.get("b") or {"settings": {}}
+    rows = settings["differences"]
+    if rows:
+        values = UnitColumn.of(
+            side["settings"][label][phase]["median"]
+            for label in rows
+            for side in (a, b)
+            for phase in ("firmware", "total")
+        )
+        diffs = UnitColumn.of(d["median"] if d else None for entry in rows.values() for d in entry.values())
+        table = Table(
+            title="by link setting (each set pooled; 95% CI resampling run × reconfiguration, each set on "
+            "its own)",
+            title_justify="left",
+        )
+        for col in (
+            "link setting",
+            "phase",
+            "n A",
+            values.header("median A [95% CI]"),
+            "n B",
+            values.header("median B [95% CI]"),
+            diffs.header("B − A [95% CI]"),
+        ):
+            table.add_column(
+                col, justify="left" if col in ("link setting", "phase") else "right", no_wrap=True
+            )
+        for label, entry in rows.items():
+            for phase, diff in entry.items():
+                sa, sb = a["settings"][label][phase], b["settings"][label][phase]
+                table.add_row(
+                    label,
+                    f"{phase} ({UNIT_LABELS.get(sa['unit'], sa['unit'])})",
+                    str(sa["n"]),
+                    values.with_interval(sa["median"], sa.get("median_ci")),
+                    str(sb["n"]),
+                    values.with_interval(sb["median"], sb.get("median_ci")),
+                    diffs.with_interval(diff["median"], diff["ci"]) if diff else "— (one reconfiguration)",
+                )
+        out.print(table)
+    for side, name in (("a", "A"), ("b", "B")):
+        only = settings["only_in"][side]
+        if only:
+            out.print(f"set {name} only: {', '.join(only)}", markup=False, highlight=False)
+        for line in recommendation_lines(settings.get(side)):
+            out.print(
+                f"set {name} {line}" if not line.startswith(" ") else line, markup=False, highlight=False
+            )
 
 
 def plot(
