@@ -33,6 +33,7 @@ from labctl.agents.wire import (
     Batch,
     CircuitArgs,
     Command,
+    LinkArgs,
     PingArgs,
     Rejected,
     Rejections,
@@ -53,7 +54,7 @@ from labctl.agents.wire import (
     world_topic,
 )
 from labctl.core.clock import now_ns
-from labctl.core.errors import HardwareError, InputError
+from labctl.core.errors import HardwareError, InputError, LabctlError
 from labctl.core.events import Event
 from labctl.inventory.profiles import Profile
 from labctl.inventory.schema import Inventory, NicPort
@@ -63,6 +64,14 @@ from labctl.linux.timesync import clock_sync_state
 from labctl.models.fabric import SimFabric
 from labctl.models.switch import SwitchModel
 from labctl.models.timeline import Scheduled, Timeline
+from labctl.nic.settings import (
+    LinkSettingMismatch,
+    LinkSettingUnsupported,
+    PortRef,
+    settings_from_json,
+    settings_to_json,
+    support_to_json,
+)
 from labctl.probes.base import probe_kinds
 from labctl.probes.sampling import CircuitProbe, ModelSchedule, Probe, ProbeSettings
 
@@ -380,6 +389,10 @@ class Agent:
         self.clock = HostClock(skew_ns, drift_ppb, now_ns())
         self.reconnect_s = reconnect_s
         self.ports = [p for p in inventory.ports if p.host == host]
+        make_control = self.kind.agent_link_control
+        self.link_control = make_control(inventory, host, broker.hostname) if make_control else None
+        """Reads and applies this host's ports' link settings (the `link` command; decision 0079): kept
+        for the agent's life, so what it set outlives the controller that asked."""
         self.sources = {p.source for p in self.ports}
         self.all_sources = {p.source for p in inventory.ports}
         self.replays = ReplayGuard()
@@ -917,6 +930,39 @@ class Agent:
         data = await asyncio.to_thread(inspect_host, self.ports)
         return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True, data=data)
 
+    async def _cmd_link(self, cmd: Command, t_rx: int) -> Reply:
+        """One of this host's ports' link settings: what it supports, what it holds, or set (read back and
+        verified by the local LinkControl). A port or setting it refuses is an answer (`data.refusal`:
+        unsupported, mismatch, failed), not a rejection: the controller raises it as a local one would."""
+        args: LinkArgs = self._args(LinkArgs, cmd)
+        if args.port not in {p.ifname for p in self.ports}:
+            raise Rejected("unauthorised", f"{args.port} is not a port of {self.host}")
+        if (args.op == "apply") != (args.settings is not None):
+            raise Rejected("malformed", "settings go with apply, and only with it")
+        control = self.link_control
+        if control is None:
+            raise Rejected("malformed", f"a {self.inventory.kind} lab's agent sets no link settings")
+        port = PortRef(self.host, args.port)
+        data: dict[str, Any]
+        try:
+            if args.op == "support":
+                data = {"support": support_to_json(await control.support(port))}
+            elif args.op == "read":
+                data = {"settings": settings_to_json(await control.read(port))}
+            else:
+                want = settings_from_json(msgspec.to_builtins(args.settings))
+                data = {"settings": settings_to_json(await control.apply(port, want))}
+        except LabctlError as e:
+            if isinstance(e, LinkSettingUnsupported):
+                data = {"refusal": "unsupported", "why": e.why}
+            elif isinstance(e, LinkSettingMismatch):
+                data = {"refusal": "mismatch", "differences": e.differences}
+            else:
+                data = {"refusal": "failed"}
+            log.warning("agent %s: link %s %s: %s", self.host, args.op, args.port, e)
+            return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=False, error=str(e), data=data)
+        return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True, data=data)
+
     COMMANDS: ClassVar[dict[str, Callable[[Agent, Command, int], Any]]] = {
         "ping": _cmd_ping,
         "start": _cmd_start,
@@ -925,4 +971,5 @@ class Agent:
         "window": _cmd_window,
         "switched": _cmd_switched,
         "inspect": _cmd_inspect,
+        "link": _cmd_link,
     }

@@ -801,14 +801,18 @@ class AgentHub:
         self._outgoing.put_nowait(_Outgoing(topic(self.lab, host, "cmd"), body, expires_ns, host, cmd_id))
         return cmd_id, sent
 
-    async def request(self, host: str, op: str, args: dict[str, Any], timeout_s: float = 10.0) -> Reply:
+    async def request(
+        self, host: str, op: str, args: dict[str, Any], timeout_s: float = 10.0, *, check: bool = True
+    ) -> Reply:
+        """Send a command and wait for its reply; one the agent refused raises HardwareError with its
+        error (`check`), or is returned as it came (`check=False`: the caller reads its `data`)."""
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._send_command(host, op, args, expires_ns=now_ns() + round(timeout_s * 1e9), future=fut)
         try:
             reply = await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:
             raise HardwareError(f"agent {host}: no reply to {op} within {timeout_s:g} s") from None
-        if not reply.ok:
+        if check and not reply.ok:
             raise HardwareError(f"agent {host}: {op} refused: {reply.error}")
         return reply
 

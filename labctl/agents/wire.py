@@ -9,7 +9,7 @@ import secrets
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -96,6 +96,31 @@ class SwitchedArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The switch acknowledged moving these port sources' light (the controller's t1)."""
 
     sources: list[str]
+
+
+_Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^\S+$")]
+_Ifname = Annotated[str, msgspec.Meta(min_length=1, max_length=15, pattern=r"^[^\s/:]+$")]
+
+
+class LinkSettingsArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Link settings as `labctl.nic.settings.settings_to_json` writes them (its `label` is ignored)."""
+
+    autoneg: bool | None = None
+    speed_mbps: Annotated[int, msgspec.Meta(ge=1, le=1_600_000)] | None = None
+    duplex: Literal["full", "half"] | None = None
+    link_modes: Annotated[list[_Name], msgspec.Meta(max_length=128)] | None = None
+    fec: Literal["off", "rs", "baser", "llrs", "auto"] | None = None
+    priv_flags: Annotated[dict[_Name, bool], msgspec.Meta(max_length=64)] = {}
+    label: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
+
+
+class LinkArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The `link` command: what one of this host's ports supports, holds, or is to be set to (decision
+    0079). `port` is its interface name as the inventory gives it; `settings` goes with `apply` only."""
+
+    op: Literal["support", "read", "apply"]
+    port: _Ifname
+    settings: LinkSettingsArgs | None = None
 
 
 HAPPENS, ANNOUNCED, WITHDRAWN = 0, 1, 2

@@ -9,11 +9,12 @@ transport effects (tests/integration/test_agents.py compares them).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.hub import run_probes_on_agents
+from labctl.agents.linkctl import AgentLinkControl
 from labctl.agents.wire import ANNOUNCED, HAPPENS, WITHDRAWN, WorldItem
 from labctl.core.clock import now_ns
 from labctl.core.events import Kind
@@ -29,7 +30,9 @@ from labctl.labs.world import (
     switch_models,
 )
 from labctl.models.fabric import TRANSPORT, SimFabric
+from labctl.models.link_control import ModelLinkControl, fabric_timing, initial_settings
 from labctl.models.switch import SwitchModel
+from labctl.nic.settings import LinkControl, LinkSettings, PortRef
 from labctl.ocs.protocol import ApplyResult, OpticalSwitch, Timed, command_not_before
 from labctl.probes.base import ProbeContext
 from labctl.probes.model import model_sites
@@ -223,7 +226,37 @@ def build(ctx: LabContext) -> Lab:
         model.add_announce_listener(functools.partial(on_announce, name))
     fabric.add_listener(on_transition)
     hub.world_snapshot = snapshot
+    lab.link_control = AgentLinkControl(hub, link_observer(fabric, inv, ctx))
     return lab
+
+
+def link_observer(
+    fabric: SimFabric, inv: Inventory, ctx: LabContext
+) -> Callable[[PortRef, LinkSettings], None]:
+    """Where the agents lab decides a link's firmware link-up (the controller's fabric, which the agents'
+    mirrors follow): told every port's settings as its agent read them back, so that link-up is drawn from
+    what the agents hold, as the one-process lab draws it from its own model's. A port still as the model
+    starts leaves the fabric's draws as they were."""
+    timing = fabric_timing(fabric)
+    by_ref = {PortRef(p.host, p.ifname): p for p in inv.ports}
+    known: dict[PortRef, LinkSettings] = {}
+    start = initial_settings(ctx.profile.link)
+
+    def observe(port: PortRef, held: LinkSettings) -> None:
+        nic = by_ref.get(port)
+        if nic is None or held == known.get(port, start):
+            return
+        known[port] = held
+        timing(nic, held)
+
+    return observe
+
+
+def agent_link_control(inventory: Inventory, host: str, broker_host: str) -> LinkControl:
+    """An agent's model of its own ports' link settings (they start as the inventory's profile's `link`
+    model says, and live as long as the agent: a controller that dies leaves them set). Their effect on
+    link-up is the controller's model's (`link_observer`), not the agent's mirror's."""
+    return ModelLinkControl([p for p in inventory.ports if p.host == host], inventory.profile().link)
 
 
 KIND = LabKind(
@@ -233,4 +266,6 @@ KIND = LabKind(
     build,
     agent_probes=PROBES,
     agent_context=agent_context,
+    agent_link_control=agent_link_control,
+    no_link_control=None,
 )

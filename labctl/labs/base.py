@@ -151,6 +151,10 @@ class LabKind:
     """Where an agent's probes look, on its host: (inventory, host, settings, the agent's mirror of the
     controller's behaviour model, fed by its `_world` messages; None where the probes read the host's own
     interfaces, `agents_probe_interfaces`) → their ProbeContext."""
+    agent_link_control: Callable[[Inventory, str, str], LinkControl] | None = None
+    """The LinkControl a `labctl agent` answers its `link` command with, for its host's ports: (inventory,
+    host, the broker's host name: its management path) → it. None: this kind's agents set no link
+    settings (decision 0079)."""
     no_link_control: str | None = "this lab kind offers no link settings control"
     """Why a tune experiment cannot run on this kind of lab (checked before anything is built); None where
     its `Lab.link_control` reads and applies link settings."""

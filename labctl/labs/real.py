@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.hub import run_probes_on_agents
+from labctl.agents.linkctl import AgentLinkControl
 from labctl.inventory.schema import Inventory
 from labctl.labs.base import Lab, LabContext, LabKind, require_transport
 from labctl.labs.world import add_power_meters, check_power_meters, no_extra_probes
 from labctl.models.fabric import SimFabric
+from labctl.nic.netlink import NetlinkLinkControl, management_ports
+from labctl.nic.settings import LinkControl
 from labctl.ocs.switches import open_switch, switch_drivers
 from labctl.probes.base import PortSite, ProbeContext
 from labctl.probes.sampling import ProbeSettings
@@ -84,7 +87,7 @@ def build(ctx: LabContext) -> Lab:
     lab = Lab(
         switches={name: open_switch(name, spec, ctx.emit) for name, spec in ctx.inventory.switches.items()}
     )
-    run_probes_on_agents(lab, ctx, probes_for(ctx.probes))
+    lab.link_control = AgentLinkControl(run_probes_on_agents(lab, ctx, probes_for(ctx.probes)))
     add_power_meters(lab, ctx, None)  # polled from the controller, at their addresses
     return lab
 
@@ -99,6 +102,12 @@ def agent_context(
     return ProbeContext(settings, ports=[site for site in sites if site.port.host == host], peers=sites)
 
 
+def agent_link_control(inventory: Inventory, host: str, broker_host: str) -> LinkControl:
+    """The agent's host's own ports over ethtool netlink; the interfaces carrying its management path (the
+    default route, the route to the broker) are refused, read from the routing table at every call."""
+    return NetlinkLinkControl(management=lambda: management_ports(None, broker_host))
+
+
 KIND = LabKind(
     "real",
     "switches at their network addresses; a `labctl agent` on every host, running real probes on its NICs",
@@ -107,4 +116,6 @@ KIND = LabKind(
     agent_probes=AGENT_PROBES,
     agents_probe_interfaces=True,
     agent_context=agent_context,
+    agent_link_control=agent_link_control,
+    no_link_control=None,
 )

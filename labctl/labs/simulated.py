@@ -39,7 +39,8 @@ def build(ctx: LabContext) -> Lab:
     require_transport(ctx.probes, "simulated", tuple(TRAFFIC_PROBE))
     models = switch_models(ctx)
     fabric = SimFabric(ctx.inventory, models, ctx.profile, ctx.rng)
-    lab = Lab(close_hooks=[fabric.cancel_pending], link_control=ModelLinkControl(fabric, ctx.inventory))
+    control = ModelLinkControl.of_fabric(fabric, ctx.inventory)
+    lab = Lab(close_hooks=[fabric.cancel_pending], link_control=control)
     drive_models(ctx, models, lab)
     sites = model_sites(fabric, ctx.inventory.ports)
     probes = tuple(

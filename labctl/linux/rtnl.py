@@ -29,11 +29,13 @@ from labctl.linux.netlink import (
     NLM_F_DUMP,
     NLM_F_EXCL,
     NLM_F_REQUEST,
+    NLMSG_DONE,
     NLMSG_ERROR,
     NLMSGERR,
     U32,
     Insn,
     NetlinkError,
+    align,
     attr,
     be16,
     be32,
@@ -41,6 +43,7 @@ from labctl.linux.netlink import (
     iter_messages,
     message,
     nested,
+    parse_attrs,
     u32,
 )
 
@@ -51,6 +54,8 @@ RTMGRP_LINK = 0x1
 RTM_NEWLINK = 16
 RTM_DELLINK = 17
 RTM_GETLINK = 18
+RTM_NEWROUTE = 24
+RTM_GETROUTE = 26
 RTM_NEWQDISC = 36
 RTM_NEWTFILTER = 44
 RTM_DELTFILTER = 45
@@ -71,6 +76,16 @@ VETH_INFO_PEER = 1
 RTEXT_FILTER_SKIP_STATS = 1 << 3
 IFF_UP = 0x1
 IFF_LOWER_UP = 0x10000
+
+# route attributes (linux/rtnetlink.h)
+RTA_DST = 1
+RTA_OIF = 4
+RTA_MULTIPATH = 9
+RTA_TABLE = 15
+RT_TABLE_MAIN = 254
+RTN_UNICAST = 1
+RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
+RTNEXTHOP = struct.Struct("=HBBi")  # len, flags, hops, ifindex
 
 # RFC 2863 operational states, as IFLA_OPERSTATE numbers them
 OPERSTATES = ("unknown", "notpresent", "down", "lowerlayerdown", "testing", "dormant", "up")
@@ -229,6 +244,76 @@ class Rtnl:
                         return
                     raise NetlinkError(-code, f"rtnetlink request {msg_type} refused")
 
+    def dump(self, msg_type: int, body: bytes) -> list[tuple[int, bytes]]:
+        """Send one dump request; every message of its answer as (type, payload), until NLMSG_DONE."""
+        self._seq += 1
+        seq = self._seq
+        self.sock.send(message(msg_type, NLM_F_REQUEST | NLM_F_DUMP, seq, body))
+        out: list[tuple[int, bytes]] = []
+        while True:
+            data = self.sock.recv(1 << 16)
+            for kind, _flags, mseq, start, end in iter_messages(data):
+                if mseq != seq:
+                    continue
+                if kind == NLMSG_DONE:
+                    return out
+                if kind == NLMSG_ERROR:
+                    (code,) = NLMSGERR.unpack_from(data, start)
+                    if code == 0:
+                        return out
+                    raise NetlinkError(-code, f"rtnetlink dump {msg_type} refused")
+                out.append((kind, bytes(data[start:end])))
+
+    # -- routes --------------------------------------------------------------------------------------------
+    def default_route_ifindexes(self) -> set[int]:
+        """The interfaces the main table's default routes (IPv4 and IPv6, every nexthop of a multipath
+        one) leave through: the host's management path, where its default route is."""
+        found: set[int] = set()
+        for family in (socket.AF_INET, socket.AF_INET6):
+            body = RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
+            try:
+                replies = self.dump(RTM_GETROUTE, body)
+            except NetlinkError as e:
+                if e.errno == errno.EAFNOSUPPORT:  # no IPv6 in this kernel
+                    continue
+                raise
+            for kind, payload in replies:
+                if kind != RTM_NEWROUTE or len(payload) < RTMSG.size:
+                    continue
+                _fam, dst_len, _src, _tos, table, _proto, _scope, rtype, _flags = RTMSG.unpack_from(payload)
+                attrs = parse_attrs(payload, RTMSG.size, len(payload))
+                if RTA_TABLE in attrs:
+                    table = U32.unpack_from(attrs[RTA_TABLE])[0]
+                if dst_len != 0 or table != RT_TABLE_MAIN or rtype != RTN_UNICAST:
+                    continue
+                found |= _route_oifs(attrs)
+        return found
+
+    def route_ifindex(self, address: str) -> int | None:
+        """The interface the kernel routes `address` (an IPv4 or IPv6 literal) through (RTM_GETROUTE with
+        RTA_DST, as `ip route get`); None where it has no route to it."""
+        import ipaddress
+
+        ip = ipaddress.ip_address(address)
+        family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+        body = RTMSG.pack(family, ip.max_prefixlen, 0, 0, 0, 0, 0, 0, 0) + attr(RTA_DST, ip.packed)
+        self._seq += 1
+        seq = self._seq
+        self.sock.send(message(RTM_GETROUTE, NLM_F_REQUEST, seq, body))
+        while True:
+            data = self.sock.recv(1 << 16)
+            for kind, _flags, mseq, start, end in iter_messages(data):
+                if mseq != seq:
+                    continue
+                if kind == NLMSG_ERROR:
+                    (code,) = NLMSGERR.unpack_from(data, start)
+                    if code in (0, -errno.ENETUNREACH, -errno.EHOSTUNREACH):
+                        return None
+                    raise NetlinkError(-code, "rtnetlink route lookup refused")
+                if kind == RTM_NEWROUTE:
+                    oifs = _route_oifs(parse_attrs(data, start + RTMSG.size, end))
+                    return min(oifs) if oifs else None
+
     # -- links ---------------------------------------------------------------------------------------------
     def set_up(self, ifindex: int, up: bool) -> None:
         body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, ifindex, IFF_UP if up else 0, IFF_UP)
@@ -292,3 +377,19 @@ class Rtnl:
             socket.AF_UNSPEC, ifindex, 0, INGRESS_HANDLE, (prio << 16) | socket.htons(ETH_P_ALL)
         )
         self.request(RTM_DELTFILTER, 0, body, ok_errnos=(errno.ENOENT, errno.EINVAL))
+
+
+def _route_oifs(attrs: dict[int, memoryview]) -> set[int]:
+    """RTA_OIF, or every nexthop's interface of an RTA_MULTIPATH route."""
+    out: set[int] = set()
+    if RTA_OIF in attrs:
+        out.add(U32.unpack_from(attrs[RTA_OIF])[0])
+    hops = attrs.get(RTA_MULTIPATH)
+    at = 0
+    while hops is not None and at + RTNEXTHOP.size <= len(hops):
+        length, _flags, _hops, ifindex = RTNEXTHOP.unpack_from(hops, at)
+        if length < RTNEXTHOP.size:
+            break
+        out.add(ifindex)
+        at += align(length)
+    return out

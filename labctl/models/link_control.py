@@ -11,6 +11,7 @@ carry no management route on their ports, so nothing is refused for that.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from labctl.inventory.profiles import LinkModel
@@ -24,7 +25,7 @@ from labctl.nic.settings import (
     PortRef,
 )
 
-__all__ = ["ModelLinkControl", "initial_settings"]
+__all__ = ["LinkEffect", "ModelLinkControl", "fabric_timing", "initial_settings"]
 
 
 def initial_settings(model: LinkModel) -> LinkSettings:
@@ -39,13 +40,35 @@ def initial_settings(model: LinkModel) -> LinkSettings:
     )
 
 
-class ModelLinkControl:
-    """`labctl.nic.settings.LinkControl` over a `SimFabric`'s NIC ports."""
+LinkEffect = Callable[[NicPort, LinkSettings], None]
+"""What a port's settings do to the lab's behaviour model, called with everything the port holds after each
+apply (the simulated lab: its firmware link-up in the `SimFabric`, `fabric_timing`)."""
 
-    def __init__(self, fabric: SimFabric, inventory: Inventory) -> None:
-        self.fabric = fabric
-        self.model = fabric.profile.link
-        self._ports: dict[PortRef, NicPort] = {PortRef(p.host, p.ifname): p for p in inventory.ports}
+
+def fabric_timing(fabric: SimFabric) -> LinkEffect:
+    """The effect of a port's settings on `fabric`: its next link-up takes the profile's link model's share
+    of the firmware draw (where a link's timing is decided: the one-process lab's fabric, and the agents
+    lab's fabric in the controller, which its agents' mirrors follow)."""
+    model = fabric.profile.link
+
+    def effect(nic: NicPort, now: LinkSettings) -> None:
+        forced = now.link_modes is not None and now.link_modes != model.link_modes
+        autoneg = bool(now.autoneg) if now.autoneg is not None else model.autoneg
+        fec = now.fec or model.fec
+        fabric.set_link_timing(nic, model.factor(autoneg, fec, forced), autoneg, fec)
+
+    return effect
+
+
+class ModelLinkControl:
+    """`labctl.nic.settings.LinkControl` over modeled NIC ports: the settings each holds, what it supports
+    (the profile's `link` model), and their `effect` on the lab's model (none on an agent of the agents
+    lab: the controller's fabric decides link-up there, told by `labctl.agents.linkctl.AgentLinkControl`)."""
+
+    def __init__(self, ports: Iterable[NicPort], model: LinkModel, effect: LinkEffect | None = None) -> None:
+        self.model = model
+        self.effect = effect
+        self._ports: dict[PortRef, NicPort] = {PortRef(p.host, p.ifname): p for p in ports}
         start = initial_settings(self.model)
         self.held: dict[PortRef, LinkSettings] = dict.fromkeys(self._ports, start)
         """What each port holds now."""
@@ -53,6 +76,11 @@ class ModelLinkControl:
         """Every apply, in order (what tests read)."""
         self.fail_on: dict[PortRef, str] = {}
         """Ports whose next apply fails with this reason (a fault a test injects, as a NIC may refuse)."""
+
+    @classmethod
+    def of_fabric(cls, fabric: SimFabric, inventory: Inventory) -> ModelLinkControl:
+        """The simulated lab's: every port of the inventory, each setting's effect on `fabric`."""
+        return cls(inventory.ports, fabric.profile.link, fabric_timing(fabric))
 
     def _port(self, port: PortRef) -> NicPort:
         found = self._ports.get(port)
@@ -88,10 +116,8 @@ class ModelLinkControl:
             now = replace(now, speed_mbps=_speed(settings.link_modes[0], now))
         self.held[port] = now
         self.applied.append((port, settings))
-        forced = now.link_modes is not None and now.link_modes != self.model.link_modes
-        autoneg = bool(now.autoneg)
-        fec = now.fec or self.model.fec
-        self.fabric.set_link_timing(nic, self.model.factor(autoneg, fec, forced), autoneg, fec)
+        if self.effect is not None:
+            self.effect(nic, now)
         read = await self.read(port)
         differences = settings.differences(read)
         if differences:

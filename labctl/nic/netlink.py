@@ -15,8 +15,9 @@ settings are read and changed a few times per sweep point, so a socket per call 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TypeVar, cast
 
@@ -53,6 +54,40 @@ def _why(e: NetlinkError) -> str:
     return f"{base} (kernel: {_one_line(message)})" if message else base
 
 
+def management_ports(netns: str | None = None, towards: str | None = None) -> dict[str, str]:
+    """The interfaces that carry this host's management path, each with why: the main table's default
+    routes, and the route to `towards` (the broker's host name or address: the agent's own connection),
+    read from the kernel's routing table (rtnetlink) in `netns`. Blocking: call it from a worker thread."""
+    import ipaddress
+    import socket
+
+    from labctl.linux.netns import entered
+    from labctl.linux.rtnl import Rtnl
+
+    out: dict[str, str] = {}
+    with entered(netns):
+        rtnl = Rtnl.here()
+        try:
+            for index in sorted(rtnl.default_route_ifindexes()):
+                with contextlib.suppress(OSError):
+                    out.setdefault(socket.if_indextoname(index), "the default route")
+            if towards:
+                try:
+                    address = str(ipaddress.ip_address(towards))
+                except ValueError:
+                    try:
+                        address = str(socket.getaddrinfo(towards, None)[0][4][0])
+                    except OSError:
+                        address = ""
+                via = rtnl.route_ifindex(address) if address else None
+                if via is not None and not ipaddress.ip_address(address).is_loopback:
+                    with contextlib.suppress(OSError):
+                        out.setdefault(socket.if_indextoname(via), f"the route to the broker {towards}")
+        finally:
+            rtnl.close()
+    return out
+
+
 class NetlinkLinkControl:
     """LinkControl over ethtool netlink for the ports of the host it runs on."""
 
@@ -62,12 +97,25 @@ class NetlinkLinkControl:
         timeout_s: float = 5.0,
         *,
         open_link: Callable[[], EthtoolLink] | None = None,
+        management: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         """`open_link`: opens the driver for one call (tests give one over a scripted kernel); by default
-        an EthtoolLink in `netns` (None: this process's namespace)."""
+        an EthtoolLink in `netns` (None: this process's namespace). `management`: the interfaces carrying
+        this host's management path, ifname → why (blocking; `management_ports` by default, read again at
+        every call): their settings are never changed, support() says so in its note and apply() refuses."""
         self.netns = netns
         self.timeout_s = timeout_s
         self.open_link = open_link or (lambda: EthtoolLink(self.netns, self.timeout_s))
+        self.management = management or (lambda: management_ports(self.netns))
+
+    async def _guarded(self, port: PortRef) -> str | None:
+        """Why this port's settings must not change (it carries the management path); None: they may."""
+        why = (await asyncio.to_thread(self.management)).get(port.ifname)
+        if why is None:
+            return None
+        return (
+            f"{port.ifname} carries {why}: labctl never changes its link settings (the host would be cut off)"
+        )
 
     async def _run(self, port: PortRef, work: Callable[[EthtoolLink], T]) -> T:
         def call() -> T:
@@ -89,7 +137,9 @@ class NetlinkLinkControl:
     # -- support ---------------------------------------------------------------------------------------
 
     async def support(self, port: PortRef) -> LinkSupport:
-        return await self._run(port, lambda link: self._support(link, port))
+        support = await self._run(port, lambda link: self._support(link, port))
+        guarded = await self._guarded(port)
+        return support if guarded is None else replace(support, note=guarded)
 
     def _support(self, link: EthtoolLink, port: PortRef) -> LinkSupport:
         modes = _optional(lambda: link.linkmodes(port.ifname))
@@ -117,6 +167,9 @@ class NetlinkLinkControl:
     # -- apply -----------------------------------------------------------------------------------------
 
     async def apply(self, port: PortRef, settings: LinkSettings) -> LinkSettings:
+        guarded = await self._guarded(port)
+        if guarded is not None:
+            raise LinkSettingUnsupported(port, settings, guarded)
         asked, actual = await self._run(port, lambda link: self._apply(link, port, settings))
         differences = asked.differences(actual)
         if differences:

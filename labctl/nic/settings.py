@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Literal, Protocol, get_args, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 from labctl.core.errors import HardwareError, InputError
 
@@ -160,3 +160,50 @@ class SavedSettings:
     """Every port's settings as read before a sweep changed any: what a restore puts back."""
 
     ports: Mapping[PortRef, LinkSettings] = field(default_factory=dict)
+
+
+def settings_to_json(settings: LinkSettings) -> dict[str, Any]:
+    """As run.json, events, `link-settings-before.json` and the agents' `link` command carry them."""
+    return {
+        "autoneg": settings.autoneg,
+        "speed_mbps": settings.speed_mbps,
+        "duplex": settings.duplex,
+        "link_modes": list(settings.link_modes) if settings.link_modes is not None else None,
+        "fec": settings.fec,
+        "priv_flags": dict(settings.priv_flags),
+        "label": settings.label,
+    }
+
+
+def settings_from_json(data: Mapping[str, Any]) -> LinkSettings:
+    """`settings_to_json`'s output back (its `label` is ignored); trusted input: the agents validate theirs
+    with `labctl.agents.wire.LinkArgs` first."""
+    modes = data.get("link_modes")
+    return LinkSettings(
+        autoneg=data.get("autoneg"),
+        speed_mbps=data.get("speed_mbps"),
+        duplex=data.get("duplex"),
+        link_modes=tuple(modes) if modes is not None else None,
+        fec=data.get("fec"),
+        priv_flags=tuple((str(k), bool(v)) for k, v in (data.get("priv_flags") or {}).items()),
+    )
+
+
+def support_to_json(support: LinkSupport) -> dict[str, Any]:
+    return {
+        "autoneg": support.autoneg,
+        "link_modes": list(support.link_modes),
+        "fec_modes": list(support.fec_modes),
+        "priv_flags": list(support.priv_flags),
+        "note": support.note,
+    }
+
+
+def support_from_json(data: Mapping[str, Any]) -> LinkSupport:
+    return LinkSupport(
+        autoneg=bool(data.get("autoneg")),
+        link_modes=tuple(data.get("link_modes") or ()),
+        fec_modes=tuple(data.get("fec_modes") or ()),
+        priv_flags=tuple(data.get("priv_flags") or ()),
+        note=data.get("note"),
+    )

@@ -32,7 +32,15 @@ from labctl.core.events import Kind
 from labctl.core.fileio import write_json_atomic
 from labctl.core.yamlio import format_loc, load_yaml, pydantic_error_line
 from labctl.inventory.schema import Inventory, NicPort
-from labctl.nic.settings import Duplex, FecMode, LinkControl, LinkSettings, PortRef
+from labctl.nic.settings import (
+    Duplex,
+    FecMode,
+    LinkControl,
+    LinkSettings,
+    PortRef,
+    settings_from_json,
+    settings_to_json,
+)
 from labctl.run.experiment import (
     MAX_RECONFIGURATIONS,
     ExperimentKind,
@@ -310,30 +318,6 @@ def compile_tune(path: Path, inventory: Inventory) -> Plan:
 
 
 # -- the steps ------------------------------------------------------------------------------------------
-
-
-def settings_to_json(settings: LinkSettings) -> dict[str, Any]:
-    return {
-        "autoneg": settings.autoneg,
-        "speed_mbps": settings.speed_mbps,
-        "duplex": settings.duplex,
-        "link_modes": list(settings.link_modes) if settings.link_modes is not None else None,
-        "fec": settings.fec,
-        "priv_flags": dict(settings.priv_flags),
-        "label": settings.label,
-    }
-
-
-def settings_from_json(data: dict[str, Any]) -> LinkSettings:
-    modes = data.get("link_modes")
-    return LinkSettings(
-        autoneg=data.get("autoneg"),
-        speed_mbps=data.get("speed_mbps"),
-        duplex=data.get("duplex"),
-        link_modes=tuple(modes) if modes is not None else None,
-        fec=data.get("fec"),
-        priv_flags=tuple((str(k), bool(v)) for k, v in (data.get("priv_flags") or {}).items()),
-    )
 
 
 @dataclass

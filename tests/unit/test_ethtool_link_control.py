@@ -229,7 +229,7 @@ def control(kernel: ScriptedKernel, *, compact: bool = True) -> NetlinkLinkContr
         cls = VethLink if kernel.veth else EthtoolLink
         return cls(compact=compact, nl=GenericNetlink(kernel, 1.0))  # type: ignore[arg-type]
 
-    return NetlinkLinkControl(open_link=open_link)
+    return NetlinkLinkControl(open_link=open_link, management=dict)
 
 
 def run(coro: Any) -> Any:
