@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated
@@ -116,6 +117,64 @@ def broker_config(
         f"{paths['conf']}: {users} users (the controller and {len(inv.hosts)} agents), ACL {paths['acl']}, "
         f"passwords {paths['passwd']}{' over TLS' if tls else ''}; run `mosquitto -c {paths['conf']}`"
     )
+
+
+@lab_app.command("restore")
+def lab_restore(
+    run: Annotated[Path, typer.Argument(help="A run directory holding link-settings-before.json.")],
+    inventory: Annotated[
+        Path | None,
+        typer.Option(
+            "--inventory",
+            "-i",
+            help="The run's lab (default: the inventory the run itself used, as its run.json names it).",
+        ),
+    ] = None,
+    profile: Annotated[
+        str | None, typer.Option("--profile", help="The profile the run used (default: its run.json's).")
+    ] = None,
+) -> None:
+    """Put every NIC port a tune run swept back to the link settings it held before the run
+    (RUN/link-settings-before.json), through the lab's link settings control: each host's agent on an
+    agents or real lab. For a run whose process died (`labctl serve` does it by itself for its queued
+    runs). One line per port; exit 1 naming each port not restored and what it holds."""
+    import asyncio
+
+    from labctl.core.errors import InputError
+    from labctl.core.events import EventLog
+    from labctl.labs import load
+    from labctl.run.tune import BEFORE_FILE, NotRestored, restore_run_link_settings, saved_ports
+
+    if saved_ports(run) is None:
+        raise InputError(f"{run / BEFORE_FILE}: no saved link settings (not a tune run's directory?)")
+    meta: dict[str, object] = {}
+    with contextlib.suppress(OSError, ValueError):
+        meta = json.loads((run / "run.json").read_text(encoding="utf-8"))
+    if inventory is None:
+        named = meta.get("inventory_file")
+        if not isinstance(named, str):
+            raise InputError(f"{run / 'run.json'}: names no inventory_file: give --inventory")
+        inventory = Path(named)
+    if profile is None and isinstance(meta.get("profile"), str):
+        profile = str(meta["profile"])
+    inv = load(inventory)
+    from labctl.core.clock import Timebase
+
+    events = EventLog(None, Timebase.capture())
+    try:
+        lines = asyncio.run(restore_run_link_settings(run, inv, inv.profile(profile), events.record))
+    except NotRestored as e:
+        for line in e.restored:
+            out.print(line, highlight=False)
+        for line in e.failed:
+            out.print(f"[red]NOT restored[/]: {line}", highlight=False)
+        out.print(f"[red]{len(e.failed)} port(s) not restored[/]")
+        raise typer.Exit(1) from None
+    finally:
+        events.close()
+    for line in lines:
+        out.print(line, highlight=False)
+    out.print(f"[green]{len(lines)} port(s) restored[/]")
 
 
 def register(app: typer.Typer) -> None:

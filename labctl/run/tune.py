@@ -31,6 +31,7 @@ from labctl.core.errors import InputError, LabctlError
 from labctl.core.events import Kind
 from labctl.core.fileio import write_json_atomic
 from labctl.core.yamlio import format_loc, load_yaml, pydantic_error_line
+from labctl.inventory.profiles import Profile
 from labctl.inventory.schema import Inventory, NicPort
 from labctl.nic.settings import (
     Duplex,
@@ -56,13 +57,16 @@ __all__ = [
     "BEFORE_FILE",
     "ApplyLinkSettings",
     "GridFraction",
+    "NotRestored",
     "ReadLinkSettings",
     "SweepSpec",
     "TuneSpec",
     "TuneState",
     "compile_tune",
     "grid_points",
+    "restore_run_link_settings",
     "restore_saved",
+    "saved_ports",
     "settings_from_json",
     "settings_to_json",
 ]
@@ -462,29 +466,79 @@ class ApplyLinkSettings(StepBase):
         run.progress.message(f"setting {self.index + 1}/{self.of}: {self.settings.label}")
 
 
-async def restore_saved(run_dir: Path, control: LinkControl) -> list[str]:
-    """Put every port of a run's `link-settings-before.json` back (a crashed run's, from another process):
-    one line per port, what it holds now; raises LabctlError naming the ports that could not be."""
+class NotRestored(LabctlError):
+    """Some ports of a saved run could not be put back: `failed` says which and what each holds, `restored`
+    the lines of those that were."""
+
+    def __init__(self, restored: list[str], failed: list[str], of: int) -> None:
+        self.restored, self.failed = restored, failed
+        super().__init__(f"{len(failed)} of {of} port(s) not restored: {'; '.join(failed)}")
+
+
+def saved_ports(run_dir: Path) -> dict[str, LinkSettings] | None:
+    """The ports of a run's `link-settings-before.json` and what each held before the sweep (host/ifname →
+    settings); None where the run saved none (not a tune run, or it failed before reading any port)."""
     import json
 
     path = run_dir / BEFORE_FILE
+    if not path.is_file():
+        return None
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))["ports"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise InputError(f"{path}: no saved link settings ({e})") from None
+        return {str(label): settings_from_json(data) for label, data in saved.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise InputError(f"{path}: not the link settings a tune run saves ({e})") from None
+
+
+async def restore_saved(run_dir: Path, control: LinkControl) -> list[str]:
+    """Put every port of a run's `link-settings-before.json` back (a crashed run's, from another process):
+    one line per port, what it holds now; raises LabctlError naming each port that could not be put back
+    and what it holds, where that could be read."""
+    saved = saved_ports(run_dir)
+    if saved is None:
+        raise InputError(f"{run_dir / BEFORE_FILE}: no saved link settings (not a tune run's directory?)")
     lines, failed = [], []
-    for label, data in saved.items():
-        host, _, ifname = str(label).partition("/")
-        port, want = PortRef(host, ifname), settings_from_json(data)
+    for label, want in saved.items():
+        host, _, ifname = label.partition("/")
+        port = PortRef(host, ifname)
         try:
             read = await control.apply(port, want)
         except LabctlError as e:
-            failed.append(f"{label}: {e}")
+            held = "unknown settings"
+            with contextlib.suppress(LabctlError):
+                held = (await control.read(port)).label
+            failed.append(f"{label} holds {held} ({e})")
             continue
-        lines.append(f"{label}: {read.label}")
+        lines.append(f"{label}: {read.label} (as before the run)")
     if failed:
-        raise LabctlError(f"not restored: {'; '.join(failed)}")
+        raise NotRestored(lines, failed, len(saved))
     return lines
+
+
+async def restore_run_link_settings(
+    run_dir: Path, inventory: Inventory, profile: Profile, emit: Any
+) -> list[str]:
+    """`restore_saved` through the LinkControl of a lab built from `inventory` for the purpose (a crashed
+    run's recovery, `labctl lab restore`): started (an agents' hub connects), every saved port put back,
+    then closed. Raises LabctlError where the lab offers no LinkControl."""
+    import random
+
+    from labctl.labs import build_lab
+    from labctl.labs.base import LabContext
+    from labctl.probes.sampling import ProbeSettings
+
+    lab = build_lab(LabContext(inventory, profile, random.Random(), emit, ProbeSettings()))
+    try:
+        if lab.link_control is None:
+            raise LabctlError(
+                f"lab {inventory.lab} ({inventory.kind}) offers no link settings control: "
+                f"{run_dir / BEFORE_FILE} cannot be restored from here"
+            )
+        await lab.start()
+        return await restore_saved(run_dir, lab.link_control)
+    finally:
+        lab.close()
+        await lab.aclose()
 
 
 # -- around the run -------------------------------------------------------------------------------------

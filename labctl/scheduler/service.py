@@ -90,6 +90,44 @@ async def restore_baseline(row: RunRow, events_path: Path) -> dict[str, Any]:
     return held
 
 
+async def restore_link_settings(row: RunRow, run_dir: Path) -> dict[str, Any] | None:
+    """Put back every port a dead run's link settings sweep saved (its `link-settings-before.json`, decision
+    0079) through the LinkControl of its lab (an agents lab: the agents hold the settings the dead process
+    set). None where the run saved none; else `ok`, a line per port put back, and the error naming each
+    port not put back and what it holds."""
+    from labctl.core.clock import Timebase
+    from labctl.core.events import EventLog
+    from labctl.labs import load
+    from labctl.run.tune import NotRestored, restore_run_link_settings, saved_ports
+
+    try:
+        if saved_ports(run_dir) is None:
+            return None
+    except LabctlError as e:
+        return {"ok": False, "ports": [], "error": str(e)}
+    events = EventLog(None, Timebase.capture())
+    try:
+        inventory = load(row.inventory)
+        lines = await restore_run_link_settings(
+            run_dir, inventory, inventory.profile(row.profile), events.record
+        )
+    except NotRestored as e:
+        log.error("run %d: link settings NOT restored: %s", row.id, e, extra={"run_id": row.id})
+        return {"ok": False, "ports": e.restored, "error": str(e)}
+    except Exception as e:  # whatever broke, the row must still end consistent, saying so
+        log.error("run %d: link settings NOT restored: %s", row.id, e, extra={"run_id": row.id})
+        return {"ok": False, "ports": [], "error": f"{type(e).__name__}: {e}"}
+    finally:
+        events.close()
+    log.info(
+        "run %d: link settings restored on %d port(s)",
+        row.id,
+        len(lines),
+        extra={"run_id": row.id, "link_settings": lines},
+    )
+    return {"ok": True, "ports": lines}
+
+
 def _only_in_process_switches(row: RunRow) -> bool:
     """Whether every switch of the run's lab lived inside its process (the `sim` driver, or a driver whose
     emulator the lab served itself), so a crash took the switch state with it."""
@@ -264,6 +302,11 @@ class Scheduler:
         except Exception as e:  # whatever broke, the row must still end consistent
             recovery = {"ok": False, "events": str(events_path), "error": f"{type(e).__name__}: {e}"}
             log.error("run %d: baseline NOT restored: %s", row.id, recovery["error"])
+        if run_dir is not None:
+            link_settings = await restore_link_settings(row, run_dir)
+            if link_settings is not None:
+                recovery["link_settings"] = link_settings
+                recovery["ok"] = recovery["ok"] and link_settings["ok"]
         if run_dir is not None and (run_dir / "run.json").is_file():
             from labctl.core.fileio import write_json_atomic
 

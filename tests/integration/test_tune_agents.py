@@ -147,3 +147,129 @@ def test_a_tune_run_through_four_agents_ranks_the_settings_and_puts_every_port_b
     assert asyncio.run(read_agents(inv)) == saved
     meta = json.loads((outcome.run_dir / "run.json").read_text())
     assert meta["link_settings"]["restored"] is True
+
+
+@pytest.mark.slow
+async def test_serve_restores_the_ports_of_a_tune_run_killed_mid_sweep(
+    broker: Mosquitto,
+    tmp_path: Path,
+    agent_procs: list[subprocess.Popen[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`labctl submit` a tune run on the agents lab (the agents hold their ports' settings: they outlive the
+    run's process); SIGKILL its process once a setting other than the ports' own is applied; `serve`'s
+    recovery puts every port of its link-settings-before.json back through the agents, and says so."""
+    import os
+    import signal
+
+    from labctl.scheduler import service
+    from labctl.scheduler.service import Scheduler
+    from tests.helpers.serve_processes import labctl_argv
+
+    monkeypatch.setattr(service, "MAX_ATTEMPTS", 1)  # no retry: nothing runs on the agents after the recovery
+    inv, _ = write_lab(tmp_path, broker_section(broker.url))
+    spawn_agents(inv, tmp_path, agent_procs)
+    exp = tune_experiment(tmp_path, reconfigurations=30, hold_s=0.3)
+    data = yaml.safe_load(exp.read_text())
+    data["sweep"] = {"autoneg": [False, True]}  # the first setting changes every port
+    exp.write_text(yaml.safe_dump(data, sort_keys=False))
+    db = tmp_path / "q.sqlite"
+    submit = await asyncio.create_subprocess_exec(
+        *labctl_argv("submit", str(exp), "-i", str(inv), "--db", str(db)), stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await submit.communicate()
+    assert submit.returncode == 0, err
+    sched = Scheduler(db, out_dir=tmp_path / "runs", poll_s=0.05, plots=False)
+    [row] = sched.store.runs()
+    serving = asyncio.create_task(sched.serve(exit_when_idle=False))
+    try:
+        applied: list[dict[str, Any]] = []
+        for _ in range(1200):
+            row = sched.store.run(row.id)
+            if row.run_dir and (Path(row.run_dir) / "events.jsonl").exists():
+                applied = [
+                    e
+                    for seq in link_events(Path(row.run_dir)).values()
+                    for e in seq
+                    if e["meta"]["stage"] == "apply"
+                ]
+                if applied:
+                    break
+            await asyncio.sleep(0.05)
+        assert applied and applied[0]["meta"]["read"]["autoneg"] is False, "an agent holds autoneg off"
+        assert row.pid is not None and row.run_dir is not None
+        os.kill(row.pid, signal.SIGKILL)  # the run dies hard: its own restore never runs
+        for _ in range(1200):
+            if sched.store.run(row.id).state == "interrupted":
+                break
+            await asyncio.sleep(0.05)
+        row = sched.store.run(row.id)
+        assert row.state == "interrupted"
+        recovery = json.loads(row.recovery or "{}")
+        assert recovery["ok"] is True, recovery
+        lines = recovery["link_settings"]["ports"]
+        assert len(lines) == 8 and all("autoneg=on" in line for line in lines), lines
+        meta = json.loads((Path(row.run_dir) / "run.json").read_text())
+        assert meta["recovery"]["link_settings"]["ok"] is True
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+    # asked of the agents themselves: every port holds what it held before the run
+    saved = json.loads((Path(row.run_dir) / "link-settings-before.json").read_text())["ports"]
+    assert await read_agents(inv) == saved
+
+
+@pytest.mark.slow
+def test_lab_restore_puts_a_runs_ports_back_through_the_agents_one_line_each(
+    broker: Mosquitto, tmp_path: Path, agent_procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """`labctl lab restore RUN`: the ports of RUN/link-settings-before.json set back by their agents, one
+    line per port; a port that cannot be is named with what it holds, exit 1."""
+    from labctl.nic.settings import LinkSettings, settings_to_json
+    from tests.helpers.serve_processes import labctl_argv
+
+    inv, _ = write_lab(tmp_path, broker_section(broker.url))
+    spawn_agents(inv, tmp_path, agent_procs)
+
+    async def set_off() -> None:
+        inventory = load_inventory(inv)
+        hub = AgentHub(inventory, BrokerSettings.from_inventory(inventory))
+        await hub.start()
+        try:
+            for host in ("h1", "h3"):
+                await hub.wait_online(host)
+                off = settings_to_json(LinkSettings(autoneg=False))
+                await hub.request(host, "link", {"op": "apply", "port": "p0", "settings": off})
+        finally:
+            await hub.stop()
+
+    asyncio.run(set_off())
+    run = tmp_path / "run"
+    run.mkdir()
+    before = asyncio.run(read_agents(inv))
+    assert before["h1/p0"]["autoneg"] is False and before["h3/p0"]["autoneg"] is False
+    saved = {label: {**s, "autoneg": True} for label, s in before.items() if label in ("h1/p0", "h3/p0")}
+    (run / "link-settings-before.json").write_text(json.dumps({"ports": saved}))
+    (run / "run.json").write_text(json.dumps({"inventory_file": str(inv), "status": "running"}))
+    done = subprocess.run(labctl_argv("lab", "restore", str(run)), capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[:2] == [
+        f"h1/p0: {LinkSettings(autoneg=True).over(_held(before['h1/p0'])).label} (as before the run)",
+        f"h3/p0: {LinkSettings(autoneg=True).over(_held(before['h3/p0'])).label} (as before the run)",
+    ]
+    assert asyncio.run(read_agents(inv))["h1/p0"]["autoneg"] is True
+    # a setting h3's port does not take: named, with what it holds; the other port is still restored
+    saved["h3/p0"] = {**saved["h3/p0"], "fec": "llrs"}
+    (run / "link-settings-before.json").write_text(json.dumps({"ports": saved}))
+    done = subprocess.run(labctl_argv("lab", "restore", str(run)), capture_output=True, text=True)
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("h1/p0: autoneg=on,")
+    assert lines[1].startswith("NOT restored: h3/p0 holds autoneg=on,") and "fec=llrs" in lines[1], lines
+    assert lines[-1] == "1 port(s) not restored"
+
+
+def _held(data: dict[str, Any]) -> Any:
+    from labctl.nic.settings import settings_from_json
+
+    return settings_from_json(data)
