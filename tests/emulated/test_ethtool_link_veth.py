@@ -141,3 +141,40 @@ def test_the_hosts_eth0_read_only() -> None:
         assert held.link_modes == ()
     else:
         assert held.link_modes and held.link_modes[0] in (advertised or "")
+
+
+def test_a_port_carrying_the_management_path_is_refused_in_one_line(veth: str) -> None:
+    """A real host's agent never changes the link settings of the interface its default route, or its
+    route to the broker, leaves through (read from the namespace's routing table over rtnetlink): support
+    says so in its note, apply refuses without sending anything. Another port of the host is not refused
+    for it."""
+    from labctl.nic.netlink import management_ports
+
+    ip("-n", veth, "link", "add", "vc", "type", "veth", "peer", "name", "vd")
+    ip("-n", veth, "link", "set", "vc", "up")
+    ip("-n", veth, "addr", "add", "10.99.0.1/24", "dev", "va")
+    ip("-n", veth, "addr", "add", "10.98.0.1/24", "dev", "vc")
+    ip("-n", veth, "route", "add", "default", "via", "10.99.0.2", "dev", "va")
+    assert management_ports(veth) == {"va": "the default route"}
+    assert management_ports(veth, towards="10.98.0.7") == {
+        "va": "the default route",
+        "vc": "the route to the broker 10.98.0.7",
+    }
+    ctl = NetlinkLinkControl(veth)
+    host = socket.gethostname()
+    support = asyncio.run(ctl.support(PortRef(host, "va")))
+    assert support.note == (
+        "va carries the default route: labctl never changes its link settings (the host would be cut off)"
+    )
+    assert support.refusal(LinkSettings(autoneg=True)) == support.note
+    with pytest.raises(LinkSettingUnsupported) as exc:
+        asyncio.run(ctl.apply(PortRef(host, "va"), LinkSettings(autoneg=False)))
+    assert str(exc.value) == f"{host}/va: cannot set autoneg=off: {support.note}"
+    assert "\n" not in str(exc.value)
+    assert asyncio.run(ctl.support(PortRef(host, "vc"))).note == (
+        "veth has no link modes, FEC or private flags to set"
+    )
+    broker_side = NetlinkLinkControl(veth, management=lambda: management_ports(veth, towards="10.98.0.7"))
+    assert "the route to the broker 10.98.0.7" in (
+        asyncio.run(broker_side.support(PortRef(host, "vc"))).note or ""
+    )
