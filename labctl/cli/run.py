@@ -1047,7 +1047,20 @@ def plot(
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise InputError(f"{out_dir}: cannot create the output directory: {e.strerror}") from None
-    for p in plot_run(path, reconfig=reconfig, out_dir=out_dir, style=style, formats=formats):
+    from labctl.analysis.breakdown import EventIndex, compute_breakdown
+    from labctl.analysis.settings import reference_of
+    from labctl.analysis.settings_plots import plot_settings
+    from labctl.analysis.store import read_run_json
+
+    index = EventIndex.from_file(path / "events.jsonl")
+    frame = compute_breakdown(index)
+    paths = plot_run(
+        path, reconfig=reconfig, frame=frame, index=index, out_dir=out_dir, style=style, formats=formats
+    )
+    if reconfig is None and not frame.empty:  # a tune run: its figures by link setting (decision 0079)
+        reference = frame.attrs.get("link_setting_reference") or reference_of(read_run_json(path))
+        paths += plot_settings(frame, out_dir or path, reference=reference, style=style, formats=formats)
+    for p in paths:
         out.print(str(p))
 
 
