@@ -1,4 +1,4 @@
-"""A tune run's figures by link setting (issue 40 part 2, decision 0079), drawn by `labctl plot RUN`:
+"""A tune run's figures by link setting (issue 40 part 2, decision 0080), drawn by `labctl plot RUN`:
 
 - `settings-distributions.<fmt>`: one panel per setting (top to bottom, in the order measured), each a box
   plot of every recovery phase over its own unit (log ms, one dot per value), the panel titled with the

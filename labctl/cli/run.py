@@ -1057,7 +1057,7 @@ def plot(
     paths = plot_run(
         path, reconfig=reconfig, frame=frame, index=index, out_dir=out_dir, style=style, formats=formats
     )
-    if reconfig is None and not frame.empty:  # a tune run: its figures by link setting (decision 0079)
+    if reconfig is None and not frame.empty:  # a tune run: its figures by link setting (decision 0080)
         reference = frame.attrs.get("link_setting_reference") or reference_of(read_run_json(path))
         paths += plot_settings(frame, out_dir or path, reference=reference, style=style, formats=formats)
     for p in paths:

@@ -1,4 +1,4 @@
-"""A tune run's figures by link setting (decision 0079), measured by their artists: one panel per setting
+"""A tune run's figures by link setting (decision 0080), measured by their artists: one panel per setting
 in the order measured, each titled with its setting (the reference said), every phase label giving n and
 its unit, and no two texts overlapping."""
 
