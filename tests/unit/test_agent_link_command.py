@@ -13,10 +13,14 @@ import pytest
 
 from labctl.agents.agent import Agent
 from labctl.agents.broker import BrokerSettings
+from labctl.agents.hub import AgentHub
 from labctl.agents.wire import Command, Reply
 from labctl.inventory.schema import load_inventory
 from labctl.nic.settings import PortRef
-from tests.helpers.agents import broker_section, write_lab
+from tests.helpers import agents as helpers
+from tests.helpers.agents import _running, _status, broker_section, write_lab
+
+hub, lost = helpers.hub, helpers.lost  # fixtures
 
 
 @pytest.fixture
@@ -119,3 +123,22 @@ async def test_a_setting_the_port_does_not_take_is_an_answer_not_a_rejection(age
     assert reply.data == {"refusal": "unsupported", "why": reply.data["why"]}
     assert reply.error == "h1/p0: cannot set fec=llrs: " + reply.data["why"]
     assert "llrs" in reply.data["why"] and agent.rejections.as_dict()["malformed"] == 0
+
+
+async def test_a_lost_agents_ports_fail_at_once_naming_the_port(hub: AgentHub) -> None:
+    """An agent declared lost mid-sweep: its ports' restore fails at once (no timeouts waited out), each
+    naming the port, so the run's restore says which ports hold which setting (their last read-back)."""
+    from labctl.agents.linkctl import AgentLinkControl
+    from labctl.core.errors import HardwareError
+    from labctl.nic.settings import LinkSettings, LinkSettingUnsupported
+
+    _running(hub, "h2", "A")
+    _status(hub, "h2", "online B", 2)  # a new process: lost at once (decision 0024)
+    control = AgentLinkControl(hub)
+    with pytest.raises(HardwareError) as exc:
+        await control.apply(PortRef("h2", "p0"), LinkSettings(autoneg=True))
+    assert str(exc.value) == (
+        "h2/p0: agent h2 is lost (restarted): its link settings can be neither read nor set until it is back"
+    )
+    with pytest.raises(LinkSettingUnsupported, match="no such port in the lab"):
+        await control.read(PortRef("h2", "p7"))
