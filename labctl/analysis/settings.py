@@ -153,7 +153,7 @@ def default_reference(experiment: Mapping[str, Any]) -> str | None:
     """The label of the first setting a tune spec (run.json `experiment`) writes: each swept field's first
     value, labelled as LinkSettings labels it; None where the spec has no sweep."""
     sweep = experiment.get("sweep")
-    if experiment.get("kind") != "tune" or not isinstance(sweep, Mapping):
+    if not isinstance(sweep, Mapping):  # (a replay's `sweep:` names none of the link settings: None too)
         return None
     parts = []
     for name in SWEPT:

@@ -111,7 +111,8 @@ def test_runs_naming_different_references_use_the_first_and_say_so(tmp_path: Pat
 
 
 def test_no_reference_anywhere_is_the_first_measured_said_in_a_note(tmp_path: Path) -> None:
-    runs = [tune_run(tmp_path, f"t{i}", seed=i, experiment={"kind": "timeline"}) for i in (1, 2)]
+    # run.json without the sweep (and no recorded reference): nothing names the reference
+    runs = [tune_run(tmp_path, f"t{i}", seed=i, experiment={"sweep": None}) for i in (1, 2)]
     pooled = aggregate(runs)
     assert pooled["by_link_setting"]["reference"] == ORDER[0]
     assert any("first measured" in note for note in pooled["notes"])
