@@ -267,15 +267,24 @@ async def test_simulated_run_takes_t2_from_the_power_meter(tmp_path: Path) -> No
     frame = pd.read_csv(outcome.run_dir / "breakdown.csv")
     assert "t2_source" in frame.columns
     measured = frame[frame["reconfig"] > 0]
-    assert len(measured) == 2 * 4 and (measured["t2_source"] == "power-meter").all()
-    assert measured["t2_rx_power_ns"].notna().all()
+    assert len(measured) == 2 * 4
     lit_times = {(e.meta["nic"], e.t_ns) for e in meter if e.value is not None and float(e.value) >= -10.0}
-    for row in measured.to_dict("records"):
+    # t2 is the first lit reading after the light was seen lost: a meter poll that a loaded machine held up
+    # through a port's whole outage saw no dark reading, and that row has no t2 (and no source), by design.
+    # Every other row's t2 is the meter's.
+    dark = [(e.meta["nic"], e.t_ns) for e in meter if e.value is None or float(e.value) < -10.0]
+    with_t2 = measured[measured["t2_rx_power_ns"].notna()]
+    for row in measured[measured["t2_rx_power_ns"].isna()].to_dict("records"):
+        t0, t5 = int(row["t0_command_ns"]), int(row["t5_traffic_ns"])
+        seen = [t for nic, t in dark if nic == row["source"] and t0 <= t <= t5]
+        assert not seen, f"{row['source']}: the meter saw the outage ({len(seen)} dark readings) but no t2"
+    assert len(with_t2) >= 1 and (with_t2["t2_source"] == "power-meter").all()
+    for row in with_t2.to_dict("records"):
         t2, source = int(row["t2_rx_power_ns"]), str(row["source"])
         assert (source, t2) in lit_times, f"{source}: t2 {t2} is no meter reading"
         assert int(row["t2_resolution_ns"]) >= 2 * MS  # a poll period plus two averaging times
     summary = outcome.summary or {}
-    assert summary["t2_source"]["power-meter"] >= 8 and "dom" not in summary["t2_source"]
+    assert summary["t2_source"]["power-meter"] >= len(with_t2) and "dom" not in summary["t2_source"]
     stats = read_run_json(outcome.run_dir)["probes"]["power-meter"]
     assert stats["pm1.averaging_ns"] == 1_000_000
 
