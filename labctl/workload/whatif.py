@@ -151,7 +151,9 @@ class Recovery:
         mid = len(ordered) // 2
         if len(ordered) % 2:
             return ordered[mid]
-        return (ordered[mid - 1] + ordered[mid] + 1) // 2  # integer ns, half up
+        # the summary's median to the ns (round(float(np.percentile(values, 50)))): half to even, as it
+        # rounds, so that `whatif` and `report` print the same median of the same circuit ends
+        return round((ordered[mid - 1] + ordered[mid]) / 2)
 
     def sampler(self, policy: Policy, seed: int) -> Callable[[], int]:
         """Each switch's T, in order: the median every time, or a seeded draw over the circuit ends."""

@@ -101,7 +101,11 @@ def test_drawn_recoveries_agree_with_the_model_on_the_same_draws() -> None:
 
 def test_median_is_integer_ns() -> None:
     assert Recovery("m", "measured", (3, 1, 2)).median_ns == 2
-    assert Recovery("m", "measured", (1, 2, 3, 4)).median_ns == 3  # 2.5, half up
+    # as the summary rounds its median (round(float(np.percentile(values, 50)))): half to even
+    assert Recovery("m", "measured", (1, 2, 3, 4)).median_ns == 2  # 2.5
+    assert Recovery("m", "measured", (3, 4)).median_ns == 4  # 3.5
+    for values in [(71094682, 71094683), (5, 8, 1, 2), (10**9 + 1, 10**9 + 2, 7, 10**10)]:
+        assert Recovery("m", "measured", values).median_ns == round(float(np.percentile(values, 50)))
     assert Recovery("m", "measured", (10, 20)).median_ns == 15
 
 
