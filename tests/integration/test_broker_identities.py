@@ -57,9 +57,19 @@ def secrets_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     return ENV
 
 
+# The agents' mirrors run this far behind the model (default 50 ms; decision 0046): a world update that
+# reached an agent later than the feed's lead plus this was applied late, and a mirror that learns of a lost
+# light late has let traffic through it meanwhile (a causality violation of the emulation, not of labctl's
+# measurement). Signed messages over TLS through a broker with ACLs, on a CI machine running four workers,
+# took longer than 100 ms now and then (3 runs of this session); 250 ms leaves room, and only delays what the
+# agents observe (their stamps are model times).
+MIRROR_LAG_MS = 250
+
+
 def _identities(url: str, tls: str = "") -> str:
     return (
         f"kind: agents\nbroker:\n  url: {url}\n  clock_sync_interval_s: 0.5\n"
+        f"  mirror_lag_ms: {MIRROR_LAG_MS}\n"
         f"  identities: {{secret_env: LABCTL_TEST_MQTT}}\n{tls}"
     )
 
