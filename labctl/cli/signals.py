@@ -13,7 +13,9 @@ process that merely imports labctl.cli, such as a test runner), and:
 - once all is printed (`settle`): ignored to the exit, so the interpreter's finalization, which restores
   the default action of a handled signal, cannot end a finished run by signal.
 
-Only the window before Python runs labctl's first line (interpreter start-up, tens of ms) is left to Python.
+Only the window before Python runs labctl's first line (interpreter start-up, tens of ms) is left to Python;
+a parent that starts labctl with the two signals blocked closes it: they stay pending until the guard is
+installed, and are then delivered to it.
 Other commands get Python's handlers back once the command is known (`release`).
 """
 
@@ -134,3 +136,6 @@ def for_command(args: list[str]) -> None:
 
 if is_cli_process():  # as early as labctl.cli is imported (before typer, rich and the command's modules)
     guard()
+    # A parent that started labctl with SIGINT/SIGTERM blocked (a supervisor; bench/interrupt.py, so that
+    # a burst in the interpreter's own start-up waits for labctl) has them delivered now, to the guard.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
