@@ -33,7 +33,7 @@ from labctl.core.errors import HardwareError
 from labctl.inventory.schema import load_inventory
 from labctl.run.lifecycle import run_experiment
 from tests.conftest import require
-from tests.helpers.agents import write_lab
+from tests.helpers.agents import MIRROR_LAG_MS, write_lab
 from tests.mosquitto import Mosquitto, configured_mosquitto, make_certs
 
 pytestmark = pytest.mark.xdist_group("agents")
@@ -55,15 +55,6 @@ def secrets_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     for key, value in ENV.items():
         monkeypatch.setenv(key, value)
     return ENV
-
-
-# The agents' mirrors run this far behind the model (default 50 ms; decision 0046): a world update that
-# reached an agent later than the feed's lead plus this was applied late, and a mirror that learns of a lost
-# light late has let traffic through it meanwhile (a causality violation of the emulation, not of labctl's
-# measurement). Signed messages over TLS through a broker with ACLs, on a CI machine running four workers,
-# took longer than 100 ms now and then (3 runs of this session); 250 ms leaves room, and only delays what the
-# agents observe (their stamps are model times).
-MIRROR_LAG_MS = 250
 
 
 def _identities(url: str, tls: str = "") -> str:
