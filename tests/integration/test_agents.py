@@ -297,8 +297,8 @@ async def test_fast_profile_on_four_agent_processes_five_times(
     capfd: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Five runs in a row on the same agents: each completes; no firmware phase is negative (light seen back
-    after the firmware said link-up, i.e. a t2 made late by a stalled or lagging feed); the optical median
+    """Five runs in a row on the same agents: each completes; no firmware phase is negative beyond t2's
+    bracket (light seen back after the firmware said link-up, i.e. a t2 made late by a lagging feed); the optical median
     stays within the bound above of the one-process run's; each agent sampled near its configured rate and
     said so; and neither the controller nor an agent leaves publishes pending (aiomqtt's "There are N
     pending publish calls") or fails to exit cleanly."""
@@ -318,9 +318,16 @@ async def test_fast_profile_on_four_agent_processes_five_times(
         assert run.status == "completed", (i, run.error)
         rows = breakdown(run.run_dir).loc[1:]
         meta = json.loads((run.run_dir / "run.json").read_text())
-        assert rows["firmware_ns"].notna().all() and (rows["firmware_ns"] >= 0).all(), (
+        # A negative firmware phase within t2's bracket is a sampler that stalled over the light's return
+        # (the sample before t2 came before t3: the light may have been back before the link); beyond the
+        # bracket, the sample before t2 read dark after the link was up: a lagging feed. (A CI run on four
+        # workers stalled an agent's Rx sampler 93 ms, past the fast profile's ~45 ms firmware phase.)
+        assert rows["firmware_ns"].notna().all(), i
+        t2_earliest = rows["t2_rx_power_ns"] - rows["t2_resolution_ns"]
+        late_t2 = rows[(rows["firmware_ns"] < 0) & (t2_earliest > rows["t3_firmware_up_ns"])]
+        assert late_t2.empty, (
             i,
-            rows.loc[rows["firmware_ns"] < 0, ["t0_command_ns", "t2_rx_power_ns", "t3_firmware_up_ns"]],
+            late_t2[["t0_command_ns", "t2_rx_power_ns", "t2_resolution_ns", "t3_firmware_up_ns"]],
         )
         assert_flags_within_brackets(run.run_dir)
         uncertainty = max(e["uncertainty_ns"] for e in meta["clock_offsets"].values())
