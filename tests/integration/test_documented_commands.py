@@ -177,7 +177,7 @@ SKIP: dict[str, str] = {
     "python3 -m pip install -e . && labctl run experiments/reconfig-timeline.yaml": (
         "installs into the environment; the run takes a minute (the fast run below is the same experiment)"
     ),
-    "python3 -m pip install -q -e '.[test]' -c constraints.txt && python3 -m pytest -n 4": (
+    "python3 -m pip install -q -e '.[test]' -c constraints.txt && python3 -m pytest -n 3": (
         "installs, and runs this whole suite"
     ),
     "printf 'listener 1883 127.0.0.1\\nallow_anonymous true\\nset_tcp_nodelay true\\n' > /tmp/mosquitto.conf": (
@@ -222,7 +222,7 @@ SKIP: dict[str, str] = {
     "ruff check . && ruff format --check .": "the linters: .ci/run runs them",
     "mypy labctl": "the type check: .ci/run runs it",
     "python3 -m pytest tests/unit": "this suite's own tier",
-    "python3 -m pytest -n 4": "this whole suite",
+    "python3 -m pytest -n 3": "this whole suite",
     "python3 bench/events.py": "a benchmark (tests/integration/test_bench_scripts.py checks each one's --help)",
     "python3 bench/tl1.py": "a benchmark",
     "python3 bench/protocols.py": "a benchmark",
