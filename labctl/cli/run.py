@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from labctl.analysis.catalog import Filters
+    from labctl.run.lifecycle import RunOutcome
     from labctl.run.steps import Stage
 
 
@@ -419,6 +420,55 @@ def input_lines(experiment: Path, inventory: Path) -> list[str]:
     return lines
 
 
+def execute(
+    experiment: Path,
+    inventory: Path,
+    profile: str | None,
+    out_dir: Path,
+    seed: int | None,
+    no_plots: bool,
+    formats: tuple[str, ...] | None = None,
+    rt_priority: int | None = None,
+) -> tuple[RunOutcome, bool]:
+    """One experiment run with progress and signal handling, as `labctl run` and `labctl tune` do it: a
+    signal before the run directory exists is one line and exit 130. Returns the outcome and whether a
+    signal came during the run."""
+    import asyncio
+
+    from labctl.run.lifecycle import run_experiment
+
+    progress = RichProgress(input_lines(experiment, inventory))
+    signals = _Signals()
+    try:
+        outcome = asyncio.run(
+            _run_with_signals(
+                run_experiment(
+                    experiment,
+                    inventory,
+                    profile=profile,
+                    out_dir=out_dir,
+                    seed=seed,
+                    progress=progress,
+                    plots=not no_plots,
+                    plot_formats=formats,
+                    rt_priority=rt_priority,
+                ),
+                progress,
+                signals,
+            )
+        )
+    except asyncio.CancelledError:  # stopped before its run directory existed
+        progress.stop()
+        err.print(f"[red]aborted: {signals.first or 'signal'} before the run started; nothing was changed[/]")
+        from labctl.cli import signals as guard
+
+        guard.settle()
+        raise typer.Exit(EXIT_ABORTED) from None
+    finally:
+        progress.stop()
+    return outcome, bool(signals.hits)
+
+
 def run(
     experiment: ExperimentArg,
     inventory: InventoryOpt = DEFAULT_INVENTORY,
@@ -463,44 +513,15 @@ def run(
     --help`). Ctrl-C stops now: the baseline mapping is restored, the run is marked aborted and its
     analysis written; `labctl plot RUN` draws an aborted run's figures.
     """
-    import asyncio
-
-    from labctl.run.lifecycle import run_experiment
 
     formats = parse_plot_formats(plot_format)
 
     if dry_run:
         _dry_run(experiment, inventory, profile)
         return
-    progress = RichProgress(input_lines(experiment, inventory))
-    signals = _Signals()
-    try:
-        outcome = asyncio.run(
-            _run_with_signals(
-                run_experiment(
-                    experiment,
-                    inventory,
-                    profile=profile,
-                    out_dir=out_dir,
-                    seed=seed,
-                    progress=progress,
-                    plots=not no_plots,
-                    plot_formats=formats,
-                    rt_priority=rt_priority,
-                ),
-                progress,
-                signals,
-            )
-        )
-    except asyncio.CancelledError:  # stopped before its run directory existed
-        progress.stop()
-        err.print(f"[red]aborted: {signals.first or 'signal'} before the run started; nothing was changed[/]")
-        from labctl.cli import signals as guard
-
-        guard.settle()
-        raise typer.Exit(EXIT_ABORTED) from None
-    finally:
-        progress.stop()
+    outcome, signalled = execute(
+        experiment, inventory, profile, out_dir, seed, no_plots, formats, rt_priority
+    )
     if outcome.summary.get("rows"):
         out.print(
             _summary_table(
@@ -542,7 +563,7 @@ def run(
     from labctl.cli import signals as guard
 
     guard.settle()  # all is said: a signal from here to the exit is too late to change anything
-    if outcome.status == "aborted" or signals.hits or guard.noted():
+    if outcome.status == "aborted" or signalled or guard.noted():
         raise typer.Exit(EXIT_ABORTED)
     if outcome.status != "completed":
         raise typer.Exit(1)

@@ -19,7 +19,6 @@ from labctl.cli.common import (
     NoPlotsOpt,
     OutOpt,
     ProfileOpt,
-    err,
 )
 from labctl.core.errors import InputError
 
@@ -58,34 +57,7 @@ def tune(
     if dry_run or not as_json:
         run_cli.run(experiment, inventory, profile, out_dir, seed, no_plots, None, None, dry_run)
         return
-    import asyncio
-
-    from labctl.run.lifecycle import run_experiment
-
-    progress = run_cli.RichProgress(run_cli.input_lines(experiment, inventory))
-    signals = run_cli._Signals()
-    try:
-        outcome = asyncio.run(
-            run_cli._run_with_signals(
-                run_experiment(
-                    experiment,
-                    inventory,
-                    profile=profile,
-                    out_dir=out_dir,
-                    seed=seed,
-                    progress=progress,
-                    plots=not no_plots,
-                ),
-                progress,
-                signals,
-            )
-        )
-    except asyncio.CancelledError:
-        progress.stop()
-        err.print("[red]aborted before the run started; nothing was changed[/]")
-        raise typer.Exit(EXIT_ABORTED) from None
-    finally:
-        progress.stop()
+    outcome, signalled = run_cli.execute(experiment, inventory, profile, out_dir, seed, no_plots)
     print(
         json.dumps(
             {
@@ -98,7 +70,7 @@ def tune(
             indent=2,
         )
     )
-    if outcome.status == "aborted" or signals.hits:
+    if outcome.status == "aborted" or signalled:
         raise typer.Exit(EXIT_ABORTED)
     if outcome.status != "completed":
         raise typer.Exit(1)
