@@ -95,6 +95,7 @@ class BrokerSettings:
     feed_lead_ms: float = 50.0
     mirror_lag_ms: float = 50.0
     agent_grace_s: float = 5.0
+    agent_return_s: float = 30.0
 
     def key_for(self, host: str) -> Secret | None:
         """The key that signs and checks the messages on `host`'s topics (both ways): the host's own with
@@ -188,6 +189,7 @@ class BrokerSettings:
             feed_lead_ms=spec.feed_lead_ms if spec else 50.0,
             mirror_lag_ms=spec.mirror_lag_ms if spec else 50.0,
             agent_grace_s=spec.agent_grace_s if spec else 5.0,
+            agent_return_s=spec.agent_return_s if spec else 30.0,
         )
 
     def tls_context(self) -> ssl.SSLContext:

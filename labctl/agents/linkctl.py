@@ -12,10 +12,13 @@ so the model draws link-up from what the agents hold: one place decides the timi
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
-from labctl.agents.hub import AgentHub
+from labctl.agents.hub import AgentHub, HostLink
 from labctl.core.errors import HardwareError
 from labctl.nic.settings import (
     LinkSettingMismatch,
@@ -29,6 +32,8 @@ from labctl.nic.settings import (
 )
 
 __all__ = ["AgentLinkControl"]
+
+log = logging.getLogger(__name__)
 
 Observer = Callable[[PortRef, LinkSettings], None]
 
@@ -49,11 +54,8 @@ class AgentLinkControl:
         link = self.hub.links.get(port.host)
         if link is None or port not in self._ports:
             raise LinkSettingUnsupported(port, asked, "no such port in the lab")
-        if link.lost_at_ns is not None:
-            raise HardwareError(
-                f"{port.label}: agent {port.host} is lost ({link.lost_reason}): its link settings can be "
-                "neither read nor set until it is back"
-            )
+        if link.lost_at_ns is not None and not link.online.is_set():
+            await self._wait_return(port, link)
         await self.hub.wait_online(port.host, self.timeout_s)
         args: dict[str, Any] = {"op": op, "port": port.ifname}
         if settings is not None:
@@ -68,6 +70,28 @@ class AgentLinkControl:
         if refusal == "mismatch":
             raise LinkSettingMismatch(port, [str(d) for d in data.get("differences") or [reply.error]])
         raise HardwareError(f"{port.label}: agent {port.host}: link {op}: {reply.error}")
+
+    async def _wait_return(self, port: PortRef, link: HostLink) -> None:
+        """A host declared lost (its agent gone mid-run): wait up to the broker's `agent_return_s` for an
+        agent to be online there again (the same process back, or a restarted one: on a real host the NIC
+        still holds what was set, so its ports are put back through it), else fail naming the port."""
+        wait_s = self.hub.broker.agent_return_s
+        if wait_s > 0:
+            log.warning(
+                "agent %s is lost (%s): waiting up to %g s for it to return, to put %s's link settings back",
+                port.host,
+                link.lost_reason,
+                wait_s,
+                port.label,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(link.online.wait(), wait_s)
+        if not link.online.is_set():
+            raise HardwareError(
+                f"{port.label}: agent {port.host} is lost ({link.lost_reason}) and did not return within "
+                f"{wait_s:g} s: its link settings can be neither read nor set until it is back"
+            )
+        log.warning("agent %s is back: %s's link settings go through it", port.host, port.label)
 
     async def support(self, port: PortRef) -> LinkSupport:
         return support_from_json(dict((await self._ask(port, "support"))["support"]))

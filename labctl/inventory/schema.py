@@ -207,6 +207,14 @@ class BrokerSpec(ConfigModel):
         le=600,
         description="an agent offline this long mid-run is lost (a shorter gap: a broker restart)",
     )
+    agent_return_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="a run's restore waits this long for a lost agent to come back and put its ports' link "
+        "settings back (a tune run); past it the run fails naming each port and what it holds, and "
+        "`labctl lab restore RUN` puts them back later",
+    )
 
     @field_validator("url")
     @classmethod

@@ -273,3 +273,58 @@ def _held(data: dict[str, Any]) -> Any:
     from labctl.nic.settings import settings_from_json
 
     return settings_from_json(data)
+
+
+@pytest.mark.slow
+async def test_an_agent_restarted_mid_sweep_gets_its_ports_put_back_when_it_returns(
+    broker: Mosquitto, tmp_path: Path, agent_procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """h2's agent is killed once a setting other than the ports' own is applied and started again at once
+    (systemd would): the run fails naming the restart, and its restore waits for h2 to be back
+    (`broker.agent_return_s`) and puts h2's ports back through the new process, as every other port."""
+    inv, _ = write_lab(tmp_path, broker_section(broker.url, "  agent_return_s: 60\n"))
+    spawn_agents(inv, tmp_path, agent_procs)
+    exp = tune_experiment(tmp_path, reconfigurations=30, hold_s=0.3)
+    data = yaml.safe_load(exp.read_text())
+    data["sweep"] = {"autoneg": [False, True]}  # the first setting changes every port
+    exp.write_text(yaml.safe_dump(data, sort_keys=False))
+    run = asyncio.create_task(run_experiment(exp, inv, out_dir=tmp_path / "runs", seed=3, plots=False))
+    runs = tmp_path / "runs"
+    for _ in range(1200):
+        dirs = list(runs.glob("*/events.jsonl")) if runs.exists() else []
+        applied = (
+            [e for seq in link_events(dirs[0].parent).values() for e in seq if e["meta"]["stage"] == "apply"]
+            if dirs
+            else []
+        )
+        if any(e["host"] == "h2" for e in applied) or run.done():
+            break
+        await asyncio.sleep(0.05)
+    assert not run.done(), "the sweep ended before h2's ports were set"
+
+    def restart_h2() -> None:
+        h2 = agent_procs[HOSTS.index("h2")]
+        h2.kill()
+        h2.wait()
+        with open(tmp_path / "agent-h2.log", "ab") as log:
+            argv = [sys.executable, "-m", "labctl.cli", "agent", "--host", "h2", "-i", str(inv)]
+            agent_procs.append(subprocess.Popen(argv, stderr=log))
+
+    await asyncio.to_thread(restart_h2)
+    outcome = await asyncio.wait_for(run, 120)
+    assert (
+        outcome.status == "failed" and "h2" in (outcome.error or "") and "restarted" in (outcome.error or "")
+    )
+    assert "NOT restored" not in (outcome.error or ""), outcome.error
+    events = link_events(outcome.run_dir)
+    for source, seq in events.items():
+        stages = [e["meta"]["stage"] for e in seq]
+        assert stages[0] == "before" and stages[-1] == "restore", (source, stages)
+        assert seq[-1]["meta"]["read"] == seq[0]["meta"]["read"], source
+    assert {e["host"] for seq in events.values() for e in seq if e["meta"]["stage"] == "restore"} == set(
+        HOSTS
+    )
+    meta = json.loads((outcome.run_dir / "run.json").read_text())
+    assert meta["link_settings"]["restored"] is True
+    saved = json.loads((outcome.run_dir / "link-settings-before.json").read_text())["ports"]
+    assert await read_agents(inv) == saved

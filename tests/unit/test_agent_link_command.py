@@ -5,6 +5,7 @@ raises as a local LinkControl would, and the settings kept by the agent between 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -125,20 +126,45 @@ async def test_a_setting_the_port_does_not_take_is_an_answer_not_a_rejection(age
     assert "llrs" in reply.data["why"] and agent.rejections.as_dict()["malformed"] == 0
 
 
-async def test_a_lost_agents_ports_fail_at_once_naming_the_port(hub: AgentHub) -> None:
-    """An agent declared lost mid-sweep: its ports' restore fails at once (no timeouts waited out), each
-    naming the port, so the run's restore says which ports hold which setting (their last read-back)."""
+async def test_a_lost_agent_that_does_not_return_fails_its_ports_naming_each(hub: AgentHub) -> None:
+    """An agent declared lost mid-sweep and still gone: its ports' restore waits the broker's
+    `agent_return_s` for it, then fails naming the port, so the run says which ports hold which setting."""
     from labctl.agents.linkctl import AgentLinkControl
     from labctl.core.errors import HardwareError
     from labctl.nic.settings import LinkSettings, LinkSettingUnsupported
 
+    hub.broker = dataclasses.replace(hub.broker, agent_return_s=0.05)
     _running(hub, "h2", "A")
     _status(hub, "h2", "online B", 2)  # a new process: lost at once (decision 0024)
+    _status(hub, "h2", "offline B", 3)  # and gone too
     control = AgentLinkControl(hub)
     with pytest.raises(HardwareError) as exc:
         await control.apply(PortRef("h2", "p0"), LinkSettings(autoneg=True))
     assert str(exc.value) == (
-        "h2/p0: agent h2 is lost (restarted): its link settings can be neither read nor set until it is back"
+        "h2/p0: agent h2 is lost (restarted) and did not return within 0.05 s: its link settings can be "
+        "neither read nor set until it is back"
     )
+    assert hub._outgoing.empty(), "nothing is sent to a host that is not there"
     with pytest.raises(LinkSettingUnsupported, match="no such port in the lab"):
         await control.read(PortRef("h2", "p7"))
+
+
+async def test_a_lost_agent_that_returns_is_asked_again(hub: AgentHub) -> None:
+    """The agent comes back (a restarted process, or the same one after a partition) while the restore
+    waits for it: the request goes to it (on a real host the NIC still holds what the sweep set)."""
+    from labctl.agents.linkctl import AgentLinkControl
+    from labctl.core.errors import HardwareError
+    from labctl.nic.settings import LinkSettings
+
+    _running(hub, "h2", "A")
+    _status(hub, "h2", "offline A", 2)
+    hub._lost(hub.links["h2"], 2, "offline")  # past the grace
+    control = AgentLinkControl(hub, timeout_s=0.05)
+    asked = asyncio.create_task(control.apply(PortRef("h2", "p0"), LinkSettings(autoneg=True)))
+    await asyncio.sleep(0.01)
+    assert not asked.done() and hub._outgoing.empty(), "waiting for the host, not asking it"
+    _status(hub, "h2", "online C", 4)
+    with pytest.raises(HardwareError, match=r"agent h2: no reply to link within 0\.05 s"):
+        await asked  # asked (the hub here is never connected, so no reply comes)
+    sent = hub._outgoing.get_nowait()
+    assert sent.topic.endswith("/h2/cmd")
