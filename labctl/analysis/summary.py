@@ -108,6 +108,17 @@ def draw(
     else:
         index, frame = computed
     plot_run(run_dir, frame=frame, index=index, formats=plot_formats, figures=figures, drawn=drawn)
+    if "distributions" in figures:  # with them, a tune run's figures by link setting (decision 0080)
+        from labctl.analysis.settings_plots import plot_settings, settings_of
+
+        if settings_of(frame):
+            from labctl.analysis.settings import reference_of
+            from labctl.analysis.store import read_run_json
+
+            reference = frame.attrs.get("link_setting_reference")
+            if reference is None and (run_dir / "run.json").is_file():
+                reference = reference_of(read_run_json(run_dir))
+            plot_settings(frame, run_dir, reference=reference, formats=plot_formats)
 
 
 def draw_ahead(

@@ -44,10 +44,11 @@ def _restored_as_read_before(run_dir: Path) -> None:
 
 
 def test_a_tune_run_ranks_the_settings_and_puts_every_port_back(tmp_path: Path) -> None:
-    outcome = asyncio.run(
-        run_experiment(EXAMPLE, INVENTORY, profile="fast", out_dir=tmp_path, seed=11, plots=False)
-    )
+    outcome = asyncio.run(run_experiment(EXAMPLE, INVENTORY, profile="fast", out_dir=tmp_path, seed=11))
     assert outcome.status == "completed", outcome.error
+    # its figures, drawn by the run's workers: the usual three and those by link setting (decision 0080)
+    for name in ("headline", "timeline", "distributions", "settings-distributions", "settings-timeline"):
+        assert (outcome.run_dir / f"{name}.png").stat().st_size > 0, name
     section = outcome.summary["by_link_setting"]
     labels = {"autoneg=on,fec=rs", "autoneg=on,fec=off", "autoneg=off,fec=rs", "autoneg=off,fec=off"}
     assert set(section["settings"]) == labels and section["reference"] == "autoneg=on,fec=rs"
