@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, model_validator
 
 from labctl.inventory.config import NetworkSwitchConfig
-from labctl.models.switch import SwitchModel
-from labctl.ocs.protocol import EventSink, OpticalSwitch
 from labctl.ocs.switches import EmulatedSwitch, Emulator, EmulatorFrontEnd, EmulatorOptions, SwitchDriver
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # in annotations only: loading the config union loads no switch model (numpy)
+    from labctl.models.switch import SwitchModel
+    from labctl.ocs.protocol import EventSink, OpticalSwitch
+
     from .port import LineSettings
 
 DEFAULT_PORT = 10001  # a serial device server's raw TCP port (where a GP600 is reached over LAN, 0033)

@@ -10,15 +10,17 @@ from __future__ import annotations
 import re
 import secrets
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from labctl.core.extras import require
 from labctl.inventory.config import NetworkSwitchConfig, Secret, SecretRef
-from labctl.models.switch import SwitchModel
-from labctl.ocs.protocol import EventSink, OpticalSwitch
 from labctl.ocs.switches import EmulatedSwitch, Emulator, EmulatorFrontEnd, EmulatorOptions, SwitchDriver
+
+if TYPE_CHECKING:  # in annotations only: loading the config union loads no switch model (numpy)
+    from labctl.models.switch import SwitchModel
+    from labctl.ocs.protocol import EventSink, OpticalSwitch
 
 DEFAULT_PORT = 830  # NETCONF over SSH (RFC 6242; "Polatis default: 830", reference §2.4)
 PURPOSE = "the polatis-netconf driver"

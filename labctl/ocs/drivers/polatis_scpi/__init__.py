@@ -7,14 +7,16 @@ or served, so an inventory naming this driver loads without the extra. Decision 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
 from labctl.inventory.config import NetworkSwitchConfig
-from labctl.models.switch import SwitchModel
-from labctl.ocs.protocol import EventSink, OpticalSwitch
 from labctl.ocs.switches import EmulatedSwitch, Emulator, EmulatorFrontEnd, EmulatorOptions, SwitchDriver
+
+if TYPE_CHECKING:  # in annotations only: loading the config union loads no switch model (numpy)
+    from labctl.models.switch import SwitchModel
+    from labctl.ocs.protocol import EventSink, OpticalSwitch
 
 DEFAULT_PORT = 5025  # SCPI over a raw socket on Polatis (reference §3.1)
 

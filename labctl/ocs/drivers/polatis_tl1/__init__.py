@@ -9,14 +9,16 @@ as the example of adding a driver.
 from __future__ import annotations
 
 import secrets
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from labctl.inventory.config import NetworkSwitchConfig, Secret, SecretRef
-from labctl.models.switch import SwitchModel
-from labctl.ocs.protocol import EventSink, OpticalSwitch
 from labctl.ocs.switches import EmulatedSwitch, Emulator, EmulatorFrontEnd, EmulatorOptions, SwitchDriver
+
+if TYPE_CHECKING:  # in annotations only: loading the config union loads no switch model (numpy)
+    from labctl.models.switch import SwitchModel
+    from labctl.ocs.protocol import EventSink, OpticalSwitch
 
 DEFAULT_PORT = 3082  # TL1-RAW on Polatis (reference §1.1)
 

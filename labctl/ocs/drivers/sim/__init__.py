@@ -5,14 +5,16 @@ Its config and registry entry; the driver itself (switch.py) is imported when a 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from labctl.inventory.config import SwitchConfig
-from labctl.models.switch import SwitchModel
-from labctl.ocs.protocol import EventSink
 from labctl.ocs.switches import EmulatedSwitch, SwitchDriver
+
+if TYPE_CHECKING:  # in annotations only: loading the config union loads no switch model (numpy)
+    from labctl.models.switch import SwitchModel
+    from labctl.ocs.protocol import EventSink
 
 
 class SimSwitchConfig(SwitchConfig):
