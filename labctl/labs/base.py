@@ -18,12 +18,12 @@ from labctl.core.errors import InputError
 from labctl.inventory.profiles import Profile
 from labctl.inventory.schema import Inventory
 from labctl.ocs.protocol import EventSink, OpticalSwitch
-from labctl.probes.sampling import CircuitProbe, Probe, ProbeSettings
 
-if TYPE_CHECKING:  # the probe contract and the behaviour model, named in the agent hook's type only
+if TYPE_CHECKING:  # the probe contract and the behaviour model, named in types only (they import numpy)
     from labctl.models.fabric import SimFabric
     from labctl.nic.settings import LinkControl
     from labctl.probes.base import ProbeContext
+    from labctl.probes.sampling import CircuitProbe, Probe, ProbeSettings
 
 __all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
     "FaultLatch",
@@ -99,6 +99,8 @@ class Lab:
     @property
     def circuit_probes(self) -> list[CircuitProbe]:
         """Probes that must be told which peer each port should reach (traffic)."""
+        from labctl.probes.sampling import CircuitProbe  # here: checking an inventory loads no probe
+
         return [p for p in self.probes if isinstance(p, CircuitProbe)]
 
     @property

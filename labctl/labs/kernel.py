@@ -34,9 +34,6 @@ from labctl.labs.world import (
     switch_models,
 )
 from labctl.linux import netns
-from labctl.models.fabric import SimFabric
-from labctl.probes.base import ProbeContext
-from labctl.probes.model import model_sites
 
 LOCK_DIR = Path("/run/labctl")
 
@@ -128,6 +125,11 @@ def check(inventory: Inventory) -> None:
 
 
 def build(ctx: LabContext) -> Lab:
+    # Imported here: checking an inventory (`labctl inventory check`) loads no model or probe (numpy).
+    from labctl.models.fabric import SimFabric
+    from labctl.probes.base import ProbeContext
+    from labctl.probes.model import model_sites
+
     inv = ctx.inventory
     if os.geteuid() != 0:  # refused here, before a run directory exists, not at start inside the run
         raise HardwareError(

@@ -19,10 +19,6 @@ from labctl.labs.world import (
     no_broker,
     switch_models,
 )
-from labctl.models.fabric import SimFabric
-from labctl.models.link_control import ModelLinkControl
-from labctl.probes.base import ProbeContext
-from labctl.probes.model import model_sites
 
 PROBES = ("model-link", "rx-power", "model-traffic")
 TRAFFIC_PROBE = {"udp": "model-traffic", "rdma": "model-rc-traffic"}
@@ -36,6 +32,12 @@ def check(inventory: Inventory) -> None:
 
 
 def build(ctx: LabContext) -> Lab:
+    # Imported here: checking an inventory (`labctl inventory check`) loads no model or probe (numpy).
+    from labctl.models.fabric import SimFabric
+    from labctl.models.link_control import ModelLinkControl
+    from labctl.probes.base import ProbeContext
+    from labctl.probes.model import model_sites
+
     require_transport(ctx.probes, "simulated", tuple(TRAFFIC_PROBE))
     models = switch_models(ctx)
     fabric = SimFabric(ctx.inventory, models, ctx.profile, ctx.rng)

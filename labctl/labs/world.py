@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from labctl.core.errors import InputError
 from labctl.inventory.schema import Inventory
 from labctl.labs.base import Lab, LabContext
-from labctl.models.switch import SwitchModel
 from labctl.ocs.switches import emulate_switch, switch_drivers
-from labctl.probes.base import MeterSite, ProbeContext, probe_kinds
-from labctl.probes.sampling import Probe, ProbeSettings
+
+if TYPE_CHECKING:  # the models and probes are imported by what builds a lab: a lab kind's check needs none
+    from labctl.models.switch import SwitchModel
+    from labctl.probes.base import ProbeContext
+    from labctl.probes.sampling import Probe, ProbeSettings
 
 __all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
     "add_power_meters",
@@ -56,6 +59,8 @@ def no_broker(inventory: Inventory, kind: str) -> None:
 
 
 def switch_models(ctx: LabContext) -> dict[str, SwitchModel]:
+    from labctl.models.switch import SwitchModel
+
     spaces = {name: spec.space for name, spec in ctx.inventory.switches.items()}
     return SwitchModel.many(spaces, ctx.profile, ctx.rng)
 
@@ -70,6 +75,8 @@ def drive_models(ctx: LabContext, models: dict[str, SwitchModel], lab: Lab) -> N
 def build_probes(names: Sequence[str], ctx: ProbeContext, *, extra: bool = False) -> list[Probe]:
     """The probes of these names on `ctx`; with `extra`, also the ones the experiment names
     (`probes.extra`), each once."""
+    from labctl.probes.base import probe_kinds
+
     wanted = list(dict.fromkeys([*names, *(ctx.settings.extra if extra else ())]))
     return [probe_kinds.get(name).build(ctx) for name in wanted]
 
@@ -108,6 +115,8 @@ def add_power_meters(lab: Lab, ctx: LabContext, models: dict[str, SwitchModel] |
     meters = ctx.inventory.model.power_meters
     if not meters:
         return
+    from labctl.probes.base import MeterSite, ProbeContext
+
     sites = []
     for name, spec in meters.items():
         channels = ctx.inventory.meter_channels(name)
