@@ -4,6 +4,7 @@ own, optional dependencies stay optional, and only the registry knows the names 
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from labctl.core.events import KINDS
 from labctl.core.registry import LAB_KINDS, PROBES, SWITCH_DRIVERS
-from tests.helpers.architecture import MODULES, PACKAGE, module_name
+from tests.helpers.architecture import MODULES, PACKAGE, module_name, parsed
 
 
 def imported_names(path: Path) -> Iterator[str]:
@@ -19,7 +20,7 @@ def imported_names(path: Path) -> Iterator[str]:
     TYPE_CHECKING alike), relative imports resolved. `from a import b` yields `a.b` when that is a module."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -37,6 +38,12 @@ def graph() -> dict[str, set[str]]:
     `labctl.labs.world` runs `labctl/labs/__init__.py` first) unless they are the importer's own ancestors
     (already being imported when it runs). The root package is the public facade: it imports what it
     exports, lazily, and nothing imports it (checked below), so it is no step in a cycle."""
+    # built once; each caller gets its own copy, so no test can change another's graph
+    return {name: set(targets) for name, targets in _graph().items()}
+
+
+@functools.cache
+def _graph() -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {}
     for name, path in MODULES.items():
         ancestors = {".".join(name.split(".")[:n]) for n in range(1, name.count(".") + 1)}
@@ -126,18 +133,30 @@ def _own_modules(where: str) -> tuple[str, ...]:
 EXTRA_OWNERS = {"agents": ("labctl.agents",), "kernel": ("labctl.probes.gpu",)}
 
 
+@functools.cache
+def _string_constants() -> dict[str, list[tuple[str, str]]]:
+    """Each string constant written anywhere in the package → (module, file:line) of every place it is, in
+    module order: one walk of every tree for all the parametrized cases below."""
+    where: dict[str, list[tuple[str, str]]] = {}
+    for module, path in MODULES.items():
+        for node in ast.walk(parsed(path)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                where.setdefault(node.value, []).append(
+                    (module, f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+                )
+    return where
+
+
 @pytest.mark.parametrize(
     ("name", "where"), [*SWITCH_DRIVERS.items(), *LAB_KINDS.items()], ids=[*SWITCH_DRIVERS, *LAB_KINDS]
 )
 def test_only_the_registry_and_its_own_modules_name_a_driver_or_lab_kind(name: str, where: str) -> None:
     owners = (*_own_modules(where), *EXTRA_OWNERS.get(name, ()))
-    found = []
-    for module, path in MODULES.items():
-        if module == "labctl.core.registry" or module == owners[0] or module.startswith(owners):
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and node.value == name:
-                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    found = [
+        at
+        for module, at in _string_constants().get(name, [])
+        if not (module == "labctl.core.registry" or module == owners[0] or module.startswith(owners))
+    ]
     assert not found, f"{name!r} is written outside the registry and its own modules: {found}"
 
 
@@ -159,7 +178,7 @@ def test_event_kinds_are_named_constants_on_both_sides() -> None:
     for module, path in MODULES.items():
         if module == "labctl.core.events":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             literals: list[ast.expr] = []
             if isinstance(node, ast.keyword) and node.arg == "kind":
                 literals.append(node.value)
