@@ -21,6 +21,7 @@ from labctl.run.experiment import (
     load_experiment,
 )
 from labctl.run.steps import Hold, Reconfigure
+from tests.helpers.architecture import parsed
 
 REPO = Path(__file__).resolve().parents[2]
 LABCTL = REPO / "labctl"
@@ -91,10 +92,14 @@ def test_no_module_outside_a_kind_and_the_registry_writes_its_name() -> None:
     found = []
     for path in sorted(LABCTL.rglob("*.py")):
         module = path.relative_to(REPO).as_posix()
+        # each file parsed once (shared with tests/unit/test_architecture.py) and walked once, not per name
+        constants = [
+            (node.lineno, node.value)
+            for node in ast.walk(parsed(path))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        ]
         for name, owners in OWNERS.items():
             if module.startswith(owners) or (module, name) in OTHER_MEANINGS:
                 continue
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Constant) and node.value == name:
-                    found.append(f"{module}:{node.lineno}: {name!r}")
+            found += [f"{module}:{lineno}: {name!r}" for lineno, value in constants if value == name]
     assert found == [], "branch on an experiment kind only in its registry entry:\n" + "\n".join(found)
