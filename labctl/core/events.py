@@ -7,7 +7,6 @@ never re-stamps `t_ns`.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -191,6 +190,8 @@ class EventLog:
     async def flush_durably(self) -> None:
         """flush(), then fsync in a worker thread so samplers on the event loop keep their timing (an
         fsync behind other disk traffic can take tens of ms). Used at every reconfiguration boundary."""
+        import asyncio  # here, not at the top: reading or writing events needs no event loop
+
         self.flush()
         if self._file is not None:
             await asyncio.to_thread(os.fsync, self._file.fileno())
@@ -255,6 +256,8 @@ class EventQueue:
     a slow consumer never blocks a sampler, and a drop is never silent."""
 
     def __init__(self, maxsize: int = 65536) -> None:
+        import asyncio
+
         self._items: deque[Event] = deque()
         self._maxsize = maxsize
         self._ready = asyncio.Event()

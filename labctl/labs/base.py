@@ -8,7 +8,6 @@ and `labctl run` accept exactly the same files) and builds a `Lab` from it. The 
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
@@ -66,6 +65,8 @@ class FaultLatch:
     labctl.core.errors.LabFault). Latched: the first reason wins."""
 
     def __init__(self) -> None:
+        import asyncio  # here: the lab contract loads with an inventory check, which needs no asyncio
+
         self.reason: str | None = None
         self._raised = asyncio.Event()
 

@@ -8,7 +8,6 @@ differs.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from contextvars import ContextVar
@@ -84,6 +83,8 @@ class TimeoutPolicy:
     async def deadline(
         self, switch: str, operation: str, seconds: float | None = None
     ) -> AsyncIterator[None]:
+        import asyncio  # here, not at the top: loading an inventory (TimeoutPolicy) imports no asyncio
+
         limit = self.operation_s if seconds is None else seconds
         try:
             async with asyncio.timeout(limit):
@@ -192,6 +193,8 @@ async def send_mapping(
     and `labctl ocs`. The switch works the change out and verifies it (`converge`); `timeout_s` bounds
     the whole call, on top of the driver's own per-operation policy (`TimeoutPolicy`), where a caller has
     a deadline of its own. tests/unit/test_one_apply_path.py holds every other module to calling this."""
+    import asyncio
+
     if timeout_s is None:
         return await switch.apply(mapping, scope=scope, context=context)
     async with asyncio.timeout(timeout_s):
@@ -268,6 +271,8 @@ async def _not_before(t_ns: int | None) -> None:
         return
     coarse = (t_ns - now_ns() - 1_200_000) / 1e9
     if coarse > 0:
+        import asyncio
+
         await asyncio.sleep(coarse)
     while now_ns() < t_ns:
         pass
@@ -283,6 +288,8 @@ async def converge(
     context: dict[str, Any] | None = None,
 ) -> ApplyResult:
     """Apply-with-verify, shared by every driver. Emits `ocs.command`, `ocs.complete`, `ocs.error`."""
+    import asyncio
+
     desired = validate_mapping(mapping, space, switch=name)
     scope_ports = ports_of(desired) | set(scope or ())
     ports = space.all_ports  # a property making a range: not once per port (hundreds, before every t0)
@@ -496,6 +503,8 @@ class VerifiedSwitch:
         (20 ms doubling to 1 s, a `reconnect-failed` event per failure, `lost` the failures it retries)
         until the policy's connect_s; then `lost`, saying so. Counts `reconnects`."""
         self._emit(Kind.OCS_SESSION, "lost", reason=self._scrub(reason))
+        import asyncio
+
         delay_s = 0.02
         try:
             async with asyncio.timeout(self.timeouts.connect_s):
