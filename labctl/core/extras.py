@@ -7,7 +7,6 @@ not need one work without it; a missing one is one line naming the extra to inst
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import json
 import warnings
 from pathlib import Path
@@ -32,6 +31,8 @@ class MissingExtra(LabctlError):
 def install_hint(extra: str) -> str:
     """The pip line that adds `extra` to the labctl that is running: from the clone it was installed from
     (editable), from its wheel, else by its distribution name (never `labctl`, an unrelated project there)."""
+    import importlib.metadata  # here: every `labctl` process imports this module, few need the hint
+
     try:
         direct = json.loads(
             importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json") or "{}"
