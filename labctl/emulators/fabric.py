@@ -19,7 +19,6 @@ rtnetlink codec (~0.1 ms a request).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import hashlib
 import ipaddress
@@ -28,6 +27,7 @@ import os
 import random
 import socket
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from labctl.core.clock import now_ns
 from labctl.core.errors import HardwareError, InputError
@@ -36,8 +36,12 @@ from labctl.inventory.profiles import Profile
 from labctl.inventory.schema import Inventory, NicPort
 from labctl.linux import netns
 from labctl.linux.rtnl import Rtnl, open_route_socket
-from labctl.models.switch import SwitchModel
 from labctl.ocs.protocol import EventSink
+
+if TYPE_CHECKING:  # named in types only: checking a kernel inventory (FabricLayout) loads no model (numpy)
+    import asyncio
+
+    from labctl.models.switch import SwitchModel
 
 REDIRECT_PRIO = 1
 INDEX_BASE = 1000
@@ -498,6 +502,8 @@ class KernelFabric:
         for fp, _ in pairs:
             self._generation[fp] += 1
             generations[fp] = self._generation[fp]
+        import asyncio  # here, not at the top: checking a kernel inventory (FabricLayout) needs no asyncio
+
         loop = asyncio.get_running_loop()
 
         def fire() -> None:

@@ -14,7 +14,6 @@ runs (their pid is gone) are swept first.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import fcntl
 import os
@@ -126,6 +125,8 @@ def check(inventory: Inventory) -> None:
 
 def build(ctx: LabContext) -> Lab:
     # Imported here: checking an inventory (`labctl inventory check`) loads no model or probe (numpy).
+    import asyncio
+
     from labctl.models.fabric import SimFabric
     from labctl.probes.base import ProbeContext
     from labctl.probes.model import model_sites
