@@ -125,6 +125,7 @@ FULL_INVENTORY: dict[str, Any] = {
         "clock_samples": 16,
         "clock_udp_port": 47003,
         "agent_grace_s": 5.0,
+        "agent_return_s": 30.0,
         "feed_lead_ms": 50.0,
         "mirror_lag_ms": 50.0,
     },
