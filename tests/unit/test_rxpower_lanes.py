@@ -123,12 +123,29 @@ def _scramble(fabric: SimFabric, rng: random.Random, t: int) -> None:
         a.transport_up_ns[slot] = rng.choice([NEVER, a.link_t_ns[slot] + rng.randint(0, 2 * MS)])
 
 
+def _slots(kind: str, n: int, rng: random.Random) -> np.ndarray:
+    """Which ports a read asks for: a few (an agent's host), every port in slot order (a poller of the
+    whole lab: no gather), every port out of order, or one port twice."""
+    if kind == "few":
+        return np.array(sorted(rng.sample(range(n), 4)), np.int64)
+    if kind == "whole":
+        return np.arange(n)
+    if kind == "shuffled":
+        return np.array(rng.sample(range(n), n), np.int64)
+    few = rng.sample(range(n), 3)
+    return np.array([few[0], few[1], few[0], few[2]], np.int64)
+
+
+@pytest.mark.parametrize("kind", ["few", "whole", "shuffled", "repeated"])
 @pytest.mark.parametrize("seed", range(4))
-def test_model_rx_power_port_by_port_as_with_arrays(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+def test_model_rx_power_port_by_port_as_with_arrays(
+    monkeypatch: pytest.MonkeyPatch, seed: int, kind: str
+) -> None:
     rng = random.Random(seed)
     one = _fabric(seed)
     other = copy.deepcopy(one)
-    slots = np.array(sorted(rng.sample(range(one.arrays.lit_from.size), 4)), np.int64)
+    slots = _slots(kind, one.arrays.lit_from.size, rng)
+    assert slots.size <= fabric_mod.SCALAR_SLOTS
     for step in range(200):
         t = 10**12 + step * 300_000
         if step % 20 == 0:
@@ -141,6 +158,7 @@ def test_model_rx_power_port_by_port_as_with_arrays(monkeypatch: pytest.MonkeyPa
         arrays = other.rx_power_mw(slots, t)
         assert each.tolist() == arrays.tolist(), f"step {step}"
         assert np.array_equal(one.arrays.noise_db, other.arrays.noise_db)  # the same noise stream, in order
+        assert np.array_equal(one.arrays.noise_t_ns, other.arrays.noise_t_ns)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -175,3 +193,46 @@ def test_model_traffic_pings_circuit_by_circuit_as_with_arrays(
     ]
     assert len(out[0]) > 50  # changes and heartbeats happened
     assert probes[0].pings == probes[1].pings
+
+
+@pytest.mark.parametrize("pairs", [1, 3, 8, 16])
+@pytest.mark.parametrize("seed", range(4))
+def test_model_passes_pair_by_pair_as_traffic_ok(seed: int, pairs: int) -> None:
+    """`passes_each` reads a few pairs' ends (a gather) or, for as many ends as the lab has ports, the rows
+    whole: either way as `traffic_ok` decides with arrays."""
+    rng = random.Random(seed)
+    fabric = _fabric(seed)
+    n = fabric.arrays.lit_from.size
+    for step in range(100):
+        t = 10**12 + step * 200_000
+        if step % 10 == 0:
+            _scramble(fabric, random.Random(seed * 1000 + step), t)
+            a = fabric.arrays
+            for slot in rng.sample(range(n), n // 2):  # some circuits both ways, up, to pass
+                peer = int(a.lit_from[slot])
+                if peer >= 0:
+                    a.lit_from[peer] = slot
+                    a.light_t_ns[[slot, peer]] = t - MS
+                    a.link_t_ns[[slot, peer]] = t - MS
+                    a.transport_up_ns[[slot, peer]] = t + rng.randint(-MS, MS)
+        chosen = [(rng.randrange(n), rng.randrange(n)) for _ in range(pairs)]
+        src = np.array([s for s, _ in chosen], np.int64)
+        dst = np.array([d for _, d in chosen], np.int64)
+        assert fabric.passes_each(chosen, t) == fabric.traffic_ok(src, dst, t).tolist(), f"step {step}"
+    assert any(fabric.passes_each([(s, int(fabric.arrays.lit_from[s]))], t)[0] for s in range(n))
+
+
+def test_port_arrays_fields_are_rows_of_their_blocks_in_a_copy_too() -> None:
+    """The fields a reader takes in one gather (`PortArrays.ints`, `.floats`) stay views of the blocks'
+    rows in a copy of the model (copy.deepcopy, pickle), so a write to a field is what the block reads."""
+    import pickle
+
+    fabric = _fabric(0)
+    copies = (fabric.arrays, copy.deepcopy(fabric).arrays, pickle.loads(pickle.dumps(fabric.arrays)))
+    for k, arrays in enumerate(copies):
+        arrays.light_t_ns[3] = 12345 + k
+        arrays.noise_db[2] = 0.25 + k
+        assert arrays.ints[fabric_mod.PortArrays.INT_ROWS.index("light_t_ns"), 3] == 12345 + k
+        assert arrays.floats[fabric_mod.PortArrays.FLOAT_ROWS.index("noise_db"), 2] == 0.25 + k
+        assert arrays.lit_from.base is arrays.ints and arrays.level_dbm.base is arrays.floats
+    assert [int(arrays.light_t_ns[3]) for arrays in copies] == [12345, 12346, 12347]  # copies, not shared
