@@ -360,6 +360,8 @@ class RxPowerProbe(QueueProbe):
     def _tick(self, lanes: _Lanes, at_ns: int | None = None) -> bool:
         """Sample every live port once and report what changed; False when none is left to sample.
         `at_ns`: the instant a model is read at (a `ModelSchedule`'s tick); else each read's own time."""
+        if lanes.n <= SCALAR_LANES and not lanes.unbatched:
+            return self._tick_lanes(lanes, at_ns)
         n = lanes.n
         t_ns = np.zeros(n, np.int64)
         mw = np.full(n, math.nan)
@@ -379,6 +381,29 @@ class RxPowerProbe(QueueProbe):
         if not any_live:
             return False
         self._report(lanes, t_ns, mw)
+        return True
+
+    def _tick_lanes(self, lanes: _Lanes, at_ns: int | None) -> bool:
+        """`_tick` in Python lists, for a few lanes all read in model batches (an agent's host, a small
+        simulated lab): the same reads and reports without the tick's arrays (tests/unit/
+        test_rxpower_lanes.py holds the two equal)."""
+        n = lanes.n
+        t_ns = [0] * n
+        mw = [math.nan] * n
+        live = lanes.live.tolist()
+        any_live = False
+        for (batch, slots, _), rows in zip(lanes.batches, lanes.batch_rows, strict=True):
+            count = sum(live[k] for k in rows)
+            if count:
+                any_live = True
+                t = now_ns() if at_ns is None else at_ns
+                for k, value in zip(rows, batch.rx_power_mw(slots, t).tolist(), strict=True):
+                    t_ns[k] = t
+                    mw[k] = value
+                self.samples += count
+        if not any_live:
+            return False
+        self._report_lanes(lanes, t_ns, mw)
         return True
 
     def _report(self, lanes: _Lanes, t_ns: np.ndarray, mw: np.ndarray) -> None:
@@ -451,65 +476,84 @@ class RxPowerProbe(QueueProbe):
     def _report_lanes(self, lanes: _Lanes, t_ns: list[int], mw: list[float]) -> None:
         """`_report` one lane at a time, for a few lanes (an agent's host): the same decisions as the array
         code, which costs a numpy call per step whatever the number of lanes (~150 µs a tick for 4 lanes
-        where this takes ~10 µs). tests/unit/test_rxpower_lanes.py holds the two to the same reports."""
-        threshold, deadband = self.threshold_dbm, self.deadband_db
+        where this takes ~10 µs). tests/unit/test_rxpower_lanes.py holds the two to the same reports.
+        The state every lane moves each tick (last sample, steady time, value changes) is worked in lists
+        and written back once, not a numpy element write per lane; what no lane has (a forced report, an
+        open window, light moving: the `any_` flags, as the array code reads them) is not looked at."""
+        threshold, deadband, window_interval = self.threshold_dbm, self.deadband_db, self.window_interval_ns
         live = lanes.live.tolist()
         last_dbm = lanes.last_dbm.tolist()
         reported = lanes.reported.tolist()
-        force = lanes.force.tolist()
-        window_until = lanes.window_until.tolist()
-        seen_dark = lanes.seen_dark.tolist()
-        moving = lanes.moving.tolist()
         reported_t = lanes.reported_t.tolist()
         heartbeat = lanes.heartbeat_ns.tolist()
         last_mw = lanes.last_mw.tolist()
         sampled_t = lanes.sampled_t.tolist()
+        steady_ns = lanes.steady_ns.tolist()
+        value_changes = lanes.value_changes.tolist()
+        any_force, any_window, any_moving = lanes.any_force, lanes.any_window, lanes.any_moving
+        force = lanes.force.tolist() if any_force else None
+        window_until = lanes.window_until.tolist() if any_window else None
+        seen_dark = lanes.seen_dark.tolist() if any_window else None
+        moving = lanes.moving.tolist() if any_moving else None
         rows: list[int] = []
         row_dbm: list[float] = []
         prevs: list[int] = []
+        read = False
         for k in range(lanes.n):
             m = mw[k]
             if not live[k] or m != m:  # not sampled this tick (NaN: failed, or a dead module)
                 continue
+            read = True
             t = t_ns[k]
             lit = m > 0
             dbm = 10.0 * math.log10(m) if lit else -math.inf
             above = lit and dbm >= threshold
             last = last_dbm[k]
             was_lit = last > -math.inf
-            moved = (
-                lit != was_lit
+            changed = (
+                not reported[k]
+                or lit != was_lit
                 or above != (was_lit and last >= threshold)
                 or (lit and abs(dbm - (last if was_lit else 0.0)) >= deadband)
             )
-            changed = not reported[k] or moved or force[k]
-            if force[k]:
+            if force is not None and force[k]:
+                changed = True
+                force[k] = False
                 lanes.force[k] = False
-            windowed = window_until[k] > 0
-            if windowed and (t >= window_until[k] or (above and seen_dark[k])):
-                lanes.window_until[k] = 0
-                lanes.seen_dark[k] = False
-                windowed = False
-            elif windowed and not above:
-                lanes.seen_dark[k] = True
-            if moving[k] and not above:
+            interval = heartbeat[k]
+            if window_until is not None and seen_dark is not None and window_until[k] > 0:
+                if t >= window_until[k] or (above and seen_dark[k]):
+                    window_until[k] = lanes.window_until[k] = 0
+                    seen_dark[k] = lanes.seen_dark[k] = False
+                else:
+                    interval = window_interval
+                    if not above:
+                        seen_dark[k] = lanes.seen_dark[k] = True
+            if moving is not None and moving[k] and not above:
                 lanes.dark_seen[k] = True
-            interval = self.window_interval_ns if windowed else heartbeat[k]
-            due = changed or t - reported_t[k] >= interval
             prev = sampled_t[k]
             if lit and last_mw[k] > 0 and prev > 0:
-                lanes.steady_ns[k] += t - prev
+                steady_ns[k] += t - prev
                 if m != last_mw[k]:
-                    lanes.value_changes[k] += 1
-            lanes.sampled_t[k] = t
-            lanes.last_mw[k] = m
-            if due:
+                    value_changes[k] += 1
+            sampled_t[k] = t
+            last_mw[k] = m
+            if changed or t - reported_t[k] >= interval:
                 rows.append(k)
                 row_dbm.append(dbm)
                 prevs.append(prev)
                 lanes.reported[k] = True
                 lanes.reported_t[k] = t
                 lanes.last_dbm[k] = dbm
+        if read:
+            lanes.sampled_t[:] = sampled_t
+            lanes.last_mw[:] = last_mw
+            lanes.steady_ns[:] = steady_ns
+            lanes.value_changes[:] = value_changes
+        if force is not None:
+            lanes.any_force = any(force)
+        if window_until is not None:
+            lanes.any_window = any(window_until)
         if rows:
             events = self._events(lanes, rows, [t_ns[k] for k in rows], [mw[k] for k in rows], row_dbm, prevs)
             self.report(events, len(rows))
@@ -637,6 +681,8 @@ class _Lanes:
         self.batches = [
             (batch, np.array(slots, np.int64), np.array(at, np.int64)) for batch, slots, at in groups.values()
         ]
+        self.batch_rows = [at for _, _, at in groups.values()]
+        """Each batch's lane rows as a list (`RxPowerProbe._tick_lanes`)."""
         self.live = np.ones(n, bool)
         self.reported = np.zeros(n, bool)
         self.reported_t = np.zeros(n, np.int64)

@@ -236,3 +236,54 @@ def test_port_arrays_fields_are_rows_of_their_blocks_in_a_copy_too() -> None:
         assert arrays.floats[fabric_mod.PortArrays.FLOAT_ROWS.index("noise_db"), 2] == 0.25 + k
         assert arrays.lit_from.base is arrays.ints and arrays.level_dbm.base is arrays.floats
     assert [int(arrays.light_t_ns[3]) for arrays in copies] == [12345, 12346, 12347]  # copies, not shared
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rx_power_ticks_in_lists_as_with_arrays(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """A tick of a few lanes all read in a model batch works in Python lists (`_tick_lanes`): the same
+    reads, reports and lane state as the tick over arrays, lanes dying, windows and switch notices."""
+    rng = random.Random(seed)
+    one = _fabric(seed)
+    other = copy.deepcopy(one)
+    probes: list[RxPowerProbe] = []
+    for fabric in (one, other):
+        ports = [
+            ModulePort(site.port.source, site.port.host, site.open_eeprom, site.rx_lanes, site.rx_batch)
+            for site in model_probes.model_sites(fabric, fabric.port_at[:8])
+        ]
+        probe = RxPowerProbe(ports, hz=1000, report_interval_ns=20 * MS, threshold_dbm=-10.0)
+        probe.polled = [probe._open(port) for port in ports]
+        probe._lanes = _Lanes(probe.polled)
+        assert not probe._lanes.unbatched
+        probes.append(probe)
+    by_lists, by_arrays = probes
+    sources = [p.source for p in one.port_at[:8]]
+    reported = 0
+    for step in range(400):
+        t = 10**12 + step * MS
+        if step % 25 == 0:
+            _scramble(one, random.Random(seed * 1000 + step), t)
+            _scramble(other, random.Random(seed * 1000 + step), t)
+        if rng.random() < 0.01:
+            dead = rng.randrange(8)
+            for probe in probes:
+                probe._lanes.live[dead] = False  # type: ignore[union-attr]
+        action = rng.random()
+        chosen = rng.sample(sources, rng.randint(1, 8))
+        until = t + rng.randint(1, 30) * MS
+        for probe in probes:
+            if action < 0.03:
+                probe._lanes.open_window(chosen, until)  # type: ignore[union-attr]
+            elif action < 0.05:
+                probe.switched(chosen)
+        monkeypatch.setattr(rxpower, "SCALAR_LANES", 16)
+        kept = by_lists._tick(by_lists._lanes, t)  # type: ignore[arg-type]
+        monkeypatch.setattr(rxpower, "SCALAR_LANES", 0)
+        assert by_arrays._tick(by_arrays._lanes, t) == kept  # type: ignore[arg-type]
+        reports = _drain(by_lists)
+        assert reports == _drain(by_arrays), f"step {step}"
+        reported += len(reports)
+        for name in LANE_STATE:
+            assert _same(getattr(by_lists._lanes, name), getattr(by_arrays._lanes, name)), (step, name)
+    assert by_lists.samples == by_arrays.samples > 0
+    assert reported > 100  # changes, heartbeats and windows happened
