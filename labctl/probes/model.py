@@ -128,10 +128,16 @@ class SimTrafficProbe(QueueProbe):
         self._pairs: list[tuple[int, int]] = []
         self._peer_of = np.full(n, -1, np.int64)  # per fabric slot: its peer's slot (-1: not pinging)
         self._heartbeat_ns = staggered_heartbeats(report_interval_ns, n)
+        self._lists: tuple[list[int], list[int], list[int], list[int]] | None = None
+        """While `_ping_each` runs tick after tick: the four per-slot arrays above (outcome, count, pinged,
+        reported) as lists, the current copy (a numpy element read or write per circuit per tick costs
+        more than the rest of the ping); written back (`_arrays`) before anything else reads them."""
+        self._heartbeat_list: list[int] = self._heartbeat_ns.tolist()
 
     def set_circuits(self, peers: dict[str, str | None]) -> None:
         """Looked up a column at a time (every port of a rail at once: hundreds of ports, at the moment a
         switch acknowledged, beside the samplers)."""
+        self._arrays()
         n = len(peers)
         slots = np.fromiter(map(self._slot_of.get, peers.keys(), repeat(-1)), np.int64, n)
         peer_slots = np.fromiter(map(self._slot_or_none.get, peers.values(), repeat(-2)), np.int64, n)
@@ -165,6 +171,7 @@ class SimTrafficProbe(QueueProbe):
         if src.size <= SCALAR_SLOTS:
             self._ping_each(t)
             return
+        self._arrays()
         ok = self.fabric.traffic_ok(src, dst, t)
         self.pings += int(src.size)
         changed = self._was_ok[src] != ok
@@ -184,22 +191,36 @@ class SimTrafficProbe(QueueProbe):
         # Rows made when the events are (`report`: a burst of hundreds in time slices), from arrays fixed now.
         self.report(self._events(t, _rows(s, d, good, counts, prev[due]), rtts), due.size)
 
+    def _arrays(self) -> None:
+        """The per-slot arrays current again: `_ping_each`'s lists written back, if it has them."""
+        if self._lists is not None:
+            self._was_ok[:], self._count[:], self._pinged_t[:], self._reported_t[:] = self._lists
+            self._lists = None
+
     def _ping_each(self, t: int) -> None:
         """`_ping_all` one circuit at a time, for a few (an agent's host): the same decisions without a
-        numpy call per step (tests/unit/test_rxpower_lanes.py holds the two equal)."""
+        numpy call per step (tests/unit/test_rxpower_lanes.py holds the two equal), on the per-slot
+        state as lists (`_lists`)."""
+        if self._lists is None:
+            self._lists = (
+                self._was_ok.tolist(),
+                self._count.tolist(),
+                self._pinged_t.tolist(),
+                self._reported_t.tolist(),
+            )
+        was_ok, count, pinged, reported = self._lists
+        heartbeat = self._heartbeat_list
         fabric = self.fabric
-        was_ok, count, pinged, reported = self._was_ok, self._count, self._pinged_t, self._reported_t
-        heartbeat = self._heartbeat_ns
         rows = []
         good = 0
         pairs = self._pairs
         for (s, d), ok in zip(pairs, fabric.passes_each(pairs, t), strict=True):
-            changed = was_ok.item(s) != ok
-            n = 1 if changed else count.item(s) + 1
+            changed = was_ok[s] != ok
+            n = 1 if changed else count[s] + 1
             was_ok[s] = ok
-            prev = pinged.item(s)
+            prev = pinged[s]
             pinged[s] = t
-            if changed or t - reported.item(s) >= heartbeat.item(s):
+            if changed or t - reported[s] >= heartbeat[s]:
                 rows.append((s, d, ok, n, prev))
                 good += ok
                 count[s] = 0

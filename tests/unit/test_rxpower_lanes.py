@@ -287,3 +287,42 @@ def test_rx_power_ticks_in_lists_as_with_arrays(monkeypatch: pytest.MonkeyPatch,
             assert _same(getattr(by_lists._lanes, name), getattr(by_arrays._lanes, name)), (step, name)
     assert by_lists.samples == by_arrays.samples > 0
     assert reported > 100  # changes, heartbeats and windows happened
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_model_traffic_pings_as_with_arrays_switching_paths_between_ticks(
+    monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """`_ping_each` keeps the per-slot state in lists between its ticks; a tick over arrays, or a change of
+    circuits, in between finds the arrays current: the same reports as a probe that only uses arrays."""
+    rng = random.Random(seed)
+    one = _fabric(seed)
+    other = copy.deepcopy(one)
+    ports = one.port_at[:8]
+    peers = [p.source for p in one.port_at[8:16]]
+    probes = [SimTrafficProbe(fabric, fabric.port_at, report_interval_ns=15 * MS) for fabric in (one, other)]
+    for probe in probes:
+        probe.set_circuits(dict(zip([p.source for p in ports], peers, strict=True)))
+    out: list[list[Event]] = [[], []]
+    for step in range(400):
+        t = 10**12 + step * MS
+        if step % 25 == 0:
+            _scramble(one, random.Random(seed * 1000 + step), t)
+            _scramble(other, random.Random(seed * 1000 + step), t)
+        if rng.random() < 0.03:
+            change = {ports[rng.randrange(8)].source: rng.choice([None, *peers])}
+            for probe in probes:
+                probe.set_circuits(change)
+        scalar = rng.choice([16, 16, 16, 0])  # mostly one by one, now and then arrays
+        for k, (probe, limit) in enumerate(zip(probes, (scalar, 0), strict=True)):
+            monkeypatch.setattr(model_probes, "SCALAR_SLOTS", limit)
+            probe._ping_all(t)
+            out[k].extend(probe.queue._items)
+            probe.queue._items.clear()
+    assert [(e.t_ns, e.kind, e.source, e.value, e.meta) for e in out[0]] == [
+        (e.t_ns, e.kind, e.source, e.value, e.meta) for e in out[1]
+    ]
+    assert len(out[0]) > 50 and probes[0].pings == probes[1].pings
+    probes[0]._arrays()
+    for name in ("_was_ok", "_count", "_pinged_t", "_reported_t"):
+        assert np.array_equal(getattr(probes[0], name), getattr(probes[1], name)), name
