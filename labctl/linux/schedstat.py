@@ -41,18 +41,33 @@ class ThreadSchedstat:
 
     def read(self) -> tuple[int, int] | None:
         """(ns on a core, ns runnable waiting for one), cumulative since the thread started."""
+        return parse(self.read_raw())
+
+    def read_raw(self) -> bytes | None:
+        """The file as read (`parse` makes it `read()`'s pair): a sampler reads it every tick and needs the
+        numbers only across a stall, so it parses two reads then, not every read."""
         if self._fd is None:
             return None
         try:
-            fields = os.pread(self._fd, 64, 0).split()
-            return int(fields[0]), int(fields[1])
-        except (OSError, ValueError, IndexError):
+            return os.pread(self._fd, 64, 0)
+        except OSError:
             return None
 
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def parse(raw: bytes | None) -> tuple[int, int] | None:
+    """(ns on a core, ns runnable waiting for one) from a read of the file; None where it says neither."""
+    if raw is None:
+        return None
+    try:
+        fields = raw.split()
+        return int(fields[0]), int(fields[1])
+    except (ValueError, IndexError):
+        return None
 
 
 def stall_cause(gap_ns: int, on_cpu_ns: int, waiting_ns: int) -> StallCause:

@@ -95,6 +95,11 @@ class Alarm:
         self.fd: int | None = _timerfd()
         self._waiter: asyncio.Future[None] | None = None
         self._on_fire = on_fire
+        # One itimerspec, rewritten per arm: a sampler arms once a tick, and building the ctypes structures
+        # each time was most of an arm's cost (it_interval stays zero: one-shot).
+        self._spec = _Itimerspec()
+        self._value = self._spec.it_value
+        self._spec_ref = ctypes.byref(self._spec)
         self._loop.add_reader(self.fd, self._ready)
 
     def _ready(self) -> None:
@@ -116,7 +121,11 @@ class Alarm:
         if self.fd is None:
             raise RuntimeError("alarm closed")
         # an it_value of zero would disarm the timer instead of firing it
-        _settime(self.fd, TFD_TIMER_ABSTIME, _Itimerspec(_ts(0), _ts(max(t_ns, 1))))
+        value = self._value
+        value.tv_sec, value.tv_nsec = divmod(max(t_ns, 1), 1_000_000_000)
+        if _libc.timerfd_settime(self.fd, TFD_TIMER_ABSTIME, self._spec_ref, None) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"timerfd_settime: {os.strerror(err)}")
 
     async def at(self, t_ns: int) -> None:
         if self._on_fire is not None:

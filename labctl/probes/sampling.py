@@ -21,6 +21,7 @@ from labctl.core.clock import now_ns
 from labctl.core.events import Event, EventQueue
 from labctl.linux.looplag import sampler_behind, slice_deadline
 from labctl.linux.schedstat import STALL_CAUSES, StallCause, ThreadSchedstat, stall_cause
+from labctl.linux.schedstat import parse as parse_schedstat
 from labctl.linux.timerfd import Alarm
 
 __all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
@@ -488,7 +489,8 @@ async def run_ticks(
     next_t = now_ns()
     soon: asyncio.Handle | None = None
     sched = ThreadSchedstat() if count is not None else None
-    read_sched = sched.read if sched is not None and sched.available else None
+    # Read raw every tick, parsed only across a stall (the only place the numbers are used)
+    read_sched = sched.read_raw if sched is not None and sched.available else None
     last_t, last_sched = next_t, read_sched() if read_sched is not None else None
 
     def fire() -> None:
@@ -517,8 +519,9 @@ async def run_ticks(
             if count is not None:
                 gap = t - prev_t
                 cause = None
-                if prev_sched is not None and last_sched is not None:
-                    cause = stall_cause(gap, last_sched[0] - prev_sched[0], last_sched[1] - prev_sched[1])
+                before, after = parse_schedstat(prev_sched), parse_schedstat(last_sched)
+                if before is not None and after is not None:
+                    cause = stall_cause(gap, after[0] - before[0], after[1] - before[1])
                 count.stalled(gap, (t - next_t) // period_ns + 1, cause)
             next_t = t + period_ns
         if next_t <= now_ns():
