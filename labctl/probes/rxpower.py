@@ -390,16 +390,21 @@ class RxPowerProbe(QueueProbe):
         n = lanes.n
         t_ns = [0] * n
         mw = [math.nan] * n
-        live = lanes.live.tolist()
+        live = lanes.take_lists().live
+        every_live = False not in live
         any_live = False
         for (batch, slots, _), rows in zip(lanes.batches, lanes.batch_rows, strict=True):
-            count = sum(live[k] for k in rows)
+            count = len(rows) if every_live else sum(live[k] for k in rows)
             if count:
                 any_live = True
                 t = now_ns() if at_ns is None else at_ns
-                for k, value in zip(rows, batch.rx_power_mw(slots, t).tolist(), strict=True):
-                    t_ns[k] = t
-                    mw[k] = value
+                values = batch.rx_power_mw(slots, t).tolist()
+                if lanes.one_batch:  # every lane, in row order: the read is the tick's column
+                    t_ns, mw = [t] * n, values
+                else:
+                    for k, value in zip(rows, values, strict=True):
+                        t_ns[k] = t
+                        mw[k] = value
                 self.samples += count
         if not any_live:
             return False
@@ -477,60 +482,50 @@ class RxPowerProbe(QueueProbe):
         """`_report` one lane at a time, for a few lanes (an agent's host): the same decisions as the array
         code, which costs a numpy call per step whatever the number of lanes (~150 µs a tick for 4 lanes
         where this takes ~10 µs). tests/unit/test_rxpower_lanes.py holds the two to the same reports.
-        The state every lane moves each tick (last sample, steady time, value changes) is worked in lists
-        and written back once, not a numpy element write per lane; what no lane has (a forced report, an
-        open window, light moving: the `any_` flags, as the array code reads them) is not looked at."""
+        It works on the lane state as lists, kept from tick to tick (`_Lanes.take_lists`), and looks at
+        nothing no lane has (a forced report, an open window, light moving: the `any_` flags, as the
+        array code reads them)."""
         threshold, deadband, window_interval = self.threshold_dbm, self.deadband_db, self.window_interval_ns
-        live = lanes.live.tolist()
-        last_dbm = lanes.last_dbm.tolist()
-        reported = lanes.reported.tolist()
-        reported_t = lanes.reported_t.tolist()
-        heartbeat = lanes.heartbeat_ns.tolist()
-        last_mw = lanes.last_mw.tolist()
-        sampled_t = lanes.sampled_t.tolist()
-        steady_ns = lanes.steady_ns.tolist()
-        value_changes = lanes.value_changes.tolist()
+        log10, dark = math.log10, -math.inf
+        state = lanes.take_lists()
+        live, last_dbm, reported, reported_t = state.live, state.last_dbm, state.reported, state.reported_t
+        heartbeat, last_mw, sampled_t = state.heartbeat_ns, state.last_mw, state.sampled_t
+        steady_ns, value_changes = state.steady_ns, state.value_changes
+        force, window_until, seen_dark = state.force, state.window_until, state.seen_dark
+        moving, dark_seen = state.moving, state.dark_seen
         any_force, any_window, any_moving = lanes.any_force, lanes.any_window, lanes.any_moving
-        force = lanes.force.tolist() if any_force else None
-        window_until = lanes.window_until.tolist() if any_window else None
-        seen_dark = lanes.seen_dark.tolist() if any_window else None
-        moving = lanes.moving.tolist() if any_moving else None
         rows: list[int] = []
         row_dbm: list[float] = []
         prevs: list[int] = []
-        read = False
-        for k in range(lanes.n):
-            m = mw[k]
+        for k, m in enumerate(mw):
             if not live[k] or m != m:  # not sampled this tick (NaN: failed, or a dead module)
                 continue
-            read = True
             t = t_ns[k]
             lit = m > 0
-            dbm = 10.0 * math.log10(m) if lit else -math.inf
+            dbm = 10.0 * log10(m) if lit else dark
             above = lit and dbm >= threshold
             last = last_dbm[k]
-            was_lit = last > -math.inf
+            was_lit = last > dark
             changed = (
                 not reported[k]
                 or lit != was_lit
                 or above != (was_lit and last >= threshold)
                 or (lit and abs(dbm - (last if was_lit else 0.0)) >= deadband)
             )
-            if force is not None and force[k]:
+            if any_force and force[k]:
                 changed = True
                 force[k] = False
-                lanes.force[k] = False
             interval = heartbeat[k]
-            if window_until is not None and seen_dark is not None and window_until[k] > 0:
+            if any_window and window_until[k] > 0:
                 if t >= window_until[k] or (above and seen_dark[k]):
-                    window_until[k] = lanes.window_until[k] = 0
-                    seen_dark[k] = lanes.seen_dark[k] = False
+                    window_until[k] = 0
+                    seen_dark[k] = False
                 else:
                     interval = window_interval
                     if not above:
-                        seen_dark[k] = lanes.seen_dark[k] = True
-            if moving is not None and moving[k] and not above:
-                lanes.dark_seen[k] = True
+                        seen_dark[k] = True
+            if any_moving and moving[k] and not above:
+                dark_seen[k] = True
             prev = sampled_t[k]
             if lit and last_mw[k] > 0 and prev > 0:
                 steady_ns[k] += t - prev
@@ -542,17 +537,12 @@ class RxPowerProbe(QueueProbe):
                 rows.append(k)
                 row_dbm.append(dbm)
                 prevs.append(prev)
-                lanes.reported[k] = True
-                lanes.reported_t[k] = t
-                lanes.last_dbm[k] = dbm
-        if read:
-            lanes.sampled_t[:] = sampled_t
-            lanes.last_mw[:] = last_mw
-            lanes.steady_ns[:] = steady_ns
-            lanes.value_changes[:] = value_changes
-        if force is not None:
-            lanes.any_force = any(force)
-        if window_until is not None:
+                reported[k] = True
+                reported_t[k] = t
+                last_dbm[k] = dbm
+        if any_force:
+            lanes.any_force = True in force
+        if any_window:
             lanes.any_window = any(window_until)
         if rows:
             events = self._events(lanes, rows, [t_ns[k] for k in rows], [mw[k] for k in rows], row_dbm, prevs)
@@ -653,11 +643,84 @@ class RxPowerProbe(QueueProbe):
         return [p.failed for p in self.polled if p.failed is not None]
 
 
+LANE_FIELDS = (
+    "live", "reported", "reported_t", "last_dbm", "last_mw", "sampled_t", "window_until", "seen_dark",
+    "force", "moving", "dark_seen", "steady_ns", "value_changes", "heartbeat_ns",
+)  # fmt: skip
+"""The per-lane arrays of `_Lanes` that a tick of a few lanes works on as lists (`_LaneLists`)."""
+
+
+class _LaneField:
+    """One of `_Lanes`' per-lane arrays (LANE_FIELDS). While a lane-by-lane tick holds them as lists
+    between its ticks (`_Lanes.lists`), getting or setting the attribute writes the lists back first
+    (`_Lanes.flush`): whatever reads or writes the array (the array tick, windows, switch notices, stats,
+    tests) finds it current, and the next lane-by-lane tick takes the lists again. (A reference to the
+    array kept across a lane-by-lane tick would miss it: take the attribute each time.)"""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = f"_{name}"
+
+    def __get__(self, lanes: _Lanes, owner: type | None = None) -> np.ndarray:
+        if lanes.lists is not None:
+            lanes.flush()
+        array: np.ndarray = lanes.__dict__[self.key]
+        return array
+
+    def __set__(self, lanes: _Lanes, array: np.ndarray) -> None:
+        if lanes.lists is not None:
+            lanes.flush()
+        lanes.__dict__[self.key] = array
+
+
+class _LaneLists:
+    """`_Lanes`' per-lane arrays (LANE_FIELDS) as Python lists: a tick of a few lanes reads and writes an
+    element of a list per lane where a numpy element read or write costs several times more, and keeps
+    them from tick to tick instead of a `tolist()` and a write back per array per tick."""
+
+    __slots__ = LANE_FIELDS
+    live: list[bool]
+    reported: list[bool]
+    reported_t: list[int]
+    last_dbm: list[float]
+    last_mw: list[float]
+    sampled_t: list[int]
+    window_until: list[int]
+    seen_dark: list[bool]
+    force: list[bool]
+    moving: list[bool]
+    dark_seen: list[bool]
+    steady_ns: list[int]
+    value_changes: list[int]
+    heartbeat_ns: list[int]
+
+    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        for name in LANE_FIELDS:
+            setattr(self, name, arrays[f"_{name}"].tolist())
+
+
 class _Lanes:
     """Every reported lane of every polled port as rows of arrays (what the last sample and report were,
     the dense window), and how each row is read: in a model's batch, or by its own module read."""
 
+    live = _LaneField()
+    reported = _LaneField()
+    reported_t = _LaneField()
+    last_dbm = _LaneField()
+    last_mw = _LaneField()
+    sampled_t = _LaneField()
+    window_until = _LaneField()
+    seen_dark = _LaneField()
+    force = _LaneField()  # report the next sample whatever it shows
+    moving = _LaneField()  # a reconfiguration is moving this lane's light (open_window)
+    dark_seen = _LaneField()  # ...and a sample has seen it below the threshold since
+    steady_ns = _LaneField()
+    value_changes = _LaneField()
+    heartbeat_ns = _LaneField()
+
     def __init__(self, polled: Sequence[_Polled]) -> None:
+        self.lists: _LaneLists | None = None
+        """The per-lane arrays as lists, the current copy while ticks of a few lanes run one after another
+        (`take_lists`); None: the arrays are."""
         self.owner: list[tuple[_Polled, int]] = [(p, i) for p in polled for i in range(len(p.lanes))]
         self.n = n = len(self.owner)
         self.by_port: dict[int, np.ndarray] = {}
@@ -683,6 +746,8 @@ class _Lanes:
         ]
         self.batch_rows = [at for _, _, at in groups.values()]
         """Each batch's lane rows as a list (`RxPowerProbe._tick_lanes`)."""
+        self.one_batch = self.batch_rows == [list(range(n))]
+        """One batch reads every lane, in row order (a model's ports, nothing else)."""
         self.live = np.ones(n, bool)
         self.reported = np.zeros(n, bool)
         self.reported_t = np.zeros(n, np.int64)
@@ -691,20 +756,33 @@ class _Lanes:
         self.sampled_t = np.zeros(n, np.int64)
         self.window_until = np.zeros(n, np.int64)
         self.seen_dark = np.zeros(n, bool)
-        self.force = np.zeros(n, bool)  # report the next sample whatever it shows
-        self.moving = np.zeros(n, bool)  # a reconfiguration is moving this lane's light (open_window)
+        self.force = np.zeros(n, bool)
+        self.moving = np.zeros(n, bool)
         # False only where the array is known to hold no True (no window open: window_until all 0; every
         # lane reported once): what a tick can skip. Only `open_window` and `switched` set them.
         self.any_force = False
         self.any_window = False
         self.any_moving = False
         self.all_reported = False
-        self.dark_seen = np.zeros(n, bool)  # ...and a sample has seen it below the threshold since
+        self.dark_seen = np.zeros(n, bool)
         self.steady_ns = np.zeros(n, np.int64)
         self.value_changes = np.zeros(n, np.int64)
         self.update_reported = np.zeros(n)
         self.update_checked_t = 0
         self.heartbeat_ns = np.full(n, 100_000_000, np.int64)
+
+    def take_lists(self) -> _LaneLists:
+        """The per-lane state as lists, current from now on until an array is got or set (`flush`)."""
+        if self.lists is None:
+            self.lists = _LaneLists(self.__dict__)
+        return self.lists
+
+    def flush(self) -> None:
+        """The arrays current again: the lists written back and let go."""
+        lists, self.lists = self.lists, None
+        if lists is not None:
+            for name in LANE_FIELDS:
+                self.__dict__[f"_{name}"][:] = getattr(lists, name)
 
     def rows_of(self, sources: Collection[str] | None) -> np.ndarray:
         """The lane rows of these port sources (None: every row)."""
