@@ -59,6 +59,40 @@ NO_LINK_NS = 3_600 * 1_000_000_000
 within any recovery timeout."""
 
 
+class _Field:
+    """A `PortArrays` array (a field, or a block). While few-port readers hold the optics as lists
+    (`PortArrays.lists`), getting or setting the attribute first writes back what they changed and lets
+    the lists go (`PortArrays.sync`): every reader and writer of the arrays finds them current, and the
+    next few-port read takes the lists again. (A reference to an array kept across such a read would miss
+    it: take the attribute each time, as the model does.)"""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = f"_{name}"
+
+    def __get__(self, arrays: PortArrays, owner: type | None = None) -> np.ndarray:
+        if arrays.lists is not None:
+            arrays.sync()
+        array: np.ndarray = arrays.__dict__[self.key]
+        return array
+
+    def __set__(self, arrays: PortArrays, array: np.ndarray) -> None:
+        if arrays.lists is not None:
+            arrays.sync()
+        arrays.__dict__[self.key] = array
+
+
+class _Optics:
+    """`PortArrays.ints` and `.floats` as lists of rows, each a list by slot (`PortArrays.take_lists`)."""
+
+    __slots__ = ("floats", "ints", "noise_changed")
+
+    def __init__(self, ints: np.ndarray, floats: np.ndarray) -> None:
+        self.ints: list[list[int]] = ints.tolist()
+        self.floats: list[list[float]] = floats.tolist()
+        self.noise_changed = False
+        """A read drew noise into the lists (noise_db, noise_t_ns): `sync` writes those rows back."""
+
+
 class PortArrays:
     """The per-port state the vectorized readers need, one numpy array per field (index: the port's slot).
 
@@ -67,47 +101,68 @@ class PortArrays:
     few array operations (`SimFabric.rx_power_mw`, `SimFabric.traffic_ok`).
 
     The integer fields are rows of one 2-D array (`ints`, in `INT_ROWS` order) and the float fields rows
-    of another (`floats`, `FLOAT_ROWS`): each field is a view of its row, written as any array, and a reader
-    of a few ports takes every field of them in one gather and one `tolist()` (`SimFabric._rx_power_mw_each`,
-    `passes_each`) instead of an `.item()` per field per port."""
+    of another (`floats`, `FLOAT_ROWS`): each field is a view of its row, written as any array. A reader of
+    a few ports of a large lab takes every field of them in one gather and one `tolist()`; in a small lab
+    (up to LIST_PORTS) few-port readers share the blocks as lists (`take_lists`), kept from read to read
+    until an array is got or set: a 1 kHz read of a small lab is then no numpy call at all but its noise
+    draw (`SimFabric._rx_power_mw_each`, `passes_each`)."""
 
     INT_ROWS = (
-        "lit_from", "light_t_ns", "link_t_ns", "transport_up_ns",  # what a ping reads: rows 0-3
-        "settle_ns", "update_ns", "update_phase_ns", "noise_t_ns",
+        "link_t_ns", "transport_up_ns",  # a ping reads rows 0-3,
+        "lit_from", "light_t_ns",
+        "settle_ns", "update_ns", "update_phase_ns", "noise_t_ns",  # an Rx power read rows 2-7
     )  # fmt: skip
     FLOAT_ROWS = ("level_dbm", "atten_db", "before_mw", "noise_db")
 
-    lit_from: np.ndarray  # slot of the port whose light reaches this one; -1 dark
-    light_t_ns: np.ndarray
+    ints = _Field()
+    floats = _Field()
+    lit_from = _Field()  # slot of the port whose light reaches this one; -1 dark
+    light_t_ns = _Field()
     # The port's latest link: the model time it lit (both directions carried light), and the model time
     # its transport comes up (NEVER: none). Written with the light change that lit it, before any reaction
     # runs; trusted while the port's light has not changed since (light_t_ns <= link_t_ns).
-    link_t_ns: np.ndarray
-    transport_up_ns: np.ndarray
-    settle_ns: np.ndarray
-    update_ns: np.ndarray  # the module's DOM refresh interval (0: current on every read)
-    update_phase_ns: np.ndarray
-    noise_t_ns: np.ndarray  # the refresh the noise on the module's current reading belongs to
-    level_dbm: np.ndarray
-    atten_db: np.ndarray  # what the switch's attenuator on the port's receive fiber takes off
-    before_mw: np.ndarray  # power before the last light change: what a stale module still shows
-    noise_db: np.ndarray  # the noise on the module's current reading
+    link_t_ns = _Field()
+    transport_up_ns = _Field()
+    settle_ns = _Field()
+    update_ns = _Field()  # the module's DOM refresh interval (0: current on every read)
+    update_phase_ns = _Field()
+    noise_t_ns = _Field()  # the refresh the noise on the module's current reading belongs to
+    level_dbm = _Field()
+    atten_db = _Field()  # what the switch's attenuator on the port's receive fiber takes off
+    before_mw = _Field()  # power before the last light change: what a stale module still shows
+    noise_db = _Field()  # the noise on the module's current reading
 
     def __init__(self, n: int) -> None:
-        self.ints = np.zeros((len(self.INT_ROWS), n), np.int64)
-        self.floats = np.zeros((len(self.FLOAT_ROWS), n))
+        self.lists: _Optics | None = None
+        """The blocks as lists, the current copy while few-port readers run one after another."""
+        self._bind(np.zeros((len(self.INT_ROWS), n), np.int64), np.zeros((len(self.FLOAT_ROWS), n)))
         self.transport = np.zeros(n, bool)  # the transport transition has run (what listeners were told)
-        self._bind()
         self.lit_from[:] = -1
         self.transport_up_ns[:] = NEVER
         self.noise_t_ns[:] = -1
 
-    def _bind(self) -> None:
-        """Each field as a view of its row."""
+    def _bind(self, ints: np.ndarray, floats: np.ndarray) -> None:
+        """The blocks, and each field as a view of its row."""
+        fields = self.__dict__
+        fields["_ints"], fields["_floats"] = ints, floats
         for row, name in enumerate(self.INT_ROWS):
-            setattr(self, name, self.ints[row])
+            fields[f"_{name}"] = ints[row]
         for row, name in enumerate(self.FLOAT_ROWS):
-            setattr(self, name, self.floats[row])
+            fields[f"_{name}"] = floats[row]
+
+    def take_lists(self) -> _Optics:
+        """The blocks as lists, current from now on until an array is got or set (`sync`)."""
+        if self.lists is None:
+            self.lists = _Optics(self.__dict__["_ints"], self.__dict__["_floats"])
+        return self.lists
+
+    def sync(self) -> None:
+        """The arrays current again: the noise the lists drew written back, and the lists let go."""
+        lists, self.lists = self.lists, None
+        if lists is not None and lists.noise_changed:
+            noise_t = self.INT_ROWS.index("noise_t_ns")
+            self.__dict__["_ints"][noise_t] = lists.ints[noise_t]
+            self.__dict__["_noise_db"][:] = lists.floats[self.FLOAT_ROWS.index("noise_db")]
 
     # A copy (copy.deepcopy, pickle) copies the two blocks and binds the fields to the copies' rows: copied
     # one by one, a field would be an array of its own, no longer the row the block reads.
@@ -115,8 +170,9 @@ class PortArrays:
         return {"ints": self.ints, "floats": self.floats, "transport": self.transport}
 
     def __setstate__(self, state: dict[str, np.ndarray]) -> None:
-        self.ints, self.floats, self.transport = state["ints"], state["floats"], state["transport"]
-        self._bind()
+        self.lists = None
+        self._bind(state["ints"], state["floats"])
+        self.transport = state["transport"]
 
 
 class PortState:
@@ -222,6 +278,10 @@ class _LinkBatch:
 
 SCALAR_SLOTS = 16
 """Up to this many ports a read computes each in Python (`_rx_power_mw_each`); above, with arrays."""
+
+LIST_PORTS = 64
+"""A lab of up to this many ports keeps its optics as lists for few-port readers (`PortArrays.take_lists`);
+a larger one is gathered from per read (building the lists again after each light change would cost more)."""
 
 
 class SimFabric:
@@ -600,40 +660,50 @@ class SimFabric:
         Every field of the ports is taken in one gather and `tolist()` per block, not an `.item()` per
         field per port (~5x the cost at 16 ports)."""
         a = self.arrays
-        whole = self._whole(slots)  # a poller of the whole lab: the blocks as they are, no gather
-        ints = (a.ints if whole else a.ints.take(slots, axis=1)).tolist()
-        lit_from, light_t, _, _, settle, update, phase, noise_t = ints
-        level, atten, before, noise = (a.floats if whole else a.floats.take(slots, axis=1)).tolist()
+        whole = self._whole(slots)  # a poller of the whole lab: every port in slot order
+        optics = a.take_lists() if len(self.port_at) <= LIST_PORTS else None
+        at: list[int] = [] if whole else slots.tolist()
+        if optics is not None:  # a small lab: its optics as lists, kept from read to read
+            ints, floats = optics.ints[2:], optics.floats
+            if not whole:
+                ints = [[row[s] for s in at] for row in ints]
+                floats = [[row[s] for s in at] for row in floats]
+        else:  # a few ports of a large lab: theirs only, one gather a block
+            ints = (a.ints[2:] if whole else a.ints[2:].take(slots, axis=1)).tolist()
+            floats = (a.floats if whole else a.floats.take(slots, axis=1)).tolist()
+        lit_from, light_t, settle, update, phase, noise_t = ints  # PortArrays.INT_ROWS[2:]
+        level, atten, before, noise = floats
         if any(update):
             times = [t_ns - (t_ns - p) % u if u > 0 else t_ns for u, p in zip(update, phase, strict=True)]
             fresh = [k for k, (t, seen) in enumerate(zip(times, noise_t, strict=True)) if seen != t]
         else:  # every module current on every read (the usual profile): no refresh to go back to
             times = [t_ns] * len(update)
-            fresh = (
-                [k for k, seen in enumerate(noise_t) if seen != t_ns]
-                if t_ns in noise_t
-                else [*range(len(update))]
-            )
+            every = t_ns not in noise_t
+            fresh = [*range(len(update))] if every else [k for k, seen in enumerate(noise_t) if seen != t_ns]
         if fresh:  # as the array code: one draw for the slots whose module refreshed, in slot order
-            draws = (self.noise.random(len(fresh)) - 0.5) * self.profile.rx_noise_db
-            unique = whole or len(set(slots.tolist())) == slots.size
-            if len(fresh) == len(times):
-                at: slice | np.ndarray = slice(None) if whole else slots
-                a.noise_t_ns[at] = times
-                a.noise_db[at] = draws
-                if unique:
-                    noise = draws.tolist()
+            # (x - 0.5) * rx_noise_db per draw in Python: the same two IEEE operations numpy does per element
+            spread = self.profile.rx_noise_db
+            draws = [(x - 0.5) * spread for x in self.noise.random(len(fresh)).tolist()]
+            if optics is not None:
+                noise_row, noise_t_row = optics.floats[3], optics.ints[7]
+                for k, draw in zip(fresh, draws, strict=True):  # in order: a slot twice keeps the later
+                    slot = k if whole else at[k]
+                    noise_row[slot] = draw
+                    noise_t_row[slot] = times[k]
+                optics.noise_changed = True
+                noise = noise_row if whole else [noise_row[s] for s in at]
             else:
-                at = slots[fresh]
-                a.noise_t_ns[at] = [times[k] for k in fresh]
-                a.noise_db[at] = draws
+                unique = whole or len(set(at)) == len(at)
+                index: slice | np.ndarray = (
+                    (slice(None) if whole else slots) if len(fresh) == len(times) else slots[fresh]
+                )
+                a.noise_t_ns[index] = times if len(fresh) == len(times) else [times[k] for k in fresh]
+                a.noise_db[index] = draws
                 if unique:
-                    for k, draw in zip(fresh, draws.tolist(), strict=True):
+                    for k, draw in zip(fresh, draws, strict=True):
                         noise[k] = draw
-            if (
-                not unique
-            ):  # a slot twice: each reads the draw its slot kept (the later one), as the arrays do
-                noise = a.noise_db[slots].tolist()
+                else:  # a slot twice: each reads the draw its slot kept (the later one), as arrays do
+                    noise = a.noise_db[slots].tolist()
         out = []
         columns = zip(times, light_t, update, before, lit_from, level, atten, noise, settle, strict=True)
         for t, light, u, was_mw, source, lvl, att, nz, s in columns:
@@ -697,14 +767,13 @@ class SimFabric:
         self.sync_links(t_ns)
         if not pairs:
             return []
-        ends = [slot for pair in pairs for slot in pair]
-        links = self.arrays.ints[:4]  # lit_from, light_t_ns, link_t_ns, transport_up_ns (PortArrays.INT_ROWS)
         at: Iterable[tuple[int, int]]
-        if links.shape[1] <= len(ends):  # a small lab: its rows whole (cheaper than a gather), by slot
-            lit_from, light_t, link_t, up = links.tolist()
+        if len(self.port_at) <= LIST_PORTS:  # a small lab: its optics as lists, kept from read to read
+            link_t, up, lit_from, light_t = self.arrays.take_lists().ints[:4]  # PortArrays.INT_ROWS
             at = pairs
         else:  # a few ports of a large lab: theirs only, by position
-            lit_from, light_t, link_t, up = links.take(ends, axis=1).tolist()
+            ends = [slot for pair in pairs for slot in pair]
+            link_t, up, lit_from, light_t = self.arrays.ints[:4].take(ends, axis=1).tolist()
             at = zip(range(0, len(ends), 2), range(1, len(ends), 2), strict=True)
         return [
             bool(
