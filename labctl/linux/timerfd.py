@@ -8,6 +8,7 @@ with `loop.add_reader` fires at the kernel's timer resolution and reports how ma
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 from collections.abc import Callable
@@ -100,17 +101,29 @@ class Alarm:
         self._spec = _Itimerspec()
         self._value = self._spec.it_value
         self._spec_ref = ctypes.byref(self._spec)
+        self._armed = False  # armed since `_ready` called back
         self._loop.add_reader(self.fd, self._ready)
 
     def _ready(self) -> None:
         if self.fd is None:
             return
+        if self._on_fire is not None:
+            # Re-arming resets the expiration count (timerfd_settime), so a callback that arms the next
+            # instant (a sampler, every tick) leaves nothing to read: the read is only made when it did
+            # not, to clear the expiration (else epoll would report the fd again), one syscall a tick less.
+            # A wake-up whose expiration a re-arm already cleared calls back too: the callers check the
+            # time and arm again (run_ticks, ModelSchedule), as after a timer that fired a hair early.
+            self._armed = False
+            try:
+                self._on_fire()
+            finally:
+                if not self._armed and self.fd is not None:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self.fd, 8)
+            return
         try:
             os.read(self.fd, 8)
         except BlockingIOError:
-            return
-        if self._on_fire is not None:
-            self._on_fire()
             return
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
@@ -123,6 +136,7 @@ class Alarm:
         # an it_value of zero would disarm the timer instead of firing it
         value = self._value
         value.tv_sec, value.tv_nsec = divmod(max(t_ns, 1), 1_000_000_000)
+        self._armed = True
         if _libc.timerfd_settime(self.fd, TFD_TIMER_ABSTIME, self._spec_ref, None) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"timerfd_settime: {os.strerror(err)}")

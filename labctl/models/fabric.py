@@ -686,10 +686,14 @@ class SimFabric:
             draws = [(x - 0.5) * spread for x in self.noise.random(len(fresh)).tolist()]
             if optics is not None:
                 noise_row, noise_t_row = optics.floats[3], optics.ints[7]
-                for k, draw in zip(fresh, draws, strict=True):  # in order: a slot twice keeps the later
-                    slot = k if whole else at[k]
-                    noise_row[slot] = draw
-                    noise_t_row[slot] = times[k]
+                if whole and len(fresh) == len(times):  # every port refreshed (the usual profile)
+                    noise_row[:] = draws
+                    noise_t_row[:] = times
+                else:
+                    for k, draw in zip(fresh, draws, strict=True):  # in order: a slot twice keeps the later
+                        slot = k if whole else at[k]
+                        noise_row[slot] = draw
+                        noise_t_row[slot] = times[k]
                 optics.noise_changed = True
                 noise = noise_row if whole else [noise_row[s] for s in at]
             else:

@@ -44,6 +44,41 @@ async def test_an_alarm_re_armed_fires_once_at_each_instant_asked() -> None:
     assert not fired  # read by hand above: the loop never saw it ready
 
 
+def _readable(fd: int) -> bool:
+    try:
+        os.read(fd, 8)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("rearm", [True, False])
+async def test_an_alarm_that_fired_is_not_reported_again_whether_or_not_its_callback_re_armed(
+    rearm: bool,
+) -> None:
+    """The expiration is cleared by the callback's re-arm (timerfd_settime resets it), or, where the
+    callback did not arm, read by the alarm: either way epoll has nothing more to report."""
+    calls: list[int] = []
+
+    def fired() -> None:
+        calls.append(1)
+        if rearm:
+            alarm.arm(now_ns() + 30_000_000_000)
+
+    alarm = timerfd.Alarm(fired)
+    assert alarm.fd is not None
+    try:
+        alarm.arm(1)  # long past: expired at once
+        alarm._ready()  # what the loop calls when epoll reports the fd
+        assert calls == [1]
+        assert not _readable(alarm.fd)
+        assert _remaining_ns(alarm.fd)[0] > (20_000_000_000 if rearm else -1)
+        if not rearm:
+            assert _remaining_ns(alarm.fd) == (0, 0)
+    finally:
+        alarm.close()
+
+
 def test_schedstat_read_raw_parses_to_what_read_says() -> None:
     stat = schedstat.ThreadSchedstat()
     if not stat.available:
