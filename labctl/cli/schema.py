@@ -440,7 +440,8 @@ def reference_markdown() -> str:
         lines += doc.section(name, defs[name])
 
     profile = profile_schema(standalone=False)
-    doc = _Doc({}, {})
+    defs = profile.get("$defs", {})
+    doc = _Doc(defs, {})
     lines += [
         "## Delay profile",
         "",
@@ -451,6 +452,8 @@ def reference_markdown() -> str:
         "event, with 0 <= low <= high.",
         "",
         *doc.section("Profile", profile),
+        # the models a profile's fields are (`link:`), each a section its table links to
+        *(line for name in _reachable(profile, defs, set()) for line in doc.section(name, defs[name])),
         "### Built-in profiles",
         "",
         "| Name | Description | Fields |",

@@ -26,9 +26,9 @@ class LinkModel(BaseModel):
     changes its firmware link-up (the simulated lab's `LinkControl`, labctl.models.link_control).
 
     `firmware_up_ms` is the link-up with these defaults (auto-negotiation on). A link's firmware delay is
-    that draw times the factor of each setting of its slower end: the seed's ≈6 s with auto-negotiation on
-    and ≈3 s off (Opus, Figure 9: ../seeds/000_c57dabf76e4b88f5.txt) give `autoneg_off_factor` 0.5. The
-    FEC and forced-mode factors are assumptions (no source in the seeds or the reference notes): FEC off
+    that draw times the factor of each setting of its slower end: the Opus testbed's ≈6 s with
+    auto-negotiation on and ≈3 s off (Opus, Figure 9) give `autoneg_off_factor` 0.5. The FEC and
+    forced-mode factors are assumptions (no source measured them): FEC off
     skips the RS-FEC alignment lock; a forced link mode with auto-negotiation on changes nothing. Ends that
     disagree on auto-negotiation, or on a FEC mode neither leaves to `auto`, never come up (an assumption
     that matches what ConnectX NICs are reported to do, not a measurement)."""
