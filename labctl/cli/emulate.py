@@ -250,7 +250,8 @@ def emulate_power_meter(
     import zlib
 
     from labctl.emulators.fabric import FabricLayout, managed_prefix
-    from labctl.emulators.power_meter import FabricLight, N77xxEmulator
+    from labctl.emulators.meter_light import FabricLight
+    from labctl.emulators.power_meter import N77xxEmulator
     from labctl.inventory.schema import load_inventory
     from labctl.linux import netns
 

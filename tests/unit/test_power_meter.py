@@ -14,7 +14,8 @@ import pytest
 
 from labctl.core.errors import InputError
 from labctl.core.extras import MissingExtra, install_hint
-from labctl.emulators.power_meter import N77xxEmulator, Slot, SwitchLight
+from labctl.emulators.meter_light import SwitchLight
+from labctl.emulators.power_meter import N77xxEmulator, Slot
 from labctl.inventory.schema import load_inventory
 from labctl.labs import load
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel
