@@ -29,7 +29,7 @@ from labctl.core.extras import hide_library_deprecations
 # Every top-level command, in the order `labctl --help` lists them, and the module (labctl/cli/<module>.py)
 # whose `register(app)` adds it.
 COMMANDS = {
-    **dict.fromkeys(("run", "report", "compare", "plot"), "run"),
+    **{command: command for command in ("run", "report", "compare", "plot")},
     **dict.fromkeys(("serve", "submit", "queue", "cancel", "history"), "queue"),
     "agent": "agent",
     "tune": "tune",

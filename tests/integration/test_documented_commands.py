@@ -464,7 +464,7 @@ def test_the_readme_agent_clocks_table_is_what_labctl_prints() -> None:
     columns, their order and units, and each row's cells."""
     from rich.console import Console
 
-    from labctl.cli.run import clock_table
+    from labctl.cli.tables import clock_table
 
     block = _shown("README.md", "agent clocks (offset")
     shown = _table_rows(block)

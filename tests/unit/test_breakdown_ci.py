@@ -17,7 +17,7 @@ from labctl.analysis.breakdown import (
     percentile_interval,
     summarize,
 )
-from labctl.cli.run import ci_caption
+from labctl.cli.tables import ci_caption
 
 MS = 1_000_000
 

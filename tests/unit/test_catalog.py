@@ -43,7 +43,7 @@ from labctl.analysis.catalog import (
     write_record,
 )
 from labctl.analysis.compare import aggregate, cluster_bootstrap_medians, compare, set_differences
-from labctl.cli.run import _summary_table, quality_lines
+from labctl.cli.tables import quality_lines, summary_table
 from labctl.core.errors import InputError
 from labctl.core.units import UnitColumn, fmt_ns, fmt_pair, pick_unit
 
@@ -409,7 +409,7 @@ def _rendered(renderable: Any) -> list[list[str]]:
 
 def test_a_summary_table_holds_one_unit_per_column(runs: Path) -> None:
     summary = json.loads((runs / "r1" / "summary.json").read_text())
-    header, *rows = _rendered(_summary_table(summary, "t"))
+    header, *rows = _rendered(summary_table(summary, "t"))
     units = {name.rsplit(" (", 1)[0]: name.rsplit("(", 1)[1].rstrip(")") for name in header if "(" in name}
     assert set(units) == {"min", "median", "95% CI", "p95", "max"} and units["95% CI"] == units["median"]
     for row in rows:
@@ -425,12 +425,13 @@ def test_report_and_compare_take_the_filters_runs_takes() -> None:
     """One definition of the filter options (labctl/cli/common.py), taken by all three commands."""
     import inspect
 
-    from labctl.cli import run as run_cli
+    from labctl.cli import compare as compare_cli
+    from labctl.cli import report as report_cli
     from labctl.cli import runs as runs_cli
 
     wanted = {"experiment": "ExperimentFilter", "lab": "LabFilter", "profile": "ProfileFilter",
               "since": "SinceFilter", "status": "StatusFilter"}  # fmt: skip
-    for command in (run_cli.report, run_cli.compare, runs_cli.runs):
+    for command in (report_cli.report, compare_cli.compare, runs_cli.runs):
         params = inspect.signature(command).parameters
         assert {name: str(params[name].annotation) for name in wanted} == wanted, command.__name__
 

@@ -90,7 +90,8 @@ async def test_a_long_stall_skips_missed_ticks_instead_of_bursting(clock: FakeCl
 
 async def test_a_refused_second_enter_leaves_the_rx_power_probe_as_it_was() -> None:
     from labctl.models.module_eeprom import ModelDrivenQsfp28
-    from labctl.probes.rxpower import ModulePort, RxPowerProbe
+    from labctl.probes.rxpower import RxPowerProbe
+    from labctl.probes.rxpower_ports import ModulePort
 
     probe = RxPowerProbe([ModulePort("nic:h1/p", "h1", lambda: ModelDrivenQsfp28(lambda _t: -3.0), (1,))])
     async with probe:
@@ -231,7 +232,7 @@ def test_tick_counts_say_how_many_stalls_of_each_cause_and_the_longest() -> None
 
 
 def test_a_sampler_that_skipped_ticks_gets_a_line_saying_whose_stalls_they_were() -> None:
-    from labctl.cli.run import stall_lines
+    from labctl.cli.tables import stall_lines
 
     probes = {
         "rx-power": {"ticks_skipped": 5, "stalls": 1, "stall_longest_ns": 6_840_000, "stalls_asleep": 1},

@@ -17,7 +17,7 @@ from labctl.analysis.catalog import write_record
 from labctl.analysis.compare import aggregate, compare
 from labctl.analysis.settings import by_setting, default_reference, reference_of
 from labctl.cli import app
-from labctl.cli.run import _run_summary
+from labctl.cli.report import _run_summary
 from tests.unit.test_catalog import breakdown_frame, make_run
 
 MS = 1_000_000
