@@ -23,11 +23,8 @@ bench/dom.py on the target NIC before raising `hz` there.
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
-from itertools import repeat
+from collections.abc import Collection, Iterator, Sequence
 from types import TracebackType
 from typing import Self
 
@@ -35,8 +32,10 @@ import numpy as np
 
 from labctl.core.clock import now_ns
 from labctl.core.events import Event, Kind
-from labctl.linux.ethtool import ModuleEepromError, open_module_eeprom
-from labctl.probes.base import ProbeContext, ProbeKind, RxPowerBatch
+from labctl.linux.ethtool import ModuleEepromError
+from labctl.probes.base import ProbeContext, ProbeKind
+from labctl.probes.rxpower_lanes import Lanes
+from labctl.probes.rxpower_ports import LosPlan, ModulePort, PolledModule, close_module, eeprom_reads
 from labctl.probes.sampling import (
     ModelSchedule,
     Probe,
@@ -45,104 +44,9 @@ from labctl.probes.sampling import (
     run_ticks,
     staggered_heartbeats,
 )
-from labctl.probes.transceiver import (
-    A0H,
-    A2H,
-    DomDecodeError,
-    EepromRead,
-    ModuleEeprom,
-    ModuleInfo,
-    ModuleKind,
-    module_info,
-)
-
-Read = tuple[int, int, int, int, int]  # i2c address, page, bank, offset, length
-
-
-@dataclass(frozen=True)
-class ModulePort:
-    """One NIC port's transceiver: its event source, its host, how to open its EEPROM, and which lanes to
-    report (None: every lane the module has; a behaviour model that lights all lanes of a port alike
-    reports one of them rather than four copies)."""
-
-    source: str
-    host: str
-    open_eeprom: Callable[[], ModuleEeprom]
-    lanes: tuple[int, ...] | None = None
-    batch: tuple[RxPowerBatch, int] | None = None
-    """A model that reads this port's power with others' in one call (identification still reads the
-    EEPROM); None: each sample reads the module."""
-
-    @classmethod
-    def of_interface(
-        cls,
-        host: str,
-        ifname: str,
-        *,
-        netns: str | None = None,
-        timeout_s: float = 1.0,
-        lanes: tuple[int, ...] | None = None,
-    ) -> ModulePort:
-        """A live port `nic:<host>/<ifname>`, read through ethtool netlink (or the legacy ioctl)."""
-        opener = functools.partial(open_module_eeprom, ifname, netns, timeout_s)
-        return cls(f"nic:{host}/{ifname}", host, opener, lanes)
-
-
-@dataclass(frozen=True)
-class LosPlan:
-    """Where the per-lane LOS bits are: SFF-8472 live status, SFF-8636/CMIS latched (clear on read)."""
-
-    reads: tuple[EepromRead, ...]
-
-    @staticmethod
-    def for_module(info: ModuleInfo) -> LosPlan:
-        if info.module is ModuleKind.SFF8472:
-            return LosPlan((EepromRead(A2H, 0, 0, 110, 1),))
-        if info.module is ModuleKind.SFF8636:
-            return LosPlan((EepromRead(A0H, 0, 0, 3, 1),))
-        return LosPlan(tuple(EepromRead(A0H, 0x11, bank, 147, 1) for bank in info.banks))
-
-    def decode(self, info: ModuleInfo, chunks: Sequence[bytes]) -> list[bool]:
-        if info.module is ModuleKind.SFF8472:
-            return [bool(chunks[0][0] & 0x02)]
-        if info.module is ModuleKind.SFF8636:
-            return [bool(chunks[0][0] >> i & 1) for i in range(4)]
-        return [bool(c[0] >> i & 1) for c in chunks for i in range(8)]
-
-
-def _reads(plan: Sequence[EepromRead]) -> list[Read]:
-    return [(r.i2c_address, r.page, r.bank, r.offset, r.length) for r in plan]
-
-
-@dataclass
-class _Polled:
-    """One open module and what the poller remembers about it."""
-
-    port: ModulePort
-    mem: ModuleEeprom
-    info: ModuleInfo
-    lanes: list[int]  # indices into info.lanes that are reported
-    reads: list[Read]
-    los: LosPlan | None
-    los_reads: list[Read]
-    streak: int = 0
-    read_errors: int = 0
-    failed: str | None = None
-    """Why this port is no longer sampled (too many consecutive failed reads)."""
-    batched: bool = False
-    """Sampled through its model's batch read, not its EEPROM."""
-    los_now: list[bool] | None = None
-    """The latched LOS bits of the reported lanes, as last read (consume_latched_flags)."""
-
-
-def _close(mem: ModuleEeprom) -> None:
-    close = getattr(mem, "close", None)
-    if close is not None:
-        close()
-
+from labctl.probes.transceiver import DomDecodeError, ModuleKind, module_info
 
 UPDATE_REPORT_NS = 1_000_000_000  # how often module update-interval estimates are revisited
-UPDATE_MIN_CHANGES = 20  # value changes a module must show before its update interval is estimated
 
 
 SCALAR_LANES = 16
@@ -192,12 +96,12 @@ class RxPowerProbe(QueueProbe):
         self.threshold_dbm = -math.inf if threshold_dbm is None else threshold_dbm
         self.consume_latched_flags = consume_latched_flags
         self.max_error_streak = max(1, round(max_error_streak_s * hz))
-        self.polled: list[_Polled] = []
+        self.polled: list[PolledModule] = []
         self.unsampled: dict[str, str] = {}
         """Ports whose module could not be opened at start, and why."""
         self.samples = 0  # port samples: one read of one port's power words
         self.read_errors = 0
-        self._lanes: _Lanes | None = None
+        self._lanes: Lanes | None = None
         self.dense_window = True
         self.ticks = 0
         self.tick_count = TickCount()
@@ -229,19 +133,25 @@ class RxPowerProbe(QueueProbe):
                 out["module_update_ns_max"] = int(known.max())
         return out
 
-    def _open(self, port: ModulePort) -> _Polled:
+    def _open(self, port: ModulePort) -> PolledModule:
         mem = port.open_eeprom()
         try:
             info = module_info(mem)
             if not info.rx_power_reads:
                 raise DomDecodeError(f"{port.source}: {info.identifier_name} module has no Rx power monitor")
         except BaseException:
-            _close(mem)
+            close_module(mem)
             raise
         lanes = [i for i, lane in enumerate(info.lanes) if port.lanes is None or lane in port.lanes]
         los = LosPlan.for_module(info) if self.consume_latched_flags else None
-        polled = _Polled(
-            port, mem, info, lanes, _reads(info.rx_power_reads), los, _reads(los.reads) if los else []
+        polled = PolledModule(
+            port,
+            mem,
+            info,
+            lanes,
+            eeprom_reads(info.rx_power_reads),
+            los,
+            eeprom_reads(los.reads) if los else [],
         )
         # A batch models an SFF-8636 module reporting one lane; anything else reads its EEPROM each sample.
         polled.batched = (
@@ -274,7 +184,7 @@ class RxPowerProbe(QueueProbe):
         except BaseException:
             self._close_all()
             raise
-        self._lanes = _Lanes(self.polled)
+        self._lanes = Lanes(self.polled)
         self._lanes.heartbeat_ns = staggered_heartbeats(self.report_interval_ns, self._lanes.n)
         return await super().__aenter__()
 
@@ -294,7 +204,7 @@ class RxPowerProbe(QueueProbe):
 
     def _close_all(self) -> None:
         for p in self.polled:
-            _close(p.mem)
+            close_module(p.mem)
         self.polled = []
 
     def open_window(self, sources: Collection[str] | None = None) -> None:
@@ -321,7 +231,7 @@ class RxPowerProbe(QueueProbe):
             after = self.threshold_dbm if self.dense_window else None
             self._lanes.switched(sources, reported_back_above=after)
 
-    def _read(self, p: _Polled, lanes: _Lanes, t_ns: np.ndarray, mw: np.ndarray) -> None:
+    def _read(self, p: PolledModule, lanes: Lanes, t_ns: np.ndarray, mw: np.ndarray) -> None:
         """One live (or unbatched) module's read into the tick's arrays; NaN where it failed."""
         at = lanes.by_port[id(p)]
         try:
@@ -357,7 +267,7 @@ class RxPowerProbe(QueueProbe):
         if los is not None:
             p.los_now = [los[i] for i in p.lanes]
 
-    def _tick(self, lanes: _Lanes, at_ns: int | None = None) -> bool:
+    def _tick(self, lanes: Lanes, at_ns: int | None = None) -> bool:
         """Sample every live port once and report what changed; False when none is left to sample.
         `at_ns`: the instant a model is read at (a `ModelSchedule`'s tick); else each read's own time."""
         if lanes.n <= SCALAR_LANES and not lanes.unbatched:
@@ -383,7 +293,7 @@ class RxPowerProbe(QueueProbe):
         self._report(lanes, t_ns, mw)
         return True
 
-    def _tick_lanes(self, lanes: _Lanes, at_ns: int | None) -> bool:
+    def _tick_lanes(self, lanes: Lanes, at_ns: int | None) -> bool:
         """`_tick` in Python lists, for a few lanes all read in model batches (an agent's host, a small
         simulated lab): the same reads and reports without the tick's arrays (tests/unit/
         test_rxpower_lanes.py holds the two equal)."""
@@ -411,7 +321,7 @@ class RxPowerProbe(QueueProbe):
         self._report_lanes(lanes, t_ns, mw)
         return True
 
-    def _report(self, lanes: _Lanes, t_ns: np.ndarray, mw: np.ndarray) -> None:
+    def _report(self, lanes: Lanes, t_ns: np.ndarray, mw: np.ndarray) -> None:
         if lanes.n <= SCALAR_LANES:
             self._report_lanes(lanes, t_ns.tolist(), mw.tolist())
             return
@@ -478,11 +388,11 @@ class RxPowerProbe(QueueProbe):
             lanes.update_checked_t = t
             self._report_update_intervals(lanes, t)
 
-    def _report_lanes(self, lanes: _Lanes, t_ns: list[int], mw: list[float]) -> None:
+    def _report_lanes(self, lanes: Lanes, t_ns: list[int], mw: list[float]) -> None:
         """`_report` one lane at a time, for a few lanes (an agent's host): the same decisions as the array
         code, which costs a numpy call per step whatever the number of lanes (~150 µs a tick for 4 lanes
         where this takes ~10 µs). tests/unit/test_rxpower_lanes.py holds the two to the same reports.
-        It works on the lane state as lists, kept from tick to tick (`_Lanes.take_lists`), and looks at
+        It works on the lane state as lists, kept from tick to tick (`Lanes.take_lists`), and looks at
         nothing no lane has (a forced report, an open window, light moving: the `any_` flags, as the
         array code reads them)."""
         threshold, deadband, window_interval = self.threshold_dbm, self.deadband_db, self.window_interval_ns
@@ -554,7 +464,7 @@ class RxPowerProbe(QueueProbe):
 
     def _events(
         self,
-        lanes: _Lanes,
+        lanes: Lanes,
         rows: list[int],
         t_ns: list[int],
         mw: list[float],
@@ -583,7 +493,7 @@ class RxPowerProbe(QueueProbe):
                 meta=meta,
             )
 
-    def _report_update_intervals(self, lanes: _Lanes, t: int) -> None:
+    def _report_update_intervals(self, lanes: Lanes, t: int) -> None:
         """An `rx_power.update` event per lane whose update-interval estimate is new or moved by > 25%.
 
         The first revisit finds every lane new at once (512 events): they go through `report()`, a time
@@ -641,188 +551,6 @@ class RxPowerProbe(QueueProbe):
     @property
     def failures(self) -> list[str]:
         return [p.failed for p in self.polled if p.failed is not None]
-
-
-LANE_FIELDS = (
-    "live", "reported", "reported_t", "last_dbm", "last_mw", "sampled_t", "window_until", "seen_dark",
-    "force", "moving", "dark_seen", "steady_ns", "value_changes", "heartbeat_ns",
-)  # fmt: skip
-"""The per-lane arrays of `_Lanes` that a tick of a few lanes works on as lists (`_LaneLists`)."""
-
-
-class _LaneField:
-    """One of `_Lanes`' per-lane arrays (LANE_FIELDS). While a lane-by-lane tick holds them as lists
-    between its ticks (`_Lanes.lists`), getting or setting the attribute writes the lists back first
-    (`_Lanes.flush`): whatever reads or writes the array (the array tick, windows, switch notices, stats,
-    tests) finds it current, and the next lane-by-lane tick takes the lists again. (A reference to the
-    array kept across a lane-by-lane tick would miss it: take the attribute each time.)"""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.key = f"_{name}"
-
-    def __get__(self, lanes: _Lanes, owner: type | None = None) -> np.ndarray:
-        if lanes.lists is not None:
-            lanes.flush()
-        array: np.ndarray = lanes.__dict__[self.key]
-        return array
-
-    def __set__(self, lanes: _Lanes, array: np.ndarray) -> None:
-        if lanes.lists is not None:
-            lanes.flush()
-        lanes.__dict__[self.key] = array
-
-
-class _LaneLists:
-    """`_Lanes`' per-lane arrays (LANE_FIELDS) as Python lists: a tick of a few lanes reads and writes an
-    element of a list per lane where a numpy element read or write costs several times more, and keeps
-    them from tick to tick instead of a `tolist()` and a write back per array per tick."""
-
-    __slots__ = LANE_FIELDS
-    live: list[bool]
-    reported: list[bool]
-    reported_t: list[int]
-    last_dbm: list[float]
-    last_mw: list[float]
-    sampled_t: list[int]
-    window_until: list[int]
-    seen_dark: list[bool]
-    force: list[bool]
-    moving: list[bool]
-    dark_seen: list[bool]
-    steady_ns: list[int]
-    value_changes: list[int]
-    heartbeat_ns: list[int]
-
-    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
-        for name in LANE_FIELDS:
-            setattr(self, name, arrays[f"_{name}"].tolist())
-
-
-class _Lanes:
-    """Every reported lane of every polled port as rows of arrays (what the last sample and report were,
-    the dense window), and how each row is read: in a model's batch, or by its own module read."""
-
-    live = _LaneField()
-    reported = _LaneField()
-    reported_t = _LaneField()
-    last_dbm = _LaneField()
-    last_mw = _LaneField()
-    sampled_t = _LaneField()
-    window_until = _LaneField()
-    seen_dark = _LaneField()
-    force = _LaneField()  # report the next sample whatever it shows
-    moving = _LaneField()  # a reconfiguration is moving this lane's light (open_window)
-    dark_seen = _LaneField()  # ...and a sample has seen it below the threshold since
-    steady_ns = _LaneField()
-    value_changes = _LaneField()
-    heartbeat_ns = _LaneField()
-
-    def __init__(self, polled: Sequence[_Polled]) -> None:
-        self.lists: _LaneLists | None = None
-        """The per-lane arrays as lists, the current copy while ticks of a few lanes run one after another
-        (`take_lists`); None: the arrays are."""
-        self.owner: list[tuple[_Polled, int]] = [(p, i) for p in polled for i in range(len(p.lanes))]
-        self.n = n = len(self.owner)
-        self.by_port: dict[int, np.ndarray] = {}
-        self.by_source: dict[str, np.ndarray] = {}
-        k = 0
-        for p in polled:
-            self.by_port[id(p)] = self.by_source[p.port.source] = np.arange(k, k + len(p.lanes))
-            k += len(p.lanes)
-        self.one_lane: dict[str, int] | None = None
-        """Each port's row, where every port reports one lane (`rows_of` without an array a port)."""
-        if all(len(p.lanes) == 1 for p in polled):
-            self.one_lane = {source: int(rows[0]) for source, rows in self.by_source.items()}
-        groups: dict[int, tuple[RxPowerBatch, list[int], list[int]]] = {}
-        self.unbatched = [p for p in polled if not p.batched]
-        for p in polled:
-            if p.batched and p.port.batch is not None:
-                batch, slot = p.port.batch
-                entry = groups.setdefault(id(batch), (batch, [], []))
-                entry[1].append(slot)
-                entry[2].append(int(self.by_port[id(p)][0]))
-        self.batches = [
-            (batch, np.array(slots, np.int64), np.array(at, np.int64)) for batch, slots, at in groups.values()
-        ]
-        self.batch_rows = [at for _, _, at in groups.values()]
-        """Each batch's lane rows as a list (`RxPowerProbe._tick_lanes`)."""
-        self.one_batch = self.batch_rows == [list(range(n))]
-        """One batch reads every lane, in row order (a model's ports, nothing else)."""
-        self.live = np.ones(n, bool)
-        self.reported = np.zeros(n, bool)
-        self.reported_t = np.zeros(n, np.int64)
-        self.last_dbm = np.full(n, -math.inf)
-        self.last_mw = np.full(n, -1.0)
-        self.sampled_t = np.zeros(n, np.int64)
-        self.window_until = np.zeros(n, np.int64)
-        self.seen_dark = np.zeros(n, bool)
-        self.force = np.zeros(n, bool)
-        self.moving = np.zeros(n, bool)
-        # False only where the array is known to hold no True (no window open: window_until all 0; every
-        # lane reported once): what a tick can skip. Only `open_window` and `switched` set them.
-        self.any_force = False
-        self.any_window = False
-        self.any_moving = False
-        self.all_reported = False
-        self.dark_seen = np.zeros(n, bool)
-        self.steady_ns = np.zeros(n, np.int64)
-        self.value_changes = np.zeros(n, np.int64)
-        self.update_reported = np.zeros(n)
-        self.update_checked_t = 0
-        self.heartbeat_ns = np.full(n, 100_000_000, np.int64)
-
-    def take_lists(self) -> _LaneLists:
-        """The per-lane state as lists, current from now on until an array is got or set (`flush`)."""
-        if self.lists is None:
-            self.lists = _LaneLists(self.__dict__)
-        return self.lists
-
-    def flush(self) -> None:
-        """The arrays current again: the lists written back and let go."""
-        lists, self.lists = self.lists, None
-        if lists is not None:
-            for name in LANE_FIELDS:
-                self.__dict__[f"_{name}"][:] = getattr(lists, name)
-
-    def rows_of(self, sources: Collection[str] | None) -> np.ndarray:
-        """The lane rows of these port sources (None: every row)."""
-        if sources is None:
-            return np.arange(self.n)
-        if self.one_lane is not None:  # a lane a port (a model's modules): one look-up a port, in C
-            rows = np.fromiter(map(self.one_lane.get, sources, repeat(-1)), np.int64, len(sources))
-            return rows[rows >= 0]
-        found = [self.by_source[s] for s in sources if s in self.by_source]
-        return np.concatenate(found) if found else np.zeros(0, np.int64)
-
-    def open_window(self, sources: Collection[str] | None, until_ns: int, *, dense: bool = True) -> None:
-        at = self.rows_of(sources)
-        self.moving[at] = True
-        self.dark_seen[at] = False
-        self.any_moving = True
-        if dense:
-            self.window_until[at] = until_ns
-            self.seen_dark[at] = False
-            self.any_window = True
-
-    def switched(self, sources: Collection[str], *, reported_back_above: float | None = None) -> None:
-        """Force the next sample of the moved lanes whose dark gap no sample saw (it fell between two):
-        for the others, the light coming back is a change and gets reported anyway, unless it was reported
-        already (its last report at or above `reported_back_above`, when given): those again too."""
-        at = self.rows_of(sources)
-        self.force[at] |= ~self.dark_seen[at]
-        if reported_back_above is not None:
-            self.force[at] |= self.last_dbm[at] >= reported_back_above
-        self.any_force = True
-        self.moving[at] = False
-        self.any_moving = bool(self.moving.any())
-        self.window_until[at] = 0
-        self.seen_dark[at] = False
-
-    def update_estimates(self) -> np.ndarray:
-        """Each lane's module update interval (ns): steady lit time per value change; 0 where too few
-        changes were seen to say (a constant value, or not lit long enough)."""
-        enough = self.value_changes >= UPDATE_MIN_CHANGES
-        return np.where(enough, self.steady_ns / np.maximum(self.value_changes, 1), 0.0)
 
 
 def _build(ctx: ProbeContext) -> Probe:

@@ -33,7 +33,8 @@ from labctl.linux.ethtool import (
 from labctl.linux.genl import GenericNetlink
 from labctl.linux.netlink import NetlinkError
 from labctl.linux.netlink import attr as _attr
-from labctl.probes.rxpower import ModulePort, RxPowerProbe
+from labctl.probes.rxpower import RxPowerProbe
+from labctl.probes.rxpower_ports import ModulePort
 from tests.conftest import require
 
 pytestmark = pytest.mark.emulated

@@ -12,7 +12,8 @@ import pytest
 
 from labctl.linux.ethtool import ModuleEepromError
 from labctl.models.module_eeprom import EmulatedQsfp28
-from labctl.probes.rxpower import ModulePort, RxPowerProbe
+from labctl.probes.rxpower import RxPowerProbe
+from labctl.probes.rxpower_ports import ModulePort
 from tests.helpers.dom import _collect, _Flaky, qsfp28
 
 

@@ -13,7 +13,8 @@ import pytest
 from labctl.core.errors import InputError
 from labctl.linux.ethtool import ModuleEepromError
 from labctl.models.module_eeprom import EmulatedQsfp28, ModuleEepromReadError
-from labctl.probes.rxpower import LosPlan, ModulePort, RxPowerProbe
+from labctl.probes.rxpower import RxPowerProbe
+from labctl.probes.rxpower_ports import LosPlan, ModulePort
 from labctl.probes.transceiver import (
     DomDecodeError,
     EepromRead,

@@ -22,7 +22,9 @@ from labctl.models.switch import SwitchModel
 from labctl.probes import model as model_probes
 from labctl.probes import rxpower
 from labctl.probes.model import SimTrafficProbe
-from labctl.probes.rxpower import ModulePort, RxPowerProbe, _Lanes
+from labctl.probes.rxpower import RxPowerProbe
+from labctl.probes.rxpower_lanes import Lanes
+from labctl.probes.rxpower_ports import ModulePort
 
 MS = 1_000_000
 REPO = Path(__file__).resolve().parents[2]
@@ -32,11 +34,11 @@ LANE_STATE = (
 )  # fmt: skip
 
 
-def _probe(n: int, threshold_dbm: float | None) -> tuple[RxPowerProbe, _Lanes]:
+def _probe(n: int, threshold_dbm: float | None) -> tuple[RxPowerProbe, Lanes]:
     ports = [ModulePort(f"nic:h1/p{i}", "h1", EmulatedQsfp28, (1,), None) for i in range(n)]
     probe = RxPowerProbe(ports, hz=1000, report_interval_ns=20 * MS, threshold_dbm=threshold_dbm)
     probe.polled = [probe._open(port) for port in ports]
-    probe._lanes = lanes = _Lanes(probe.polled)
+    probe._lanes = lanes = Lanes(probe.polled)
     return probe, lanes
 
 
@@ -280,7 +282,7 @@ def test_rx_power_ticks_in_lists_as_with_arrays(
         ]
         probe = RxPowerProbe(ports, hz=1000, report_interval_ns=20 * MS, threshold_dbm=-10.0)
         probe.polled = [probe._open(port) for port in ports]
-        probe._lanes = _Lanes(probe.polled)
+        probe._lanes = Lanes(probe.polled)
         assert not probe._lanes.unbatched and len(probe._lanes.batches) == batches
         assert probe._lanes.one_batch == (batches == 1)
         probes.append(probe)

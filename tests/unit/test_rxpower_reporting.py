@@ -12,7 +12,9 @@ import pytest
 from labctl.core.events import Event, Kind
 from labctl.models.module_eeprom import EmulatedQsfp28
 from labctl.probes import rxpower
-from labctl.probes.rxpower import UPDATE_MIN_CHANGES, ModulePort, RxPowerProbe, _Lanes
+from labctl.probes.rxpower import RxPowerProbe
+from labctl.probes.rxpower_lanes import UPDATE_MIN_CHANGES, Lanes
+from labctl.probes.rxpower_ports import ModulePort
 
 MS = 1_000_000
 
@@ -35,17 +37,17 @@ class FakeBatch:
         return self.mw[slots].copy()
 
 
-def _probe(n: int = 2, threshold_dbm: float | None = -10.0) -> tuple[RxPowerProbe, _Lanes, FakeBatch]:
+def _probe(n: int = 2, threshold_dbm: float | None = -10.0) -> tuple[RxPowerProbe, Lanes, FakeBatch]:
     batch = FakeBatch(n)
     ports = [ModulePort(f"nic:h1/p{i}", "h1", EmulatedQsfp28, (1,), (batch, i)) for i in range(n)]
     probe = RxPowerProbe(ports, hz=1000, report_interval_ns=100 * MS, threshold_dbm=threshold_dbm)
     probe.polled = [probe._open(port) for port in ports]
-    lanes = _Lanes(probe.polled)
+    lanes = Lanes(probe.polled)
     probe._lanes = lanes
     return probe, lanes, batch
 
 
-def _feed(probe: RxPowerProbe, lanes: _Lanes, samples: list[tuple[int, list[float]]]) -> list[Event]:
+def _feed(probe: RxPowerProbe, lanes: Lanes, samples: list[tuple[int, list[float]]]) -> list[Event]:
     """Report each sample (time, mW per lane) and return what was emitted."""
     for t, mw in samples:
         probe._report(lanes, np.full(lanes.n, t, np.int64), np.array(mw, dtype=float))
