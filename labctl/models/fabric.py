@@ -20,9 +20,8 @@ worked through on the fabric's own timeline, a time slice per loop turn, never i
 from __future__ import annotations
 
 import functools
-import math
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,6 +30,8 @@ from labctl.core.clock import now_ns
 from labctl.core.events import Kind
 from labctl.inventory.profiles import Profile
 from labctl.inventory.schema import Inventory, NicPort
+from labctl.models.fabric_reads import SCALAR_SLOTS, FabricReadings
+from labctl.models.port_arrays import NEVER, PortArrays
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel, _draws_ns
 from labctl.models.timeline import Timeline
 
@@ -49,130 +50,9 @@ TRANSPORT = "transport"
 # port, kind (Kind.LINK_FIRMWARE | Kind.CARRIER | TRANSPORT), value 0/1, model time
 TransitionListener = Callable[[NicPort, str, int, int], None]
 
-DARK_RAMP_DB = 30.0  # Rx power rises from ~30 dB below its level while the optics settle
-
-NEVER = np.iinfo(np.int64).max
-"""A transport that is not coming up (its link dropped, or never lit)."""
-
 NO_LINK_NS = 3_600 * 1_000_000_000
 """Firmware link-up of ends whose link settings disagree (the profile's `link` model): an hour, i.e. not
 within any recovery timeout."""
-
-
-class _Field:
-    """A `PortArrays` array (a field, or a block). While few-port readers hold the optics as lists
-    (`PortArrays.lists`), getting or setting the attribute first writes back what they changed and lets
-    the lists go (`PortArrays.sync`): every reader and writer of the arrays finds them current, and the
-    next few-port read takes the lists again. (A reference to an array kept across such a read would miss
-    it: take the attribute each time, as the model does.)"""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.key = f"_{name}"
-
-    def __get__(self, arrays: PortArrays, owner: type | None = None) -> np.ndarray:
-        if arrays.lists is not None:
-            arrays.sync()
-        array: np.ndarray = arrays.__dict__[self.key]
-        return array
-
-    def __set__(self, arrays: PortArrays, array: np.ndarray) -> None:
-        if arrays.lists is not None:
-            arrays.sync()
-        arrays.__dict__[self.key] = array
-
-
-class _Optics:
-    """`PortArrays.ints` and `.floats` as lists of rows, each a list by slot (`PortArrays.take_lists`)."""
-
-    __slots__ = ("floats", "ints", "noise_changed")
-
-    def __init__(self, ints: np.ndarray, floats: np.ndarray) -> None:
-        self.ints: list[list[int]] = ints.tolist()
-        self.floats: list[list[float]] = floats.tolist()
-        self.noise_changed = False
-        """A read drew noise into the lists (noise_db, noise_t_ns): `sync` writes those rows back."""
-
-
-class PortArrays:
-    """The per-port state the vectorized readers need, one numpy array per field (index: the port's slot).
-
-    Probes of hundreds of ports sample every port every millisecond; reading a Python object per port per
-    sample saturates a core at 512 ports, so the optical state lives here and a whole lab is read with a
-    few array operations (`SimFabric.rx_power_mw`, `SimFabric.traffic_ok`).
-
-    The integer fields are rows of one 2-D array (`ints`, in `INT_ROWS` order) and the float fields rows
-    of another (`floats`, `FLOAT_ROWS`): each field is a view of its row, written as any array. A reader of
-    a few ports of a large lab takes every field of them in one gather and one `tolist()`; in a small lab
-    (up to LIST_PORTS) few-port readers share the blocks as lists (`take_lists`), kept from read to read
-    until an array is got or set: a 1 kHz read of a small lab is then no numpy call at all but its noise
-    draw (`SimFabric._rx_power_mw_each`, `passes_each`)."""
-
-    INT_ROWS = (
-        "link_t_ns", "transport_up_ns",  # a ping reads rows 0-3,
-        "lit_from", "light_t_ns",
-        "settle_ns", "update_ns", "update_phase_ns", "noise_t_ns",  # an Rx power read rows 2-7
-    )  # fmt: skip
-    FLOAT_ROWS = ("level_dbm", "atten_db", "before_mw", "noise_db")
-
-    ints = _Field()
-    floats = _Field()
-    lit_from = _Field()  # slot of the port whose light reaches this one; -1 dark
-    light_t_ns = _Field()
-    # The port's latest link: the model time it lit (both directions carried light), and the model time
-    # its transport comes up (NEVER: none). Written with the light change that lit it, before any reaction
-    # runs; trusted while the port's light has not changed since (light_t_ns <= link_t_ns).
-    link_t_ns = _Field()
-    transport_up_ns = _Field()
-    settle_ns = _Field()
-    update_ns = _Field()  # the module's DOM refresh interval (0: current on every read)
-    update_phase_ns = _Field()
-    noise_t_ns = _Field()  # the refresh the noise on the module's current reading belongs to
-    level_dbm = _Field()
-    atten_db = _Field()  # what the switch's attenuator on the port's receive fiber takes off
-    before_mw = _Field()  # power before the last light change: what a stale module still shows
-    noise_db = _Field()  # the noise on the module's current reading
-
-    def __init__(self, n: int) -> None:
-        self.lists: _Optics | None = None
-        """The blocks as lists, the current copy while few-port readers run one after another."""
-        self._bind(np.zeros((len(self.INT_ROWS), n), np.int64), np.zeros((len(self.FLOAT_ROWS), n)))
-        self.transport = np.zeros(n, bool)  # the transport transition has run (what listeners were told)
-        self.lit_from[:] = -1
-        self.transport_up_ns[:] = NEVER
-        self.noise_t_ns[:] = -1
-
-    def _bind(self, ints: np.ndarray, floats: np.ndarray) -> None:
-        """The blocks, and each field as a view of its row."""
-        fields = self.__dict__
-        fields["_ints"], fields["_floats"] = ints, floats
-        for row, name in enumerate(self.INT_ROWS):
-            fields[f"_{name}"] = ints[row]
-        for row, name in enumerate(self.FLOAT_ROWS):
-            fields[f"_{name}"] = floats[row]
-
-    def take_lists(self) -> _Optics:
-        """The blocks as lists, current from now on until an array is got or set (`sync`)."""
-        if self.lists is None:
-            self.lists = _Optics(self.__dict__["_ints"], self.__dict__["_floats"])
-        return self.lists
-
-    def sync(self) -> None:
-        """The arrays current again: the noise the lists drew written back, and the lists let go."""
-        lists, self.lists = self.lists, None
-        if lists is not None and lists.noise_changed:
-            noise_t = self.INT_ROWS.index("noise_t_ns")
-            self.__dict__["_ints"][noise_t] = lists.ints[noise_t]
-            self.__dict__["_noise_db"][:] = lists.floats[self.FLOAT_ROWS.index("noise_db")]
-
-    # A copy (copy.deepcopy, pickle) copies the two blocks and binds the fields to the copies' rows: copied
-    # one by one, a field would be an array of its own, no longer the row the block reads.
-    def __getstate__(self) -> dict[str, np.ndarray]:
-        return {"ints": self.ints, "floats": self.floats, "transport": self.transport}
-
-    def __setstate__(self, state: dict[str, np.ndarray]) -> None:
-        self.lists = None
-        self._bind(state["ints"], state["floats"])
-        self.transport = state["transport"]
 
 
 class PortState:
@@ -276,15 +156,7 @@ class _LinkBatch:
         return self._rows
 
 
-SCALAR_SLOTS = 16
-"""Up to this many ports a read computes each in Python (`_rx_power_mw_each`); above, with arrays."""
-
-LIST_PORTS = 64
-"""A lab of up to this many ports keeps its optics as lists for few-port readers (`PortArrays.take_lists`);
-a larger one is gathered from per read (building the lists again after each light change would cost more)."""
-
-
-class SimFabric:
+class SimFabric(FabricReadings):
     """NIC ports of every host, wired to the switch models through their fibers."""
 
     def __init__(
@@ -598,207 +470,3 @@ class SimFabric:
 
     def cancel_pending(self) -> None:
         self.timeline.cancel_all()
-
-    # -- what probes read ------------------------------------------------------------------------------------
-    def rx_power_mw(self, slots: np.ndarray, t_ns: int) -> np.ndarray:
-        """What each port's module reports at t_ns, in mW (0: no light), for ports by slot.
-
-        A module refreshes its DOM registers every `update_ns` (the profile's `dom_update_ms`; 0: on every
-        read), so a read returns the power at the module's last refresh, which may predate the latest
-        light change (then it still shows the power from before it). Values are quantized to the
-        register's 0.1 µW and saturate at 6.5535 mW, as an SFF-8636 Rx power word does."""
-        self.sync_optics(t_ns)
-        if slots.size <= SCALAR_SLOTS:
-            return np.array(self._rx_power_mw_each(slots, t_ns))
-        a = self.arrays
-        whole = self._whole(slots)  # every port in slot order (a poller of the whole lab): no gathers
-
-        def take(x: np.ndarray) -> np.ndarray:
-            return x if whole else x[slots]
-
-        update = take(a.update_ns)
-        stale = update > 0
-        any_stale = bool(stale.any())
-        t: np.ndarray | int = t_ns
-        if any_stale:
-            t = np.full(slots.size, t_ns, np.int64)
-            period = update[stale]
-            t[stale] -= (t[stale] - take(a.update_phase_ns)[stale]) % period
-        since = t - take(a.light_t_ns)
-        settle = take(a.settle_ns)
-        # A module's noise changes when its reading does: once per refresh (every read if it has none).
-        fresh = take(a.noise_t_ns) != t
-        if fresh.all():
-            a.noise_db[slots] = (self.noise.random(slots.size) - 0.5) * self.profile.rx_noise_db
-            a.noise_t_ns[slots] = t
-        elif fresh.any():
-            renewed = slots[fresh]
-            a.noise_db[renewed] = (self.noise.random(renewed.size) - 0.5) * self.profile.rx_noise_db
-            a.noise_t_ns[renewed] = t[fresh] if isinstance(t, np.ndarray) else t
-        dbm = take(a.level_dbm) - take(a.atten_db) + take(a.noise_db)
-        ramping = (since >= 0) & (since < settle)
-        if ramping.any():
-            dbm[ramping] -= DARK_RAMP_DB * (1 - since[ramping] / settle[ramping])
-        mw = np.where(take(a.lit_from) >= 0, 10.0 ** (dbm / 10.0), 0.0)
-        if any_stale:
-            mw = np.where(stale & (since < 0), take(a.before_mw), mw)  # refreshed before the change
-        out: np.ndarray = np.minimum(np.rint(mw * 1e4), 0xFFFF) / 1e4
-        return out
-
-    def _whole(self, slots: np.ndarray) -> bool:
-        """Whether `slots` is every port in slot order (remembered: a poller passes one array each tick)."""
-        seen = self._whole_of
-        if seen is not None and seen[0] is slots:
-            return seen[1]
-        whole = slots.size == len(self.port_at) and bool(np.array_equal(slots, np.arange(slots.size)))
-        self._whole_of = (slots, whole)
-        return whole
-
-    def _rx_power_mw_each(self, slots: np.ndarray, t_ns: int) -> list[float]:
-        """`rx_power_mw` one slot at a time, for a few ports (an agent's host): the same model, without a
-        numpy call per step for arrays of four (tests/unit/test_rxpower_lanes.py holds the two equal).
-        Every field of the ports is taken in one gather and `tolist()` per block, not an `.item()` per
-        field per port (~5x the cost at 16 ports)."""
-        a = self.arrays
-        whole = self._whole(slots)  # a poller of the whole lab: every port in slot order
-        optics = a.take_lists() if len(self.port_at) <= LIST_PORTS else None
-        at: list[int] = [] if whole else slots.tolist()
-        if optics is not None:  # a small lab: its optics as lists, kept from read to read
-            ints, floats = optics.ints[2:], optics.floats
-            if not whole:
-                ints = [[row[s] for s in at] for row in ints]
-                floats = [[row[s] for s in at] for row in floats]
-        else:  # a few ports of a large lab: theirs only, one gather a block
-            ints = (a.ints[2:] if whole else a.ints[2:].take(slots, axis=1)).tolist()
-            floats = (a.floats if whole else a.floats.take(slots, axis=1)).tolist()
-        lit_from, light_t, settle, update, phase, noise_t = ints  # PortArrays.INT_ROWS[2:]
-        level, atten, before, noise = floats
-        if any(update):
-            times = [t_ns - (t_ns - p) % u if u > 0 else t_ns for u, p in zip(update, phase, strict=True)]
-            fresh = [k for k, (t, seen) in enumerate(zip(times, noise_t, strict=True)) if seen != t]
-        else:  # every module current on every read (the usual profile): no refresh to go back to
-            times = [t_ns] * len(update)
-            every = t_ns not in noise_t
-            fresh = [*range(len(update))] if every else [k for k, seen in enumerate(noise_t) if seen != t_ns]
-        if fresh:  # as the array code: one draw for the slots whose module refreshed, in slot order
-            # (x - 0.5) * rx_noise_db per draw in Python: the same two IEEE operations numpy does per element
-            spread = self.profile.rx_noise_db
-            draws = [(x - 0.5) * spread for x in self.noise.random(len(fresh)).tolist()]
-            if optics is not None:
-                noise_row, noise_t_row = optics.floats[3], optics.ints[7]
-                if whole and len(fresh) == len(times):  # every port refreshed (the usual profile)
-                    noise_row[:] = draws
-                    noise_t_row[:] = times
-                else:
-                    for k, draw in zip(fresh, draws, strict=True):  # in order: a slot twice keeps the later
-                        slot = k if whole else at[k]
-                        noise_row[slot] = draw
-                        noise_t_row[slot] = times[k]
-                optics.noise_changed = True
-                noise = noise_row if whole else [noise_row[s] for s in at]
-            else:
-                unique = whole or len(set(at)) == len(at)
-                index: slice | np.ndarray = (
-                    (slice(None) if whole else slots) if len(fresh) == len(times) else slots[fresh]
-                )
-                a.noise_t_ns[index] = times if len(fresh) == len(times) else [times[k] for k in fresh]
-                a.noise_db[index] = draws
-                if unique:
-                    for k, draw in zip(fresh, draws, strict=True):
-                        noise[k] = draw
-                else:  # a slot twice: each reads the draw its slot kept (the later one), as arrays do
-                    noise = a.noise_db[slots].tolist()
-        out = []
-        columns = zip(times, light_t, update, before, lit_from, level, atten, noise, settle, strict=True)
-        for t, light, u, was_mw, source, lvl, att, nz, s in columns:
-            since = t - light
-            if since < 0 and u > 0:  # refreshed before the change: the power before it
-                mw = was_mw
-            elif source >= 0:
-                dbm = lvl - att + nz
-                if 0 <= since < s:
-                    dbm -= DARK_RAMP_DB * (1 - since / s)
-                mw = 10.0 ** (dbm / 10.0)
-            else:
-                mw = 0.0
-            word = round(mw * 1e4)  # the register's 0.1 µW, saturating
-            out.append((word if word < 0xFFFF else 0xFFFF) / 1e4)
-        return out
-
-    def rx_power_dbm(self, port: NicPort, t_ns: int) -> float | None:
-        """Received power of one port at time t_ns; None when no light reaches it (never a made-up floor)."""
-        mw = float(self.rx_power_mw(np.array([self.slot[port]]), t_ns)[0])
-        return 10.0 * math.log10(mw) if mw > 0 else None
-
-    def sync_optics(self, t_ns: int) -> None:
-        """Apply every light change the switches have due by t_ns before reading the optics: a switch's
-        timeline delivers a burst of them a chunk per loop turn, and a reading stamped t_ns must see them
-        all."""
-        for timeline in self._switch_timelines:
-            timeline.run_due(t_ns)
-
-    def sync_links(self, t_ns: int) -> None:
-        """What a ping at t_ns must see of the model: its optics at t_ns (`sync_optics`), which carry each
-        link's transport time from the light change that lit it. None of the link reactions: a busy host
-        runs the fabric's timeline late (pings once failed on a link that was up, and catching the
-        reactions up inside a sampler's tick stalled it for 10 ms at 512 ports; decision 0052)."""
-        self.sync_optics(t_ns)
-
-    def traffic_ok(self, slots: np.ndarray, peer_slots: np.ndarray, t_ns: int | None = None) -> np.ndarray:
-        """Whether a ping-pong from each port to its peer (by slot) gets through at t_ns (default: now).
-
-        Both ends must have transport up on the link between them at t_ns (decision 0044): each end lit by
-        the other, neither end's light changed since their link lit, and its transport up by t_ns."""
-        t = now_ns() if t_ns is None else t_ns
-        self.sync_links(t)
-        a = self.arrays
-        up = (a.transport_up_ns <= t) & (a.light_t_ns <= a.link_t_ns)  # every port's end of its link
-        lit_from = a.lit_from
-        ok: np.ndarray = (
-            up[slots] & up[peer_slots] & (lit_from[slots] == peer_slots) & (lit_from[peer_slots] == slots)
-        )
-        return ok
-
-    def passes(self, slot: int, peer_slot: int, t_ns: int) -> bool:
-        """`traffic_ok` for one packet from one port to another: plain scalar reads (per packet, not per
-        tick, so no array round trip)."""
-        return self.passes_each([(slot, peer_slot)], t_ns)[0]
-
-    def passes_each(self, pairs: list[tuple[int, int]], t_ns: int) -> list[bool]:
-        """`passes` for a few (slot, peer slot) pairs at one instant: the model caught up once, and the
-        four fields a ping reads taken for every end in one gather and `tolist()` (not six `.item()` calls
-        a pair)."""
-        self.sync_links(t_ns)
-        if not pairs:
-            return []
-        at: Iterable[tuple[int, int]]
-        if len(self.port_at) <= LIST_PORTS:  # a small lab: its optics as lists, kept from read to read
-            link_t, up, lit_from, light_t = self.arrays.take_lists().ints[:4]  # PortArrays.INT_ROWS
-            at = pairs
-        else:  # a few ports of a large lab: theirs only, by position
-            ends = [slot for pair in pairs for slot in pair]
-            link_t, up, lit_from, light_t = self.arrays.ints[:4].take(ends, axis=1).tolist()
-            at = zip(range(0, len(ends), 2), range(1, len(ends), 2), strict=True)
-        return [
-            bool(
-                lit_from[i] == d
-                and lit_from[j] == s
-                and up[i] <= t_ns
-                and up[j] <= t_ns
-                and light_t[i] <= link_t[i]
-                and light_t[j] <= link_t[j]
-            )
-            for (s, d), (i, j) in zip(pairs, at, strict=True)
-        ]
-
-    def rtt_ns_many(self, n: int) -> list[int]:
-        """`rtt_ns` for n ping-pongs at once (one draw of the noise stream)."""
-        low, high = self.profile.rtt_us
-        rtts: list[int] = np.rint(self.noise.uniform(low, high, n) * 1_000).astype(np.int64).tolist()
-        return rtts
-
-    def rtt_ns(self) -> int:
-        """The round trip of one ping-pong on a working circuit. Drawn from the noise stream: how often the
-        probes ping must not change the link delays a seed draws."""
-        low, high = self.profile.rtt_us
-        return round(float(self.noise.uniform(low, high)) * 1_000)

@@ -25,7 +25,8 @@ import numpy as np
 from labctl.core.clock import now_ns
 from labctl.core.events import Event, Kind
 from labctl.inventory.schema import NicPort
-from labctl.models.fabric import SCALAR_SLOTS, PortState, SimFabric
+from labctl.models.fabric import PortState, SimFabric
+from labctl.models.fabric_reads import SCALAR_SLOTS
 from labctl.models.module_eeprom import ModelDrivenQsfp28
 from labctl.probes.base import PortSite, ProbeContext, ProbeKind
 from labctl.probes.rdma import Deliver, RcTrafficProbe

@@ -14,7 +14,8 @@ import pytest
 
 from labctl.inventory.profiles import resolve_profile
 from labctl.inventory.schema import load_inventory
-from labctl.models.fabric import NEVER, SimFabric
+from labctl.models.fabric import SimFabric
+from labctl.models.port_arrays import NEVER
 from labctl.models.switch import SwitchModel
 
 FAST = resolve_profile("fast")

@@ -15,9 +15,10 @@ import pytest
 from labctl.core.events import Event
 from labctl.inventory.profiles import resolve_profile
 from labctl.inventory.schema import load_inventory
-from labctl.models import fabric as fabric_mod
-from labctl.models.fabric import NEVER, SimFabric
+from labctl.models import fabric_reads
+from labctl.models.fabric import SimFabric
 from labctl.models.module_eeprom import EmulatedQsfp28
+from labctl.models.port_arrays import NEVER, PortArrays
 from labctl.models.switch import SwitchModel
 from labctl.probes import model as model_probes
 from labctl.probes import rxpower
@@ -107,9 +108,9 @@ def test_rx_power_reports_lane_by_lane_as_with_arrays(
 @pytest.fixture(params=["lists", "gathers"])
 def optics(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The model's few-port readers on the lab's optics kept as lists (a small lab), or gathering from the
-    arrays per read (a large one, `fabric.LIST_PORTS`)."""
+    arrays per read (a large one, `fabric_reads.LIST_PORTS`)."""
     if request.param == "gathers":
-        monkeypatch.setattr(fabric_mod, "LIST_PORTS", 0)
+        monkeypatch.setattr(fabric_reads, "LIST_PORTS", 0)
     return str(request.param)
 
 
@@ -160,16 +161,16 @@ def test_model_rx_power_port_by_port_as_with_arrays(
     one = _fabric(seed)
     other = copy.deepcopy(one)
     slots = _slots(kind, one.arrays.lit_from.size, rng)
-    assert slots.size <= fabric_mod.SCALAR_SLOTS
+    assert slots.size <= fabric_reads.SCALAR_SLOTS
     for step in range(200):
         t = 10**12 + step * 300_000
         if step % 20 == 0:
             state = random.Random(seed * 1000 + step)
             _scramble(one, state, t)
             _scramble(other, random.Random(seed * 1000 + step), t)
-        monkeypatch.setattr(fabric_mod, "SCALAR_SLOTS", 16)
+        monkeypatch.setattr(fabric_reads, "SCALAR_SLOTS", 16)
         each = one.rx_power_mw(slots, t)
-        monkeypatch.setattr(fabric_mod, "SCALAR_SLOTS", 0)
+        monkeypatch.setattr(fabric_reads, "SCALAR_SLOTS", 0)
         arrays = other.rx_power_mw(slots, t)
         assert each.tolist() == arrays.tolist(), f"step {step}"
         if step % 7 == 0 or step == 199:  # between, a small lab's optics stay lists from read to read
@@ -250,8 +251,8 @@ def test_port_arrays_fields_are_rows_of_their_blocks_in_a_copy_too() -> None:
     for k, arrays in enumerate(copies):
         arrays.light_t_ns[3] = 12345 + k
         arrays.noise_db[2] = 0.25 + k
-        assert arrays.ints[fabric_mod.PortArrays.INT_ROWS.index("light_t_ns"), 3] == 12345 + k
-        assert arrays.floats[fabric_mod.PortArrays.FLOAT_ROWS.index("noise_db"), 2] == 0.25 + k
+        assert arrays.ints[PortArrays.INT_ROWS.index("light_t_ns"), 3] == 12345 + k
+        assert arrays.floats[PortArrays.FLOAT_ROWS.index("noise_db"), 2] == 0.25 + k
         assert arrays.lit_from.base is arrays.ints and arrays.level_dbm.base is arrays.floats
     assert [int(arrays.light_t_ns[3]) for arrays in copies] == [12345, 12346, 12347]  # copies, not shared
 
@@ -399,10 +400,10 @@ def test_model_read_by_few_port_and_array_readers_in_turn_as_by_arrays_alone(
         src = np.array([s for s, _ in pairs], np.int64)
         dst = np.array([d for _, d in pairs], np.int64)
         few = rng.random() < 0.8  # one reads through its few-port readers, now and then through arrays
-        monkeypatch.setattr(fabric_mod, "SCALAR_SLOTS", 16 if few else 0)
+        monkeypatch.setattr(fabric_reads, "SCALAR_SLOTS", 16 if few else 0)
         got = (one.rx_power_mw(slots, t).tolist(), one.passes_each(pairs, t) if few else None)
-        monkeypatch.setattr(fabric_mod, "SCALAR_SLOTS", 0)
+        monkeypatch.setattr(fabric_reads, "SCALAR_SLOTS", 0)
         want = (other.rx_power_mw(slots, t).tolist(), other.traffic_ok(src, dst, t).tolist() if few else None)
         assert got == want, f"step {step}"
-    for name in (*fabric_mod.PortArrays.INT_ROWS, *fabric_mod.PortArrays.FLOAT_ROWS, "transport"):
+    for name in (*PortArrays.INT_ROWS, *PortArrays.FLOAT_ROWS, "transport"):
         assert np.array_equal(getattr(one.arrays, name), getattr(other.arrays, name)), name
