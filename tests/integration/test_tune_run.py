@@ -20,27 +20,11 @@ from labctl.inventory.profiles import resolve_profile
 from labctl.models.link_control import ModelLinkControl
 from labctl.nic.settings import LinkSettings, PortRef
 from labctl.run.lifecycle import run_experiment
+from tests.helpers.tune import assert_restored_as_read_before
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "experiments" / "tune-autoneg-fec.yaml"
 INVENTORY = REPO / "inventory.yaml"
-
-
-def _settings_events(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    """Per port source, its link.settings events in order: stage and what was read back."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for line in (run_dir / "events.jsonl").read_text().splitlines():
-        event = json.loads(line)
-        if event["kind"] == "link.settings":
-            out.setdefault(event["source"], []).append(event)
-    return out
-
-
-def _restored_as_read_before(run_dir: Path) -> None:
-    for source, events in _settings_events(run_dir).items():
-        assert events[0]["meta"]["stage"] == "before", source
-        assert events[-1]["meta"]["stage"] == "restore", source
-        assert events[-1]["meta"]["read"] == events[0]["meta"]["read"], source
 
 
 def test_a_tune_run_ranks_the_settings_and_puts_every_port_back(tmp_path: Path) -> None:
@@ -71,7 +55,7 @@ def test_a_tune_run_ranks_the_settings_and_puts_every_port_back(tmp_path: Path) 
     off = section["settings"]["autoneg=off,fec=rs"]["firmware"]["vs_reference"]
     assert off["ci"][1] < 0 and not off["includes_0"]
     # every port's settings after the run are what was read before it (the recorded read-backs)
-    _restored_as_read_before(outcome.run_dir)
+    assert_restored_as_read_before(outcome.run_dir)
     meta = json.loads((outcome.run_dir / "run.json").read_text())
     assert meta["link_settings"]["restored"] is True
     assert all(p["on_before"] for p in meta["link_settings"]["ports"].values())
@@ -115,7 +99,7 @@ def test_a_failed_apply_fails_the_run_and_every_port_is_restored(
     )
     assert outcome.status == "failed"
     assert outcome.error is not None and "the NIC refused autoneg=off" in outcome.error
-    _restored_as_read_before(outcome.run_dir)
+    assert_restored_as_read_before(outcome.run_dir)
     meta = json.loads((outcome.run_dir / "run.json").read_text())
     assert meta["link_settings"]["restored"] is True
 
@@ -163,6 +147,6 @@ def test_an_abort_mid_sweep_restores_every_port(tmp_path: Path, monkeypatch: pyt
 
     outcome = asyncio.run(main())
     assert outcome.status == "aborted"
-    _restored_as_read_before(outcome.run_dir)
+    assert_restored_as_read_before(outcome.run_dir)
     meta = json.loads((outcome.run_dir / "run.json").read_text())
     assert meta["link_settings"]["restored"] is True
