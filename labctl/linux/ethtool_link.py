@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from labctl.linux import ethtool_msgs as m
 from labctl.linux.genl import GenericNetlink
 from labctl.linux.netns import sockets_in_netns
+from labctl.linux.readonly import check_write
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +98,7 @@ class EthtoolLink:
             tuple((bits.names.get(i) or names.get(i) or f"bit{i}", i in bits.value) for i in sorted(every))
         )
 
-    # -- SET (each answered by an ACK, or refused with NetlinkError) ---------------------------------------
+    # -- SET (each answered by an ACK, or refused with NetlinkError; WritesForbidden under read-only) ----
 
     def set_linkmodes(
         self,
@@ -108,15 +109,18 @@ class EthtoolLink:
         duplex: str | None = None,
         ours: list[tuple[int | str, bool]] | None = None,
     ) -> None:
+        check_write(f"set the link modes of {ifname} (LINKMODES_SET)")
         msg = m.linkmodes_set_request(
             self.family, ifname, autoneg=autoneg, speed_mbps=speed_mbps, duplex=duplex, ours=ours
         )
         self.nl.request(msg)
 
     def set_fec(self, ifname: str, fec: str) -> None:
+        check_write(f"set the FEC of {ifname} (FEC_SET)")
         self.nl.request(m.fec_set_request(self.family, ifname, fec))
 
     def set_privflags(self, ifname: str, flags: list[tuple[str, bool]]) -> None:
+        check_write(f"set the private flags of {ifname} (PRIVFLAGS_SET)")
         self.nl.request(m.privflags_set_request(self.family, ifname, flags))
 
 

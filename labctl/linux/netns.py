@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from labctl.core.errors import HardwareError, InputError
+from labctl.linux.readonly import check_write
 
 CLONE_NEWNET = 0x40000000
 NETNS_RUN_DIR = Path("/run/netns")
@@ -146,6 +147,7 @@ def cleanup(prefix: str) -> list[str]:
 
 def write_sysctl(name: str | None, key: str, value: str) -> None:
     """Set a per-namespace sysctl (e.g. net/ipv4/conf/all/arp_ignore) inside namespace `name`."""
+    check_write(f"write sysctl {key}")
     with entered(name), open(Path("/proc/sys") / key, "w") as f:
         f.write(value)
 

@@ -46,6 +46,7 @@ from labctl.linux.netlink import (
     parse_attrs,
     u32,
 )
+from labctl.linux.readonly import check_write
 
 NETLINK_ROUTE = 0
 RTMGRP_LINK = 0x1
@@ -231,7 +232,9 @@ class Rtnl:
         self.sock.close()
 
     def request(self, msg_type: int, flags: int, body: bytes, *, ok_errnos: tuple[int, ...] = ()) -> None:
-        """Send one request with NLM_F_ACK and wait for its acknowledgement; raise NetlinkError on refusal."""
+        """Send one request with NLM_F_ACK and wait for its acknowledgement; raise NetlinkError on refusal.
+        Every request sent here changes something, so each is refused under labctl.linux.readonly."""
+        check_write(f"send rtnetlink request {msg_type} (a link, qdisc or filter change)")
         self._seq += 1
         seq = self._seq
         self.sock.send(message(msg_type, flags | NLM_F_REQUEST | NLM_F_ACK, seq, body))
