@@ -4,7 +4,6 @@ every SET path raises before a byte is sent; with it off, the same calls send th
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
