@@ -10,8 +10,17 @@ from typing import Any, cast
 
 import pytest
 
-from labctl.emulators import netconf as emu
 from labctl.emulators.core import FaultPlan
+from labctl.emulators.netconf import NetconfEmulator
+from labctl.emulators.netconf_data import subtree_filter, to_xml
+from labctl.emulators.netconf_session import (
+    FramingError,
+    NetconfSession,
+    frame_chunked,
+    frame_eom,
+    take_chunked,
+    take_eom,
+)
 from labctl.inventory.mapping import MappingDiff, PortSpace
 from labctl.inventory.profiles import resolve_profile
 from labctl.models.switch import SwitchModel
@@ -169,21 +178,21 @@ def _feed_bytewise(framed: bytes, take: Any) -> list[bytes]:
 
 def test_base10_end_of_message_split_across_reads() -> None:
     messages = [b"<rpc>one</rpc>", b"<rpc>]]></rpc>"[:6] + b"x</rpc>", b"<rpc>three</rpc>"]
-    framed = b"".join(emu.frame_eom(m) for m in messages)
-    assert emu.frame_eom(b"<a/>") == b"<a/>]]>]]>"
-    assert _feed_bytewise(framed, emu.take_eom) == messages
-    assert _feed_bytewise(b"\n  <a/>\n]]>]]>", emu.take_eom) == [b"<a/>"]  # whitespace around it
+    framed = b"".join(frame_eom(m) for m in messages)
+    assert frame_eom(b"<a/>") == b"<a/>]]>]]>"
+    assert _feed_bytewise(framed, take_eom) == messages
+    assert _feed_bytewise(b"\n  <a/>\n]]>]]>", take_eom) == [b"<a/>"]  # whitespace around it
 
 
 def test_base11_chunks_split_at_every_byte() -> None:
     message = b'<rpc message-id="1" xmlns="urn:ietf:params:xml:ns:netconf:base:1.0"><get/></rpc>'
-    assert emu.frame_chunked(message) == b"\n#%d\n%s\n##\n" % (len(message), message)
-    assert emu.frame_chunked(b"abcdefg", 3) == b"\n#3\nabc\n#3\ndef\n#1\ng\n##\n"
+    assert frame_chunked(message) == b"\n#%d\n%s\n##\n" % (len(message), message)
+    assert frame_chunked(b"abcdefg", 3) == b"\n#3\nabc\n#3\ndef\n#1\ng\n##\n"
     for size in (1, 2, 7, 64, len(message)):
-        framed = emu.frame_chunked(message, size) + emu.frame_chunked(b"<second/>", 4)
-        assert _feed_bytewise(framed, emu.take_chunked) == [message, b"<second/>"]
+        framed = frame_chunked(message, size) + frame_chunked(b"<second/>", 4)
+        assert _feed_bytewise(framed, take_chunked) == [message, b"<second/>"]
     # RFC 6242 §4.2's example: two chunks, the second one byte
-    assert emu.take_chunked(bytearray(b'\n#4\n<rpc\n#18\n message-id="102"\n\n#1\n>\n##\n')) == (
+    assert take_chunked(bytearray(b'\n#4\n<rpc\n#18\n message-id="102"\n\n#1\n>\n##\n')) == (
         b'<rpc message-id="102"\n>'
     )
 
@@ -203,14 +212,14 @@ def test_base11_chunks_split_at_every_byte() -> None:
     ],
 )
 def test_broken_base11_framing_is_an_error(framed: bytes) -> None:
-    with pytest.raises(emu.FramingError):
-        emu.take_chunked(bytearray(framed))
+    with pytest.raises(FramingError):
+        take_chunked(bytearray(framed))
 
 
 def test_incomplete_base11_waits() -> None:
     for part in (b"", b"\n", b"\n#", b"\n#12", b"\n#3\nab", b"\n#3\nabc", b"\n#3\nabc\n#", b"\n#3\nabc\n##"):
         buf = bytearray(part)
-        assert emu.take_chunked(buf) is None and bytes(buf) == part
+        assert take_chunked(buf) is None and bytes(buf) == part
 
 
 # -- subtree filters (the emulator's) ---------------------------------------------------------------------------
@@ -258,8 +267,8 @@ PORTS = (
     ],
 )
 def test_subtree_filters(flt: str, expected: str) -> None:
-    selected = emu.subtree_filter(_tree(CROSS + PORTS), _tree(flt))
-    assert "".join(emu.to_xml(e) for e in selected) == expected
+    selected = subtree_filter(_tree(CROSS + PORTS), _tree(flt))
+    assert "".join(to_xml(e) for e in selected) == expected
 
 
 # -- the emulator's replies to exact requests -------------------------------------------------------------------
@@ -291,7 +300,7 @@ class _Wire:
 
 
 async def _transcript(
-    emulator: emu.NetconfEmulator, session: emu.NetconfSession, request: bytes, wire: _Wire
+    emulator: NetconfEmulator, session: NetconfSession, request: bytes, wire: _Wire
 ) -> bytes:
     buf = bytearray(request)
     while (text := emulator.frame(session, buf)) is not None:
@@ -303,13 +312,13 @@ async def _transcript(
 @pytest.fixture
 def emulator() -> Any:
     model = SwitchModel("ocs1", PortSpace(8, 8), resolve_profile("fast"), random.Random(0))
-    yield emu.NetconfEmulator(model, users={"admin": "pw"})
+    yield NetconfEmulator(model, users={"admin": "pw"})
     model.cancel_pending()
 
 
-async def test_hello_then_rpcs_in_base11_byte_for_byte(emulator: emu.NetconfEmulator) -> None:
+async def test_hello_then_rpcs_in_base11_byte_for_byte(emulator: NetconfEmulator) -> None:
     wire = _Wire()
-    session = emu.NetconfSession(cast(Any, wire), user="admin", session_id=4)
+    session = NetconfSession(cast(Any, wire), user="admin", session_id=4)
     hello = emulator._hello(4)
     assert f"<capability>{OPSW}?module=optical-switch&amp;revision=2018-03-22</capability>" in hello
     assert "<capability>urn:ietf:params:netconf:base:1.1</capability>" in hello
@@ -323,23 +332,23 @@ async def test_hello_then_rpcs_in_base11_byte_for_byte(emulator: emu.NetconfEmul
     assert session.hello_done and session.base == "1.1"
 
     edit = codec.rpc("101", codec.edit_config(MappingDiff(remove=frozenset(), add=frozenset({(1, 9)}))))
-    reply = await _transcript(emulator, session, emu.frame_chunked(edit.encode(), 17), wire)
+    reply = await _transcript(emulator, session, frame_chunked(edit.encode(), 17), wire)
     ok = f'<rpc-reply xmlns="{BASE}" message-id="101"><ok/></rpc-reply>'.encode()
     assert reply == b"\n#%d\n%s\n##\n" % (len(ok), ok)
     assert emulator.model.patches == {(1, 9)}
 
     get = codec.rpc("102", codec.get(codec.cross_connects_filter()))
-    reply = await _transcript(emulator, session, emu.frame_chunked(get.encode()), wire)
+    reply = await _transcript(emulator, session, frame_chunked(get.encode()), wire)
     data = (
         f'<rpc-reply xmlns="{BASE}" message-id="102"><data><cross-connects xmlns="{OPSW}">'
         "<pair><ingress>1</ingress><egress>9</egress></pair></cross-connects></data></rpc-reply>"
     ).encode()
-    assert reply == emu.frame_chunked(data)
+    assert reply == frame_chunked(data)
 
 
-async def test_rpc_errors_and_base10_from_a_base10_client(emulator: emu.NetconfEmulator) -> None:
+async def test_rpc_errors_and_base10_from_a_base10_client(emulator: NetconfEmulator) -> None:
     wire = _Wire()
-    session = emu.NetconfSession(cast(Any, wire), user="admin", session_id=1)
+    session = NetconfSession(cast(Any, wire), user="admin", session_id=1)
     client_hello = (
         f'<hello xmlns="{BASE}"><capabilities><capability>urn:ietf:params:netconf:base:1.0</capability>'
         "</capabilities></hello>]]>]]>"
@@ -349,7 +358,7 @@ async def test_rpc_errors_and_base10_from_a_base10_client(emulator: emu.NetconfE
 
     emulator.model.refusals = 1
     edit = codec.rpc("7", codec.edit_config(MappingDiff(remove=frozenset(), add=frozenset({(2, 10)}))))
-    reply = await _transcript(emulator, session, emu.frame_eom(edit.encode()), wire)
+    reply = await _transcript(emulator, session, frame_eom(edit.encode()), wire)
     assert reply.endswith(b"]]>]]>")
     parsed = codec.parse_reply(reply[:-6].decode())
     assert parsed.message_id == "7" and [e.tag for e in parsed.errors] == ["operation-failed"]
@@ -369,7 +378,7 @@ async def test_rpc_errors_and_base10_from_a_base10_client(emulator: emu.NetconfE
         ("<kill-session><session-id>2</session-id></kill-session>", "operation-not-supported"),
         ('<get><filter type="xpath" select="/cross-connects"/></get>', "operation-not-supported"),
     ]:
-        reply = await _transcript(emulator, session, emu.frame_eom(codec.rpc("8", body).encode()), wire)
+        reply = await _transcript(emulator, session, frame_eom(codec.rpc("8", body).encode()), wire)
         assert [e.tag for e in codec.parse_reply(reply[:-6].decode()).errors] == [tag], body
     no_id = f'<rpc xmlns="{BASE}"><get/></rpc>]]>]]>'.encode()
     assert b"<error-tag>missing-attribute</error-tag>" in await _transcript(emulator, session, no_id, wire)
@@ -380,21 +389,21 @@ async def test_rpc_errors_and_base10_from_a_base10_client(emulator: emu.NetconfE
     assert emulator.model.patches == frozenset()
 
 
-async def test_garbage_inside_breaks_the_xml_not_the_framing(emulator: emu.NetconfEmulator) -> None:
+async def test_garbage_inside_breaks_the_xml_not_the_framing(emulator: NetconfEmulator) -> None:
     wire = _Wire()
-    session = emu.NetconfSession(cast(Any, wire), user="admin", session_id=1, hello_done=True, base="1.1")
+    session = NetconfSession(cast(Any, wire), user="admin", session_id=1, hello_done=True, base="1.1")
     emulator.set_faults(FaultPlan(garbage_every=1))
     get = codec.rpc("1", codec.get(codec.cross_connects_filter()))
-    reply = await _transcript(emulator, session, emu.frame_chunked(get.encode()), wire)
-    message = emu.take_chunked(bytearray(reply))
+    reply = await _transcript(emulator, session, frame_chunked(get.encode()), wire)
+    message = take_chunked(bytearray(reply))
     assert message is not None and message.startswith(f'<rpc-reply xmlns="{BASE}" message-id="1">'.encode())
     with pytest.raises(NetconfReplyError, match="not XML"):
         codec.parse_reply(message.decode("utf-8", errors="replace"))
 
 
-async def test_a_client_hello_without_a_base_ends_the_session(emulator: emu.NetconfEmulator) -> None:
+async def test_a_client_hello_without_a_base_ends_the_session(emulator: NetconfEmulator) -> None:
     wire = _Wire()
-    session = emu.NetconfSession(cast(Any, wire), user="admin", session_id=1)
+    session = NetconfSession(cast(Any, wire), user="admin", session_id=1)
     hello = f'<hello xmlns="{BASE}"><capabilities><capability>urn:x</capability></capabilities></hello>]]>]]>'
     await _transcript(emulator, session, hello.encode(), wire)
     assert wire.aborted and session.closed and not session.hello_done
