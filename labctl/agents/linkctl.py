@@ -18,7 +18,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from labctl.agents.hub import AgentHub, HostLink
+from labctl.agents.hub import AgentHub
+from labctl.agents.hub_streams import HostLink
 from labctl.core.errors import HardwareError
 from labctl.nic.settings import (
     LinkSettingMismatch,

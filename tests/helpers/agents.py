@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from labctl.agents.broker import BrokerSettings
-from labctl.agents.hub import AgentHub, HostLink
+from labctl.agents.hub import AgentHub
+from labctl.agents.hub_streams import HostLink
 from labctl.agents.wire import Signer, topic
 from labctl.inventory.schema import load_inventory
 

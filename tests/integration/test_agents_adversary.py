@@ -20,7 +20,8 @@ import pytest
 
 from labctl.agents.agent import Agent
 from labctl.agents.broker import BrokerSettings
-from labctl.agents.hub import REFUSALS, AgentHub, _Pending
+from labctl.agents.hub import AgentHub
+from labctl.agents.hub_commands import REFUSALS, _Pending
 from labctl.agents.wire import Signer, status_body, topic
 from labctl.core.events import read_events
 from labctl.inventory.schema import load_inventory

@@ -12,7 +12,9 @@ import msgspec
 import pytest
 
 from labctl.agents.broker import BrokerSettings
-from labctl.agents.hub import REFUSALS, AgentHub, _Outgoing, refused_replies_line
+from labctl.agents.hub import AgentHub
+from labctl.agents.hub_commands import REFUSALS, refused_replies_line
+from labctl.agents.hub_connection import _Outgoing
 from labctl.agents.wire import Command, Reply, Signer, decode, topic
 from labctl.core.errors import HardwareError
 from labctl.inventory.schema import load_inventory
