@@ -26,6 +26,7 @@ from labctl.cli.common import (
     out,
     start_logging,
 )
+from labctl.cli.dashboard import HttpOpt, TokenFileOpt
 from labctl.core.errors import InputError
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ DbOpt = Annotated[
 
 def _queue_db(db: str | None) -> str | Path:
     """The queue to use: a PostgreSQL URL as given, else the SQLite file (the default's folder created)."""
-    from labctl.scheduler.store import LEGACY_DB, is_url, resolve_db
+    from labctl.scheduler.location import LEGACY_DB, is_url, resolve_db
 
     if db is not None and is_url(db):
         return db
@@ -77,7 +78,7 @@ def _missing(where: str | Path) -> bool:
 
 
 def _label(where: str | Path) -> str:
-    from labctl.scheduler.store import mask_url
+    from labctl.scheduler.location import mask_url
 
     return mask_url(where) if isinstance(where, str) else str(where)
 
@@ -113,6 +114,8 @@ def serve(
     ] = None,
     log_level: LogLevelOpt = "info",
     log_format: LogFormatOpt = None,
+    http: HttpOpt = None,
+    token_file: TokenFileOpt = None,
 ) -> None:
     """Run the queue: start due runs by priority when their OCS ports and hosts are free; fire cron schedules.
 
@@ -125,6 +128,9 @@ def serve(
     one queue: each run is claimed by one serve with a row lock, its OCS ports and hosts are leased for as
     long as that serve renews the lease, and a serve that dies has its runs recovered and retried once by
     another after the lease expires.
+
+    With --http [ADDR:]PORT it also serves the lab dashboard (the queue, the running run live, the
+    history) on the same loop: docs/dashboard.md.
     """
     import asyncio
 
@@ -132,6 +138,13 @@ def serve(
 
     start_logging(log_level, log_format)
     where = _queue_db(db)
+    if http is not None:  # the dashboard beside the loop (docs/dashboard.md)
+        from labctl.cli.dashboard import serve_with_dashboard
+
+        options = {"plots": not no_plots, "exit_when_idle": exit_when_idle, "poll_s": poll_s}
+        options |= {"lease_s": lease_s, "max_runs": max_runs}
+        serve_with_dashboard(http, token_file, where, out_dir, from_env=_from_env(db), options=options)
+        return
     asyncio.run(
         serve_main(
             where,

@@ -22,8 +22,10 @@ The modules, each importing only those above it:
 - `timing`: the injectable wall clock, `--at` parsing, cron expressions (croniter, imported on first use).
 - `plan`: what a run touches (`Resources`), `declare` (validate an experiment, derive its resources and
   baseline) and `pick`, the conservative-backfill choice of which due runs start now.
-- `store`: the queue's interface (`Store`, a Protocol), the run state machine, `RunRow`/`ScheduleRow`, the
-  SQL both backends share, the SQLite backend (`QueueStore`).
+- `location`: where the queue is: the default SQLite file, or a PostgreSQL URL (checked, its password masked).
+- `store`: the queue's interface (`Store`, a Protocol), the run state machine, `RunRow`/`ScheduleRow`.
+- `store_sql`: the SQL both backends share (`SqlStore`): submissions, reads, state changes, claims.
+- `store_sqlite`: the SQLite backend (`QueueStore`).
 - `store_pg`: the PostgreSQL backend (psycopg, the `[postgres]` extra, imported only for a URL): claims,
   leases, takeover.
 - `backends`: `open_store`, the backend a `--db` path or URL names.
@@ -32,6 +34,6 @@ The modules, each importing only those above it:
   itself (`python -m labctl.scheduler worker ARGS`, through `__main__`).
 - `service`: the `serve` engine (`Scheduler`), recovery of runs left `running`, `serve_main`.
 
-Nothing is imported here: `labctl.scheduler.timing` and `.store` stay light for the CLI clients, and the
+Nothing is imported here: `labctl.scheduler.timing` and the stores stay light for the CLI clients, and the
 worker process loads only what it runs.
 """

@@ -1,11 +1,14 @@
 """Which queue `--db` names: a `postgresql://` URL (the shared PostgreSQL backend, labctl.scheduler.store_pg)
-or a SQLite file (labctl.scheduler.store, the default). Apart from both so that neither imports the other."""
+or a SQLite file (labctl.scheduler.store_sqlite, the default). Apart from both so that neither imports the
+other."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from labctl.scheduler.store import QueueStore, Store, check_url, is_url
+from labctl.scheduler.location import check_url, is_url
+from labctl.scheduler.store import Store
+from labctl.scheduler.store_sqlite import QueueStore
 
 
 def open_store(db: str | Path | None, *, from_env: bool = False) -> Store:

@@ -23,11 +23,11 @@ from labctl.scheduler.results import headline, headline_text
 from labctl.scheduler.store import (
     DEFAULT_LEASE_S,
     TRANSITIONS,
-    QueueStore,
     RunRow,
     Store,
     StoreUnavailable,
 )
+from labctl.scheduler.store_sqlite import QueueStore
 from labctl.scheduler.timing import Clock, SystemClock
 from labctl.scheduler.worker import Executor, SubprocessExecutor, _pid_alive
 

@@ -9,7 +9,7 @@
   that dies stops renewing: another one finds the run's own lease (`run:<id>`) expired, takes the run's
   leases over (its row locked, the leases re-checked under their row locks), restores the baseline, marks
   the run `interrupted` and queues its retry (service.Scheduler.recover), then releases the resources.
-- The password never comes from a command line (store.check_url) and is never printed: `label` is the URL
+- The password never comes from a command line (location.check_url) and is never printed: `label` is the URL
   with it masked; libpq reads it from $PGPASSWORD or ~/.pgpass.
 """
 
@@ -22,7 +22,9 @@ from typing import Any
 
 from labctl.core.errors import LabctlError
 from labctl.core.extras import require
-from labctl.scheduler.store import RunRow, ServeSlot, SqlStore, StoreUnavailable, mask_url
+from labctl.scheduler.location import mask_url
+from labctl.scheduler.store import RunRow, ServeSlot, StoreUnavailable
+from labctl.scheduler.store_sql import SqlStore
 
 log = logging.getLogger("labctl.scheduler")
 

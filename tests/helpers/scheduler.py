@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from labctl.scheduler.store import QueueStore, RunRow
+from labctl.scheduler.store import RunRow
+from labctl.scheduler.store_sqlite import QueueStore
 from labctl.scheduler.worker import WorkerResult
 
 # Two rails on one switch, each on its own pair of hosts: rail 0 = h1,h2; rail 1 = h3,h4.

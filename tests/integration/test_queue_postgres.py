@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from labctl.scheduler.location import mask_url
 from labctl.scheduler.plan import declare
-from labctl.scheduler.store import QueueStore, mask_url, resource_keys
+from labctl.scheduler.store_sql import resource_keys
+from labctl.scheduler.store_sqlite import QueueStore
 from tests.helpers import postgres as pg
 from tests.helpers import scheduler as helpers
 from tests.helpers.scheduler import T0
@@ -211,7 +213,7 @@ def test_history_and_serve_show_each_runs_headline_results(tmp_path: Path, repo:
 def test_an_old_sqlite_queue_gains_the_owner_column(tmp_path: Path) -> None:
     import sqlite3
 
-    from labctl.scheduler.store import SCHEMA
+    from labctl.scheduler.store_sqlite import SCHEMA
 
     db = tmp_path / "old.sqlite"
     with sqlite3.connect(db) as conn:

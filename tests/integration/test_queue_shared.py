@@ -22,7 +22,8 @@ import pytest
 from labctl.core.events import read_events
 from labctl.scheduler.backends import open_store
 from labctl.scheduler.plan import declare
-from labctl.scheduler.store import RunRow, Store, resource_keys
+from labctl.scheduler.store import RunRow, Store
+from labctl.scheduler.store_sql import resource_keys
 from tests.helpers import postgres as pg
 from tests.helpers import serve_processes
 from tests.helpers.scheduler import SPLIT_INVENTORY, experiment

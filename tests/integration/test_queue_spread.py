@@ -28,7 +28,8 @@ import pytest
 
 from labctl.scheduler.plan import declare
 from labctl.scheduler.service import OUTAGE_RETRY_MAX_S, Outage, Scheduler
-from labctl.scheduler.store import RunRow, StoreUnavailable, resource_keys
+from labctl.scheduler.store import RunRow, StoreUnavailable
+from labctl.scheduler.store_sql import resource_keys
 from tests.helpers import postgres as pg
 from tests.helpers import scheduler as helpers
 from tests.helpers import serve_processes

@@ -18,7 +18,8 @@ import pytest
 from labctl.core.events import read_events
 from labctl.scheduler.plan import declare
 from labctl.scheduler.service import Scheduler
-from labctl.scheduler.store import QueueStore, RunRow
+from labctl.scheduler.store import RunRow
+from labctl.scheduler.store_sqlite import QueueStore
 from tests.conftest import REPO
 from tests.helpers import scheduler as helpers
 from tests.helpers import serve_processes
@@ -313,7 +314,8 @@ def test_a_worker_whose_serve_is_gone_finishes_without_a_traceback(tmp_path: Pat
 def test_the_queue_database_defaults_to_the_users_data_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from labctl.scheduler.store import QueueStore, default_queue_db
+    from labctl.scheduler.location import default_queue_db
+    from labctl.scheduler.store_sqlite import QueueStore
 
     monkeypatch.delenv("LABCTL_QUEUE_DB", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))

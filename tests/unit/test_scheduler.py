@@ -14,7 +14,8 @@ import pytest
 from labctl.core.errors import InputError
 from labctl.scheduler.plan import declare, pick
 from labctl.scheduler.service import Scheduler
-from labctl.scheduler.store import TRANSITIONS, QueueStore, RunRow
+from labctl.scheduler.store import TRANSITIONS, RunRow
+from labctl.scheduler.store_sqlite import QueueStore
 from labctl.scheduler.timing import parse_at
 from tests.helpers import scheduler as helpers
 from tests.helpers.scheduler import MIN, T0, FakeClock, RecordingExecutor, experiment
@@ -153,7 +154,7 @@ def test_a_second_serve_on_the_same_queue_is_refused(tmp_path: Path) -> None:
 def test_a_queue_database_of_another_user_is_named_as_such(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import labctl.scheduler.store as store
+    import labctl.scheduler.store_sqlite as store
     from labctl.core.errors import InputError
 
     db = tmp_path / "q.sqlite"
@@ -166,7 +167,7 @@ def test_a_queue_database_of_another_user_is_named_as_such(
 
 # -- the shared queue (decision 0061) ---------------------------------------------------------------------------
 def test_queue_urls_are_checked_and_their_passwords_masked() -> None:
-    from labctl.scheduler.store import check_url, is_url, mask_url
+    from labctl.scheduler.location import check_url, is_url, mask_url
 
     assert is_url("postgresql://u@h:5432/q") and not is_url("/var/lib/q.sqlite") and not is_url("q.sqlite")
     assert mask_url("postgresql://u:pw@h:5432/q") == "postgresql://u:***@h:5432/q"
