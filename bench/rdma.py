@@ -22,13 +22,10 @@ import argparse
 import asyncio
 import os
 import random
-import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +41,7 @@ from labctl.probes.traffic import TrafficEndpoint, UdpTrafficProbe
 from labctl.probes.verbs_rc import VerbsRcProbe
 from labctl.rdma import compat
 from labctl.rdma.exchange import LocalExchange
-from labctl.rdma.perftest import latency_report
+from labctl.rdma.perftest import latency_report, run_latency_tool
 from labctl.rdma.rc import QpAttrs
 from labctl.rdma.verbs import VerbsQpFactory
 
@@ -267,28 +264,6 @@ async def probe_latency(device: str, gid_index: int, iterations: int) -> list[in
     return list(probe.round_trips)
 
 
-def perftest(tool: str, device: str, gid_index: int, iterations: int) -> dict[str, float] | str:
-    """Run perftest's `tool` as server and client on `device` (loopback); its t_typical and 99% (us), or
-    why not, in one line."""
-    if shutil.which(tool) is None:
-        return f"{tool} not installed (apt install perftest)"
-    args = [tool, "-d", device, "-x", str(gid_index), "-n", str(iterations), "-p", "18515"]
-    server = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(1.0)
-        client = subprocess.run([*args, "127.0.0.1"], capture_output=True, text=True, timeout=60)
-    finally:
-        server.kill()
-        server.wait()
-    lines = client.stdout.splitlines()
-    for i, line in enumerate(lines):
-        if "t_typical" in line and i + 1 < len(lines):
-            values = [float(v) for v in lines[i + 1].split()]
-            if len(values) >= 8:  # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% [99.9%]
-                return {"median_us": values[4], "p99_us": values[7]}
-    return f"{tool}: no latency table in its output ({(client.stderr or client.stdout).strip()[-160:]})"
-
-
 async def verbs_part(device: str | None, gid_index: int, iterations: int) -> None:
     print("\n3. the verbs-rc probe beside perftest on an RDMA device (one-way latency, perftest's method):")
     try:
@@ -303,7 +278,7 @@ async def verbs_part(device: str | None, gid_index: int, iterations: int) -> Non
     print(f"   verbs-rc probe (SEND/RECV)   {report.t_typical / 1e3:12.2f} us  {report.p99 / 1e3:8.2f} us")
     send_lat: dict[str, float] | None = None
     for tool in ("ib_send_lat", "ib_write_lat"):
-        result = perftest(tool, device, gid_index, iterations)
+        result = run_latency_tool(tool, device, gid_index, iterations)
         if isinstance(result, str):
             print(f"   {tool:<28} skipped: {result}")
         else:
