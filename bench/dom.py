@@ -32,8 +32,8 @@ from pathlib import Path
 from labctl.linux import netns
 from labctl.linux.ethtool import NetlinkModuleEeprom
 from labctl.linux.netlink import NetlinkError
+from labctl.linux.transceiver import module_info, mw_to_dbm
 from labctl.models.module_eeprom import EmulatedQsfp28
-from labctl.probes.transceiver import module_info, mw_to_dbm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
 from _table import record

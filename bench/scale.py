@@ -196,12 +196,12 @@ def sampler_only(ports: int, design: str, seconds: float = 1.5) -> dict[str, Any
     from labctl.inventory.profiles import resolve_profile
     from labctl.inventory.schema import load_inventory
     from labctl.linux.looplag import LoopLagMonitor
+    from labctl.linux.transceiver import module_info
     from labctl.models.fabric import SimFabric
     from labctl.models.switch import SwitchModel
     from labctl.probes.model import model_sites
     from labctl.probes.rxpower import RxPowerProbe
     from labctl.probes.rxpower_ports import ModulePort
-    from labctl.probes.transceiver import module_info
 
     async def main() -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:

@@ -31,7 +31,7 @@ def dom_decode(
 ) -> None:
     """Decode an EEPROM image and print its DOM fields as JSON (latched flags included: a file has no
     other reader to steal them from)."""
-    from labctl.probes.transceiver import UnknownModuleError, decode_image, parse_hex
+    from labctl.linux.transceiver import UnknownModuleError, decode_image, parse_hex
 
     try:
         data = file.read_text() if hex_text else file.read_bytes()

@@ -128,7 +128,10 @@ def agent_context(
     assert mirror is not None, "modeled probes: the agent mirrors the controller's world"
     sites = model_sites(mirror, inventory.ports)
     mine = [site for site in sites if site.port.host == host]
-    return ProbeContext(settings, ports=mine, peers=sites, world=mirror, schedule=mirror.schedule)
+    # The schedule an agent's samplers share is its mirror's (the agent's FabricMirror), not the model's:
+    # the model (labctl.models) knows nothing of the probes that read it.
+    schedule = getattr(mirror, "schedule", None)
+    return ProbeContext(settings, ports=mine, peers=sites, world=mirror, schedule=schedule)
 
 
 def check(inventory: Inventory) -> None:

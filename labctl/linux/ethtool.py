@@ -7,8 +7,8 @@ drivers without the netlink request fall back to the legacy ETHTOOL_GMODULEEEPRO
 (`IoctlModuleEeprom`), which can address only the flat layouts (SFF-8472 A0h/A2h, SFF-8636 pages 0–3),
 not CMIS banks or page 11h. `open_module_eeprom()` picks one; on an interface without a module (e.g. a
 veth) it raises NoModuleEepromError, message exactly "no module EEPROM on <IF>" (plus " (netns <NS>)" when
-a namespace was given). Both satisfy `labctl.probes.transceiver.ModuleEeprom`; decoding is
-labctl.probes.transceiver's.
+a namespace was given). Both satisfy `labctl.linux.transceiver.ModuleEeprom`; decoding is
+labctl.linux.transceiver's.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from labctl.core.errors import HardwareError, InputError
 from labctl.linux.genl import GenericNetlink
 from labctl.linux.netlink import NLA_F_NESTED, NetlinkError, attr, cstr, parse_attrs, u32
 from labctl.linux.netns import sockets_in_netns
-from labctl.probes.transceiver import A0H, A2H, DomReading, check_request, read_dom
+from labctl.linux.transceiver import A0H, A2H, DomReading, check_request, read_dom
 
 ETHTOOL_GENL_NAME = "ethtool"
 ETHTOOL_GENL_VERSION = 1

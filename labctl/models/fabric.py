@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,9 +33,6 @@ from labctl.models.fabric_reads import SCALAR_SLOTS, FabricReadings
 from labctl.models.port_arrays import NEVER, PortArrays
 from labctl.models.switch import INSERTION_LOSS_DB, SwitchModel, _draws_ns
 from labctl.models.timeline import Timeline
-
-if TYPE_CHECKING:
-    from labctl.probes.sampling import ModelSchedule
 
 __all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
     "SCALAR_SLOTS",
@@ -178,8 +174,6 @@ class SimFabric(FabricReadings):
         self._states: list[PortState] = []
         """Each port's state by slot (the link reactions work on slots: no port hashed per reaction)."""
         self.timeline = Timeline()
-        self.schedule: ModelSchedule | None = None
-        """Where readers advance the model (an agent's mirror): the schedule its samplers share."""
         self._port_slots: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         n = len(self.port_at)
         self._tuned = False  # every port as the profile's `link` model starts: a share of 1 each

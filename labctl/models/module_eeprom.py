@@ -3,7 +3,7 @@
 The emulated and simulated labs give each NIC port one of these (`ModelDrivenQsfp28` refreshes the Rx
 power from a model of the port on every read); probes read it through the same
 `read(i2c_address, page, bank, offset, length)` interface as a live module (ETHTOOL_MSG_MODULE_EEPROM_GET
-semantics, same request limits) and decode it with the same decoder (labctl.probes.transceiver).
+semantics, same request limits) and decode it with the same decoder (labctl.linux.transceiver).
 
 Memory map (SFF-8636 rev 2.10, flat memory: lower page 0 + upper page 00h only):
 - lower page: 0 identifier 0x11, 1 revision, 2 status (flat_mem), 3 latched Rx/Tx LOS, 5 latched CDR LOL,

@@ -16,10 +16,10 @@ import numpy as np
 from labctl.core.errors import InputError
 from labctl.core.registry import Registry
 from labctl.inventory.schema import MeterChannel, NicPort, PowerMeterSpec
+from labctl.linux.transceiver import ModuleEeprom
 from labctl.models.fabric import SimFabric
 from labctl.ocs.protocol import OpticalSwitch
 from labctl.probes.sampling import ModelSchedule, Probe, ProbeSettings
-from labctl.probes.transceiver import ModuleEeprom
 
 __all__ = [  # the public surface (docs/architecture.md, "Public surface"); the rest is internal
     "MeterSite",

@@ -33,6 +33,7 @@ import numpy as np
 from labctl.core.clock import now_ns
 from labctl.core.events import Event, Kind
 from labctl.linux.ethtool import ModuleEepromError
+from labctl.linux.transceiver import DomDecodeError, ModuleKind, module_info
 from labctl.probes.base import ProbeContext, ProbeKind
 from labctl.probes.rxpower_lanes import Lanes
 from labctl.probes.rxpower_ports import LosPlan, ModulePort, PolledModule, close_module, eeprom_reads
@@ -44,7 +45,6 @@ from labctl.probes.sampling import (
     run_ticks,
     staggered_heartbeats,
 )
-from labctl.probes.transceiver import DomDecodeError, ModuleKind, module_info
 
 UPDATE_REPORT_NS = 1_000_000_000  # how often module update-interval estimates are revisited
 

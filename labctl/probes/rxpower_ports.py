@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from labctl.linux.ethtool import open_module_eeprom
+from labctl.linux.transceiver import A0H, A2H, EepromRead, ModuleEeprom, ModuleInfo, ModuleKind
 from labctl.probes.base import RxPowerBatch
-from labctl.probes.transceiver import A0H, A2H, EepromRead, ModuleEeprom, ModuleInfo, ModuleKind
 
 Read = tuple[int, int, int, int, int]  # i2c address, page, bank, offset, length
 

@@ -24,10 +24,10 @@ from labctl.core.version import __version__
 from labctl.inventory.config import SwitchConfig
 from labctl.inventory.schema import Inventory, MeterChannel, NicPort, PowerMeterSpec
 from labctl.labs import check
+from labctl.linux.transceiver import mw_to_dbm
 from labctl.models.switch import SwitchModel
 from labctl.ocs.protocol import OpticalSwitch, crossing_patches
 from labctl.ocs.switches import emulate_switch, open_switch
-from labctl.probes.transceiver import mw_to_dbm
 
 
 @dataclass(frozen=True)

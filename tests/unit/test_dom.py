@@ -12,10 +12,7 @@ import pytest
 
 from labctl.core.errors import InputError
 from labctl.linux.ethtool import ModuleEepromError
-from labctl.models.module_eeprom import EmulatedQsfp28, ModuleEepromReadError
-from labctl.probes.rxpower import RxPowerProbe
-from labctl.probes.rxpower_ports import LosPlan, ModulePort
-from labctl.probes.transceiver import (
+from labctl.linux.transceiver import (
     DomDecodeError,
     EepromRead,
     FlatImage,
@@ -29,6 +26,9 @@ from labctl.probes.transceiver import (
     parse_hex,
     read_dom,
 )
+from labctl.models.module_eeprom import EmulatedQsfp28, ModuleEepromReadError
+from labctl.probes.rxpower import RxPowerProbe
+from labctl.probes.rxpower_ports import LosPlan, ModulePort
 from tests.helpers.dom import _collect, _Flaky, put, qsfp28
 
 

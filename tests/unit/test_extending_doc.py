@@ -14,7 +14,7 @@ probe against the simulated lab's behaviour model and named by an experiment's `
 kind through `labctl.labs.load` and `build_lab`, the experiment kind through `compile_experiment`; and
 each imports only what the import contract allows its layer.
 
-Layers (architecture.md): its table of layers is the import contract's `LAYERS`, prefix for prefix, and
+Layers (architecture.md): its table of layers is the import contract's (pyproject.toml), prefix for prefix, and
 the parts it gives the lab layer cover exactly that layer's prefixes.
 
 Pure: no sockets, no subprocesses, no sleeps (the switch model's switching time is zero).
@@ -28,6 +28,7 @@ import importlib
 import random
 import re
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -606,16 +607,23 @@ async def test_an_experiment_that_names_the_probe_runs_it_on_the_simulated_lab()
 
 # -- the import contract -------------------------------------------------------------------------------------
 def contract() -> tuple[list[tuple[str, tuple[str, ...]]], dict[str, tuple[str, ...]]]:
-    """`LAYERS` and `INDEPENDENT` of the import contract's test, wherever the tests tier it."""
-    found = sorted(REPO.glob("tests/**/test_import_contract.py"))
-    assert len(found) == 1, f"the import contract's test: {found}"
-    values = {}
-    for node in ast.parse(found[0].read_text()).body:
-        if isinstance(node, ast.AnnAssign | ast.Assign) and node.value is not None:
-            target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
-            if isinstance(target, ast.Name) and target.id in ("LAYERS", "INDEPENDENT"):
-                values[target.id] = ast.literal_eval(node.value)
-    return list(values["LAYERS"]), dict(values["INDEPENDENT"])
+    """The import contract in pyproject.toml (`[tool.importlinter]`): its layers, each as (name, module
+    prefixes), the names as its name lists them ("labctl's layers: testing > cli > ..."); and what the
+    switch drivers may not import."""
+    contracts = {
+        c["id"]: c
+        for c in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    }
+    layers = contracts["layers"]
+    names = layers["name"].split(": ", 1)[1].split(" > ")
+    modules = [
+        tuple(f"labctl.{part.strip()}" for part in layer.replace("|", ":").split(":"))
+        for layer in layers["layers"]
+    ]
+    assert len(names) == len(modules), layers["name"]
+    blind = contracts["drivers-blind"]
+    independent = {source: tuple(blind["forbidden_modules"]) for source in blind["source_modules"]}
+    return list(zip(names, modules, strict=True)), independent
 
 
 def section(text: str, start: str, end: str) -> str:

@@ -1,113 +1,100 @@
-"""The import contract (issue 24; docs/architecture.md): labctl's modules in layers, each importing only
-the layers below it (and its own), and the switch drivers independent of the probes, lab kinds and agents.
-Read from every module's imports (including those inside functions: a lazy import is still a dependency),
-so a module that reaches up fails here, naming the import."""
+"""The import contract (docs/architecture.md, "The layers"): import-linter's contracts in pyproject.toml
+(`[tool.importlinter]`), which `lint-imports` checks in CI. Here, in-process: labctl keeps them, and the
+same contracts over a small stand-in package with deliberate violations fail, naming each import and its
+line, a lazy import inside a function and a `TYPE_CHECKING` import included."""
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Iterable, Mapping
+import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
-LABCTL = Path(__file__).resolve().parents[2] / "labctl"
+import pytest
+from importlinter import configuration
+from importlinter.application.use_cases import lint_imports
 
-# Top to bottom. A module belongs to the first layer with a prefix of its name; labctl/__init__.py (the
-# public facade, which re-exports from several layers lazily) and labctl/__main__.py (`python -m labctl`, the
-# command line's entry point) stand above them all. `testing` (the contract
-# suites and the pytest plugin, which import pytest) is the top layer: nothing else in labctl may import it.
-LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("testing", ("labctl.testing",)),
-    ("cli", ("labctl.cli",)),
-    ("scheduler", ("labctl.scheduler",)),
-    ("run", ("labctl.run", "labctl.workload")),
-    (
-        "lab",
-        (
-            "labctl.labs", "labctl.agents", "labctl.probes", "labctl.models", "labctl.emulators",
-            "labctl.ocs", "labctl.rdma", "labctl.plans", "labctl.inventory", "labctl.linux", "labctl.nic",
-        ),
-    ),
-    ("analysis", ("labctl.analysis",)),
-    ("core", ("labctl.core",)),
-)  # fmt: skip
-ROOT = ("labctl", "labctl.__main__")  # above every layer: nothing in labctl imports them
-# Independence: the switch side (drivers) knows nothing of what measures the light.
-INDEPENDENT = {"labctl.ocs.drivers": ("labctl.probes", "labctl.labs", "labctl.agents")}
+REPO = Path(__file__).resolve().parents[2]
+PYPROJECT = REPO / "pyproject.toml"
 
 
-def layer_of(module: str, layers: Iterable[tuple[str, tuple[str, ...]]] = LAYERS) -> int | None:
-    for rank, (_name, prefixes) in enumerate(layers):
-        if any(module == p or module.startswith(p + ".") for p in prefixes):
-            return rank
-    return None
+def check(config: Path, capsys: pytest.CaptureFixture[str]) -> tuple[bool, str]:
+    """import-linter's own check of the contracts in `config` (no cache): passed, and its report."""
+    configuration.configure()
+    passed = lint_imports(str(config), cache_dir=None, no_logo=True)
+    return passed, capsys.readouterr().out
 
 
-def imports_of(tree: ast.AST) -> list[tuple[str, int]]:
-    """(module, line) of every absolute labctl import in a module, wherever it stands."""
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.module, node.lineno))
-        elif isinstance(node, ast.Import):
-            found += [(alias.name, node.lineno) for alias in node.names]
-    return [(m, line) for m, line in found if m == "labctl" or m.startswith("labctl.")]
+def test_labctl_keeps_its_contracts(capsys: pytest.CaptureFixture[str]) -> None:
+    passed, report = check(PYPROJECT, capsys)
+    assert passed, report
 
 
-def violations(
-    graph: Mapping[str, list[tuple[str, int]]],
-    layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS,
-    independent: Mapping[str, tuple[str, ...]] = INDEPENDENT,
-) -> list[str]:
-    out = []
-    for module, imported in graph.items():
-        mine = layer_of(module, layers)
-        for target, line in imported:
-            theirs = layer_of(target, layers)
-            if mine is not None and theirs is not None and theirs < mine:
-                out.append(
-                    f"{module}:{line} imports {target}: layer {layers[mine][0]} may not import layer "
-                    f"{layers[theirs][0]} (above it)"
-                )
-            for side, forbidden in independent.items():
-                if (module == side or module.startswith(side + ".")) and target.startswith(forbidden):
-                    out.append(f"{module}:{line} imports {target}: {side} is independent of it")
-    return out
+def _write(root: Path, module: str, text: str = "") -> None:
+    """A module of the stand-in package, with every package above it."""
+    *packages, name = module.split(".")
+    folder = root
+    for package in packages:
+        folder = folder / package
+        folder.mkdir(exist_ok=True)
+        (folder / "__init__.py").touch()
+    path = folder / name / "__init__.py" if text == "package" else folder / f"{name}.py"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("" if text == "package" else text)
 
 
-def _graph() -> dict[str, list[tuple[str, int]]]:
-    graph = {}
-    for path in sorted(LABCTL.rglob("*.py")):
-        parts = list(path.relative_to(LABCTL.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        graph[".".join(parts)] = imports_of(ast.parse(path.read_text(), str(path)))
-    return graph
+@pytest.fixture
+def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
+    """A package `fakelab` shaped like labctl (a module in every layer and part, each contract module, two
+    drivers), with labctl's contracts rewritten for it; the package importable from tmp_path."""
+    name = "fakelab"
+    assert name not in sys.modules
+    options: dict[str, Any] = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]
+    text = PYPROJECT.read_text()
+    start = text.index("\n[tool.importlinter]\n") + 1
+    end = text.find("\n[tool.", start)  # the table after the contracts (theirs are [[tool.importlinter...]])
+    (tmp_path / "contracts.toml").write_text(text[start : end if end >= 0 else None].replace("labctl", name))
+    modules: set[str] = {"core.errors", "ocs.drivers.sim.switch", "ocs.drivers.polatis_tl1.switch"}
+    for contract in options["contracts"]:
+        for layer in contract.get("layers", []):
+            modules |= {f"{part.strip()}.anything" for part in layer.replace("|", ":").split(":")}
+        for source in contract.get("source_modules", []):
+            modules.add(source.removeprefix("labctl."))
+    for module in sorted(modules):
+        _write(tmp_path, f"{name}.{module}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path, name
 
 
-def test_every_module_has_a_layer() -> None:
-    graph = _graph()
-    unplaced = [m for m in graph if m not in ROOT and layer_of(m) is None]
-    assert unplaced == [], f"modules in no layer (add them to LAYERS and docs/architecture.md): {unplaced}"
+def test_the_contracts_pass_on_the_stand_in_as_built(
+    stand_in: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, _ = stand_in
+    passed, report = check(root / "contracts.toml", capsys)
+    assert passed, report
 
 
-def test_no_module_imports_a_layer_above_it() -> None:
-    found = violations(_graph())
-    assert found == [], "\n".join(found)
-
-
-def test_the_contract_fails_on_a_deliberate_violation() -> None:
-    """A driver that reaches for the controller, and one that reads a probe: both named, with the line."""
-    graph = {
-        "labctl.ocs.drivers.polatis_tl1.switch": [("labctl.run.engine", 12), ("labctl.ocs.protocol", 13)],
-        "labctl.ocs.drivers.sim": [("labctl.probes.rxpower", 7)],
-        "labctl.analysis.breakdown": [("labctl.core.events", 3)],
-    }
-    found = violations(graph)
-    assert len(found) == 2, found
-    assert found[0].startswith(
-        "labctl.ocs.drivers.polatis_tl1.switch:12 imports labctl.run.engine: layer lab"
+def test_the_contracts_fail_on_a_deliberate_violation(
+    stand_in: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A driver that reaches for the run engine inside a function, one that reads a probe only for its
+    types, and a model that reads a probe: each named, with its line."""
+    root, name = stand_in
+    _write(root, f"{name}.run.engine")
+    _write(root, f"{name}.probes.rxpower")
+    _write(
+        root,
+        f"{name}.ocs.drivers.polatis_tl1.switch",
+        f"def connect() -> None:\n    import {name}.run.engine\n",
     )
-    assert (
-        found[1]
-        == "labctl.ocs.drivers.sim:7 imports labctl.probes.rxpower: labctl.ocs.drivers is independent of it"
+    _write(
+        root,
+        f"{name}.ocs.drivers.sim.switch",
+        f"from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from {name}.probes import rxpower\n",
     )
+    _write(root, f"{name}.models.anything", f"import {name}.probes.rxpower\n")
+    passed, report = check(root / "contracts.toml", capsys)
+    assert not passed
+    assert f"{name}.ocs.drivers.polatis_tl1.switch -> {name}.run.engine (l.2)" in report
+    assert f"{name}.ocs.drivers.sim.switch -> {name}.probes.rxpower (l.4)" in report
+    assert f"{name}.models.anything -> {name}.probes.rxpower (l.1)" in report

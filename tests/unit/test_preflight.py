@@ -16,13 +16,13 @@ from labctl.agents.inspect import inspect_port
 from labctl.inventory.mapping import MappingDiff
 from labctl.inventory.profiles import resolve_profile
 from labctl.inventory.schema import NicPort
+from labctl.linux.transceiver import FlatImage, ModuleEeprom, PagedImage, read_dom
 from labctl.models.switch import SwitchModel
 from labctl.ocs.drivers.sim import DRIVER as SIM
 from labctl.ocs.protocol import crossing_patches
 from labctl.ocs.switches import emulate_switch
 from labctl.probes.rxpower import RxPowerProbe
 from labctl.probes.rxpower_ports import ModulePort
-from labctl.probes.transceiver import FlatImage, ModuleEeprom, PagedImage, read_dom
 from labctl.run.preflight import Check, _port_checks, _read_switch
 from tests.helpers.dom import put, qsfp28
 from tests.unit.test_dom import cmis_pages
