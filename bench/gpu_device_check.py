@@ -26,7 +26,7 @@ from labctl.probes.gpu.kernels import KERNELS
 from labctl.probes.gpu.nvrtc import compile_kernels, cubin_sm, nvrtc_version, ptx_entries, ptx_target
 from labctl.probes.gpu.pointer_chase import PUBLISHED, compare
 from labctl.probes.gpu.runner import open_backend
-from labctl.probes.gpu.suite import SuiteConfig
+from labctl.probes.gpu.suite import SuiteConfig, SuiteReport
 
 # Why a measured level can sit outside the published range; printed next to a large difference.
 EXPLAIN = {
@@ -89,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def check(backend: GpuBackend, config: SuiteConfig, out: Path) -> int:
     """Run everything on an opened backend and print the figures (closes the backend)."""
+    return check_report(backend, config, out)[0]
+
+
+def check_report(backend: GpuBackend, config: SuiteConfig, out: Path) -> tuple[int, SuiteReport | None]:
+    """`check`, also returning the suite's report (None when it did not run): bench/device_check.py
+    writes its GPU table from it."""
     try:
         info = backend.describe()
         for key, value in info.items():
@@ -103,10 +109,10 @@ def check(backend: GpuBackend, config: SuiteConfig, out: Path) -> int:
         print(f"all benchmarks ran in {time.monotonic() - t0:.1f} s; run directory {outcome.run_dir}")
     except NoGpuError as e:
         print(e)
-        return 1
+        return 1, None
     except (LabctlError, ValueError) as e:
         print(f"benchmark failed: {type(e).__name__}: {e}")
-        return 3
+        return 3, None
     finally:
         backend.close()
 
@@ -170,7 +176,7 @@ def check(backend: GpuBackend, config: SuiteConfig, out: Path) -> int:
     for note in report.notes:
         print(f"note: {note}")
     print(f"\nlarge differences: {', '.join(large) if large else 'none'}")
-    return 0
+    return 0, report
 
 
 if __name__ == "__main__":

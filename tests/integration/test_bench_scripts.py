@@ -20,6 +20,7 @@ def test_there_are_bench_scripts() -> None:
         "traffic.py",
         "dom.py",
         "mqtt.py",
+        "device_check.py",
     }
 
 
