@@ -31,6 +31,7 @@ from labctl.core.extras import hide_library_deprecations
 COMMANDS = {
     **{command: command for command in ("run", "report", "compare", "plot")},
     **dict.fromkeys(("serve", "submit", "queue", "cancel", "history"), "queue"),
+    "dashboard": "dashboard",
     "agent": "agent",
     "tune": "tune",
     # plain commands before the groups: typer lists them so when all are built

@@ -86,6 +86,28 @@ ExperimentArg = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (for scripts).")]
+# the dashboard's (`serve --http`, `labctl dashboard`: labctl/cli/dashboard.py)
+HttpOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--http",
+        metavar="[ADDR:]PORT",
+        help="Serve the dashboard (queue, live run, history) at this address: PORT alone listens on "
+        "127.0.0.1; port 0 picks a free one (the address is printed). Any address other than loopback "
+        "needs --token-file.",
+        show_default=False,
+    ),
+]
+TokenFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--token-file",
+        help="The token that cancel, resubmit and submit need (header X-Labctl-Token). A file that does not "
+        "exist gets a new token, written owner-only and printed once. Without it the pages are read-only, "
+        "and only a loopback address may be served.",
+        show_default=False,
+    ),
+]
 OutOpt = Annotated[Path, typer.Option("--out", help="Where run directories are created.")]
 NoPlotsOpt = Annotated[
     bool,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -15,6 +15,7 @@ from labctl.cli.common import (
     DEFAULT_INVENTORY,
     RUNS,
     ExperimentArg,
+    HttpOpt,
     InventoryOpt,
     JsonOpt,
     LogFormatOpt,
@@ -22,11 +23,11 @@ from labctl.cli.common import (
     NoPlotsOpt,
     OutOpt,
     ProfileOpt,
+    TokenFileOpt,
     err,
     out,
     start_logging,
 )
-from labctl.cli.dashboard import HttpOpt, TokenFileOpt
 from labctl.core.errors import InputError
 
 if TYPE_CHECKING:
@@ -141,8 +142,8 @@ def serve(
     if http is not None:  # the dashboard beside the loop (docs/dashboard.md)
         from labctl.cli.dashboard import serve_with_dashboard
 
-        options = {"plots": not no_plots, "exit_when_idle": exit_when_idle, "poll_s": poll_s}
-        options |= {"lease_s": lease_s, "max_runs": max_runs}
+        options: dict[str, Any] = {"plots": not no_plots, "exit_when_idle": exit_when_idle}
+        options |= {"poll_s": poll_s, "lease_s": lease_s, "max_runs": max_runs}
         serve_with_dashboard(http, token_file, where, out_dir, from_env=_from_env(db), options=options)
         return
     asyncio.run(
