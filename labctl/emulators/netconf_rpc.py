@@ -4,9 +4,10 @@ get and get-config (subtree filters, the empty-container form ONOS sends include
 labctl.emulators.netconf_data's), edit-config on running (cross-connects, the variable optical attenuators
 `voa` and the power monitor settings `opm-config`; every operation attribute, checked in full before
 anything changes, patches first, settings once they went in), lock/unlock, close-session, the
-optical-switch RPC port-set-state, and RFC 5277 create-subscription. A mistake is an `rpc-error` with the
-RFC 6241 tag it deserves; a refusal (the model's ChangeRefused, or the fault plan's) is `operation-failed`.
-No transport here: the front end (labctl.emulators.netconf) frames, delivers and notifies.
+optical-switch RPC port-set-state (and its polatis-switch form port-shutter-set-state), and RFC 5277
+create-subscription. A mistake is an `rpc-error` with the RFC 6241 tag it deserves; a refusal (the model's
+ChangeRefused, or the fault plan's) is `operation-failed`. No transport here: the front end
+(labctl.emulators.netconf) frames, delivers and notifies.
 
 This parser is written independently of the driver's codec (labctl/ocs/drivers/polatis_netconf/codec.py)
 on purpose, so that a mistake in one is not mirrored by the other.
@@ -195,6 +196,7 @@ class NetconfOperations(SwitchEmulator):
             (BASE, "unlock"): self._unlock,
             (BASE, "close-session"): self._close_session,
             (OPSW, "port-set-state"): self._port_set_state,
+            (PLTS, "port-shutter-set-state"): self._port_set_state,
             (NOTIF, "create-subscription"): self._create_subscription,
         }
         handler = handlers.get((ns, name))
@@ -266,20 +268,23 @@ class NetconfOperations(SwitchEmulator):
         return "<ok/>", None
 
     def _port_set_state(self, session: NetconfSession, op: ET.Element) -> tuple[str, None]:
+        """optical-switch `port-set-state` (ONOS), or polatis-switch `port-shutter-set-state` (tcdona3's
+        client): leaf-lists `port-enab` and `port-disab`, on the one enabled/disabled state that
+        `port-config/status` reports (decision 0083)."""
+        rpc = split_tag(op.tag)[1]
         n = self.model.space.n_ingress + self.model.space.n_egress
         changes: list[tuple[int, bool]] = []
         for child in op:
             name = split_tag(child.tag)[1]
             if name not in ("port-enab", "port-disab"):
-                raise RpcError("unknown-element", f"port-set-state has no {name}", info={"bad-element": name})
+                raise RpcError("unknown-element", f"{rpc} has no {name}", info={"bad-element": name})
             port = _port(child, n, name)
             changes.append((port, name == "port-disab"))
         for port, disable in changes:
             (self.disabled.add if disable else self.disabled.discard)(port)
         if changes:
             self._activity.append(
-                "port-set-state: "
-                + ", ".join(f"{'disable' if off else 'enable'} {port}" for port, off in changes)
+                f"{rpc}: " + ", ".join(f"{'disable' if off else 'enable'} {port}" for port, off in changes)
             )
         return "<ok/>", None
 

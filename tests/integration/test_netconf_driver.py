@@ -161,6 +161,59 @@ async def test_port_set_state_enables_and_disables(rig: Rig) -> None:
         await rig.switch.set_port_state(enable=[3], disable=[3])
 
 
+async def test_port_shutter_set_state_from_a_public_client_over_its_own_session(rig: Rig) -> None:
+    """The polatis-switch shutter RPC as a public client sends it (tcdona3: ncclient's `dispatch` of a raw
+    RPC, its own SSH session beside the driver's): `<ok/>`, the status the driver reads, and the activity
+    log naming the RPC that made the change."""
+    from ncclient import manager
+    from ncclient.operations import RPCError
+    from ncclient.xml_ import to_ele
+
+    plts = "http://www.polatis.com/yang/polatis-switch"
+    host, port = rig.emulator.address
+    await rig.switch.subscribe()
+    notes = rig.switch.notifications()
+
+    def shutter(leaves: list[str]) -> list[str]:
+        replies = []
+        before = set(threading.enumerate())
+        with manager.connect(
+            host=host,
+            port=port,
+            username="admin",
+            password=PASSWORD,
+            hostkey_verify=False,
+            allow_agent=False,
+            look_for_keys=False,
+            timeout=5,
+        ) as m:
+            for leaf in leaves:
+                rpc = f'<port-shutter-set-state xmlns="{plts}">{leaf}</port-shutter-set-state>'
+                try:
+                    replies.append(m.dispatch(to_ele(rpc)).xml)
+                except RPCError as e:  # ncclient raises an rpc-error reply
+                    replies.append(f"{e.tag}: {e.message}")
+        for thread in set(threading.enumerate()) - before:
+            if not thread.name.startswith("asyncio_"):  # ncclient's and paramiko's end after the close
+                thread.join(5)
+        return replies
+
+    try:
+        replies = await asyncio.to_thread(shutter, ["<port-disab>2</port-disab>", "<port-shut>2</port-shut>"])
+        assert "<ok/>" in replies[0]
+        assert replies[1] == "unknown-element: port-shutter-set-state has no port-shut"
+        assert rig.emulator.disabled == {2}
+        assert (await rig.switch.port_states([1, 2])).value == {1: "ENABLED", 2: "DISABLED"}
+        note = await asyncio.wait_for(anext(notes), 5)
+        assert note.fields["notification-activity"] == "port-shutter-set-state: disable 2"
+
+        replies = await asyncio.to_thread(shutter, ["<port-enab>2</port-enab>"])
+        assert "<ok/>" in replies[0] and rig.emulator.disabled == set()
+        assert (await rig.switch.port_states([2])).value == {2: "ENABLED"}
+    finally:
+        await notes.aclose()
+
+
 # -- the fault plan ------------------------------------------------------------------------------------------------
 async def test_drop_mid_command_is_reconnected_and_the_change_retried(rig: Rig) -> None:
     rig.emulator.set_faults(FaultPlan(drop_after_commands=2))  # 1: the read, 2: the edit-config

@@ -407,3 +407,51 @@ async def test_a_client_hello_without_a_base_ends_the_session(emulator: NetconfE
     hello = f'<hello xmlns="{BASE}"><capabilities><capability>urn:x</capability></capabilities></hello>]]>]]>'
     await _transcript(emulator, session, hello.encode(), wire)
     assert wire.aborted and session.closed and not session.hello_done
+
+
+async def test_port_shutter_set_state_is_answered_like_port_set_state(emulator: NetconfEmulator) -> None:
+    """The polatis-switch shutter RPC in the form a public client sends it (tcdona3: pretty-printed, one
+    port per leaf): `<ok/>`, and the ports' status is what port-set-state would have made it."""
+    plts = "http://www.polatis.com/yang/polatis-switch"
+    wire = _Wire()
+    session = NetconfSession(cast(Any, wire), user="admin", session_id=1, hello_done=True, base="1.0")
+
+    def shutter(message_id: str, leaves: str) -> bytes:
+        request = (
+            f'<rpc message-id="{message_id}" xmlns="{BASE}">\n'
+            f'        <port-shutter-set-state xmlns="{plts}">\n'
+            f"          {leaves}\n"
+            "        </port-shutter-set-state>\n"
+            "</rpc>"
+        )
+        return frame_eom(request.encode())
+
+    reply = await _transcript(emulator, session, shutter("11", "<port-disab>3</port-disab>"), wire)
+    assert reply == frame_eom(f'<rpc-reply xmlns="{BASE}" message-id="11"><ok/></rpc-reply>'.encode())
+    assert emulator.disabled == {3}
+
+    get = codec.rpc("12", codec.get(codec.port_status_filter([3, 4])))
+    reply = await _transcript(emulator, session, frame_eom(get.encode()), wire)
+    assert reply == frame_eom(
+        (
+            f'<rpc-reply xmlns="{BASE}" message-id="12"><data><port-config xmlns="{OPSW}">'
+            "<port><port-id>3</port-id><status>DISABLED</status></port>"
+            "<port><port-id>4</port-id><status>ENABLED</status></port>"
+            "</port-config></data></rpc-reply>"
+        ).encode()
+    )
+
+    both = "<port-disab>4</port-disab><port-enab>3</port-enab>"
+    reply = await _transcript(emulator, session, shutter("13", both), wire)
+    assert reply == frame_eom(f'<rpc-reply xmlns="{BASE}" message-id="13"><ok/></rpc-reply>'.encode())
+    assert emulator.disabled == {4}
+
+    # what port-set-state refuses, the shutter RPC refuses the same way, naming itself; nothing changes
+    for leaves, tag, message in [
+        ("<port-close>4</port-close>", "unknown-element", "port-shutter-set-state has no port-close"),
+        ("<port-enab>17</port-enab>", "invalid-value", "port-enab '17' is not a port 1..16"),
+    ]:
+        reply = await _transcript(emulator, session, shutter("14", leaves), wire)
+        errors = codec.parse_reply(reply[:-6].decode()).errors
+        assert [(e.tag, e.message) for e in errors] == [(tag, message)], leaves
+    assert emulator.disabled == {4}
