@@ -270,7 +270,7 @@ class NetconfOperations(SwitchEmulator):
     def _port_set_state(self, session: NetconfSession, op: ET.Element) -> tuple[str, None]:
         """optical-switch `port-set-state` (ONOS), or polatis-switch `port-shutter-set-state` (tcdona3's
         client): leaf-lists `port-enab` and `port-disab`, on the one enabled/disabled state that
-        `port-config/status` reports (decision 0083)."""
+        `port-config/status` reports (decision 0084)."""
         rpc = split_tag(op.tag)[1]
         n = self.model.space.n_ingress + self.model.space.n_egress
         changes: list[tuple[int, bool]] = []
