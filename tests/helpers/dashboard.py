@@ -67,6 +67,7 @@ def submit_fast(db: Path, name: str = "dash") -> None:
 def serve_http(tmp: Path, *extra: str) -> Iterator[Served]:
     """`labctl serve --http 127.0.0.1:0` on a queue with one fast run submitted, until the caller is done;
     then SIGTERM (the serve stops its run, restores its baseline) and reaped, killed if it hangs."""
+    tmp.mkdir(parents=True, exist_ok=True)
     db, runs, token_file = tmp / "q.sqlite", tmp / "runs", tmp / "token"
     submit_fast(db)
     argv = labctl_argv(
