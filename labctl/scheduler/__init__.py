@@ -32,7 +32,8 @@ The modules, each importing only those above it:
 - `results`: a finished run's headline numbers from its summary.json (`history`, `serve`'s log line).
 - `worker`: executing one run: the `Executor` protocol and `SubprocessExecutor`, and the worker process
   itself (`python -m labctl.scheduler worker ARGS`, through `__main__`).
-- `service`: the `serve` engine (`Scheduler`), recovery of runs left `running`, `serve_main`.
+- `crash_recovery`: recovery of runs left `running` (baseline and link settings restored, one retry).
+- `service`: the `serve` engine (`Scheduler`), `serve_main`.
 
 Nothing is imported here: `labctl.scheduler.timing` and the stores stay light for the CLI clients, and the
 worker process loads only what it runs.

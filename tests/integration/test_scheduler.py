@@ -271,7 +271,7 @@ async def test_recovery_restores_an_emulated_switch_through_its_own_emulator(
 ) -> None:
     """An `emulate: true` switch serves its emulator while it is connected, so the recovery reaches it
     over TCP without starting the rest of the lab (no fabric, no broker)."""
-    from labctl.scheduler.service import restore_baseline
+    from labctl.scheduler.crash_recovery import restore_baseline
 
     inv = repo / "experiments" / "inventories" / "tl1-emulated.yaml"
     exp = repo / "experiments" / "reconfig-timeline.yaml"

@@ -162,11 +162,12 @@ async def test_serve_restores_the_ports_of_a_tune_run_killed_mid_sweep(
     import os
     import signal
 
-    from labctl.scheduler import service
+    from labctl.scheduler import crash_recovery
     from labctl.scheduler.service import Scheduler
     from tests.helpers.serve_processes import labctl_argv
 
-    monkeypatch.setattr(service, "MAX_ATTEMPTS", 1)  # no retry: nothing runs on the agents after the recovery
+    # no retry: nothing runs on the agents after the recovery
+    monkeypatch.setattr(crash_recovery, "MAX_ATTEMPTS", 1)
     inv, _ = write_lab(tmp_path, broker_section(broker.url))
     spawn_agents(inv, tmp_path, agent_procs)
     exp = tune_experiment(tmp_path, reconfigurations=30, hold_s=0.3)

@@ -92,7 +92,7 @@ class NotASwitch:
 # Who may call send_mapping: the run's one path, and the two commands that work outside any run.
 SEND_MAPPING_CALLERS = {
     ("labctl/run/rails.py", "_send"),  # RailWriter.write and write_rails: every write of a run
-    ("labctl/scheduler/service.py", "restore_baseline"),  # a crashed run's baseline, no run around it
+    ("labctl/scheduler/crash_recovery.py", "restore_baseline"),  # a crashed run's baseline, no run around it
     ("labctl/cli/ocs.py", None),  # `labctl ocs connect|disconnect|apply`: one switch, by hand
 }
 
