@@ -66,6 +66,7 @@ SCRIPTS: dict[str, Settings] = {
     "carrier": Settings(
         quick_env={"BENCH_CYCLES": "50", "BENCH_MANY_CYCLES": "20"}, root=True, tools=("ip",)
     ),
+    "dashboard": Settings(quick=("--rounds", "1")),
     "dom": Settings(quick=("--rounds", "3", "--seconds", "0.2"), root_tools=("ip", "ethtool")),
     "events": Settings(quick=("--repeat", "3")),
     "gpu_device_check": Settings(

@@ -21,6 +21,7 @@ def test_there_are_bench_scripts() -> None:
         "dom.py",
         "mqtt.py",
         "device_check.py",
+        "dashboard.py",
     }
 
 
