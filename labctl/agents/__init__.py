@@ -1,7 +1,10 @@
 """Host agents over MQTT: `labctl agent` runs one host's probes and streams their events to the controller.
 
 Modules: wire.py (messages, topics, signing), broker.py (connection settings), clock.py (offsets),
-agent.py (the agent), hub.py (the controller's side); the lab kind is labctl/labs/agents.py.
+agent.py (the agent: its commands in agent_commands.py, its mirror of the world in mirror.py), hub.py
+(the controller's side: its broker connection, commands, event streams and clock exchange in
+hub_connection.py, hub_commands.py, hub_streams.py, clock_exchange.py); the lab kind is
+labctl/labs/agents.py.
 
 Topics (`<lab>` and `<host>` from the inventory):
 - `labctl/<lab>/<host>/events`  agent → controller: batches of events, QoS 1, one sequence number per

@@ -153,7 +153,7 @@ def build(ctx: LabContext) -> Lab:
     no_extra_probes(ctx.probes, "agents")
     inv = ctx.inventory
     # Light changes are announced when scheduled, so the agents' mirrors apply them at their model time
-    # instead of a broker hop after it (labctl.agents.agent.FabricMirror).
+    # instead of a broker hop after it (labctl.agents.mirror.FabricMirror).
     models = switch_models(ctx)
     fabric = SimFabric(inv, models, ctx.profile, ctx.rng)
     lab = Lab(close_hooks=[fabric.cancel_pending])

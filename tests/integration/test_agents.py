@@ -21,10 +21,11 @@ import msgspec
 import pandas as pd
 import pytest
 
-from labctl.agents.agent import Agent, FabricMirror
+from labctl.agents.agent import Agent
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.clock import HostClock
 from labctl.agents.hub import AgentHub, RemoteProbe
+from labctl.agents.mirror import FabricMirror
 from labctl.agents.wire import ANNOUNCED, HAPPENS, Batch, Command, Signer, WorldItem, topic
 from labctl.core.clock import now_ns
 from labctl.core.errors import HardwareError

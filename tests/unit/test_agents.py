@@ -9,10 +9,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from labctl.agents.agent import Agent, FabricMirror
+from labctl.agents.agent import Agent
 from labctl.agents.broker import BrokerSettings
 from labctl.agents.clock import OffsetSample, estimate_offset
 from labctl.agents.hub import AgentHub
+from labctl.agents.mirror import FabricMirror
 from labctl.agents.wire import Reply, WorldItem, shift_stamps, topic
 from labctl.core.clock import now_ns
 from labctl.core.events import Event, Kind
