@@ -409,7 +409,7 @@ def test_the_pages_have_their_parts() -> None:
     ):
         assert f"\n{heading}\n" in extending, heading
     architecture = ARCHITECTURE.read_text()
-    for heading in ("## The layers", "## One reconfiguration", "## Glossary", "## What is left (issue 24)"):
+    for heading in ("## The layers", "## One reconfiguration", "## Glossary", "## What is left"):
         assert f"\n{heading}\n" in architecture, heading
     assert "](extending.md)" in architecture and "](architecture.md)" in extending
 
