@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from labctl.dashboard.app import Settings
     from labctl.dashboard.security import Bind
 
+
 def _settings(
     http: str, token_file: Path | None, runs_dir: Path, db: str | Path | None, from_env: bool
 ) -> tuple[Settings, Bind, bool]:
