@@ -224,8 +224,12 @@ def execute(
     signal came during the run."""
     import asyncio
 
-    from labctl.run.lifecycle import run_experiment
+    from labctl.core import sched
+    from labctl.run.lifecycle import RunInputs, run_experiment
 
+    if rt_priority is not None:
+        sched.permitted(rt_priority)  # refused before the files are read, as run_experiment alone did
+    inputs = RunInputs.read(experiment, inventory)  # once: run_experiment gets them, reads nothing again
     progress = RichProgress(input_lines(experiment, inventory))
     signals = _Signals()
     try:
@@ -241,6 +245,7 @@ def execute(
                     plots=not no_plots,
                     plot_formats=formats,
                     rt_priority=rt_priority,
+                    inputs=inputs,
                 ),
                 progress,
                 signals,

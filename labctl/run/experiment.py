@@ -310,9 +310,10 @@ class Plan:
         }
 
 
-def load_experiment(path: Path | str) -> tuple[ExperimentSpec, SourcedYaml]:
+def load_experiment(path: Path | str, src: SourcedYaml | None = None) -> tuple[ExperimentSpec, SourcedYaml]:
+    """A timeline experiment, validated; `src`: the file as already read (`compile_experiment` reads once)."""
     path = Path(path)
-    src = load_yaml(path, "experiment")
+    src = src if src is not None else load_yaml(path, "experiment")
     try:
         spec = ExperimentSpec.model_validate(src.data)
     except ValidationError as e:
@@ -436,6 +437,9 @@ class ExperimentKind:
     added to run.json and summary.json."""
     summary_lines: Callable[[dict[str, Any]], list[str]] = no_lines
     """What `labctl run` prints after the breakdown table for a run of this kind (rich markup)."""
+    compile_read: Callable[[Path, SourcedYaml, Inventory], Plan] | None = None
+    """`compile` for a file `compile_experiment` has already read (its YAML, with file:line), so that one
+    run reads its experiment file once. A kind without it is compiled by `compile`, which reads it again."""
 
 
 def _describe_timeline(plan: Plan, inventory: Inventory) -> list[str]:
@@ -452,7 +456,11 @@ def _describe_timeline(plan: Plan, inventory: Inventory) -> list[str]:
 
 
 def _compile_timeline(path: Path, inventory: Inventory) -> Plan:
-    spec, src = load_experiment(path)
+    return _compile_timeline_read(path, load_yaml(path, "experiment"), inventory)
+
+
+def _compile_timeline_read(path: Path, src: SourcedYaml, inventory: Inventory) -> Plan:
+    spec, src = load_experiment(path, src)
     return build_plan(spec, inventory, src)
 
 
@@ -461,6 +469,7 @@ KIND = ExperimentKind(
     "a baseline, then a cycle of circuit phases, each reconfiguration's link-up measured (the main job)",
     _compile_timeline,
     _describe_timeline,
+    compile_read=_compile_timeline_read,
 )
 experiment_kinds: Registry[ExperimentKind] = Registry(
     "experiment kind", "labctl.experiment_kinds", ExperimentKind
@@ -469,7 +478,11 @@ experiment_kinds: Registry[ExperimentKind] = Registry(
 
 def experiment_kind(path: Path | str) -> ExperimentKind:
     """The kind an experiment file names (`kind:`; default: timeline), from the registry."""
-    src = load_yaml(Path(path), "experiment")
+    return kind_named(load_yaml(Path(path), "experiment"))
+
+
+def kind_named(src: SourcedYaml) -> ExperimentKind:
+    """The kind a read experiment file names (`kind:`; default: timeline), from the registry."""
     name = src.data.get("kind", DEFAULT_EXPERIMENT_KIND) if isinstance(src.data, dict) else None
     if name is None:
         name = DEFAULT_EXPERIMENT_KIND  # not a mapping: the kind's own loader says what is wrong
@@ -482,6 +495,10 @@ def experiment_kind(path: Path | str) -> ExperimentKind:
 
 
 def compile_experiment(path: Path | str, inventory: Inventory) -> Plan:
-    """Any experiment kind, compiled to a plan of typed steps against the inventory."""
-    kind = experiment_kind(path)
-    return replace(kind.compile(Path(path), inventory), kind=kind.name)
+    """Any experiment kind, compiled to a plan of typed steps against the inventory. The file is read once
+    where its kind has `compile_read`."""
+    path = Path(path)
+    src = load_yaml(path, "experiment")
+    kind = kind_named(src)
+    plan = kind.compile_read(path, src, inventory) if kind.compile_read else kind.compile(path, inventory)
+    return replace(plan, kind=kind.name)

@@ -16,7 +16,7 @@ import shlex
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from labctl.analysis.catalog import write_record
 from labctl.analysis.pool import FigureWorkers
@@ -33,6 +33,10 @@ from labctl.linux.timesync import clock_sync_state
 from labctl.run.engine import NullProgress, RunEngine
 from labctl.run.experiment import compile_experiment, experiment_kinds
 from labctl.run.steps import ProgressSink, Stage
+
+if TYPE_CHECKING:
+    from labctl.inventory.schema import Inventory
+    from labctl.run.experiment import Plan
 
 log = logging.getLogger("labctl.run")
 T = TypeVar("T")
@@ -56,6 +60,22 @@ class RunOutcome:
     on it) how to put it back (`restore`)."""
     figures_interrupted: bool = False
     """A signal came during the analysis of a finished run: its summary is written, its figures are not."""
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """A run's two input files, each read once: the inventory loaded and the experiment compiled against it.
+    `labctl run` reads them before its run and hands them down to `run_experiment`, which reads them itself
+    for a caller that gives none (the scheduler's worker)."""
+
+    inventory: Inventory
+    plan: Plan
+
+    @classmethod
+    def read(cls, experiment: Path, inventory_path: Path) -> RunInputs:
+        """The inventory, then the experiment against it: InputError (file:line) on the first bad one."""
+        inventory = load(inventory_path)
+        return cls(inventory, compile_experiment(experiment, inventory))
 
 
 class _FiguresAhead:
@@ -187,17 +207,19 @@ async def run_experiment(
     plots: bool = True,
     plot_formats: Sequence[str] | None = None,
     rt_priority: int | None = None,
+    inputs: RunInputs | None = None,
 ) -> RunOutcome:
     """Everything `labctl run` does: validate, run, analyse, plot. InputErrors surface before any I/O.
     `plot_formats`: what to draw the figures in (default: the experiment's `analysis.plot_formats`, png).
     An aborted run draws none: it stops now, and `labctl plot RUN` draws them on request. `rt_priority`:
     the event loop's thread at SCHED_FIFO while the experiment runs (labctl.core.sched; refused before
-    anything is written where not permitted)."""
+    anything is written where not permitted). `inputs`: the two files as the caller already read them
+    (`RunInputs.read` of these paths); without them, they are read here."""
     progress = progress or NullProgress()
     if rt_priority is not None:
         sched.permitted(rt_priority)
-    inventory = load(inventory_path)
-    plan = compile_experiment(experiment, inventory)
+    inputs = inputs or RunInputs.read(experiment, inventory_path)
+    inventory, plan = inputs.inventory, inputs.plan
     kind = experiment_kinds.get(plan.kind)
     spec = plan.spec
     profile_obj = inventory.profile(profile)

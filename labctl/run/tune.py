@@ -30,7 +30,7 @@ from labctl.core.clock import now_ns
 from labctl.core.errors import InputError, LabctlError
 from labctl.core.events import Kind
 from labctl.core.fileio import write_json_atomic
-from labctl.core.yamlio import format_loc, load_yaml, pydantic_error_line
+from labctl.core.yamlio import SourcedYaml, format_loc, load_yaml, pydantic_error_line
 from labctl.inventory.profiles import Profile
 from labctl.inventory.schema import Inventory, NicPort
 from labctl.nic.settings import (
@@ -246,7 +246,11 @@ def _check_ends(
 
 
 def compile_tune(path: Path, inventory: Inventory) -> Plan:
-    src = load_yaml(path, "experiment")
+    return compile_tune_read(path, load_yaml(path, "experiment"), inventory)
+
+
+def compile_tune_read(path: Path, src: SourcedYaml, inventory: Inventory) -> Plan:
+    """`compile_tune` of the file as already read."""
     try:
         spec = TuneSpec.model_validate(src.data)
     except ValidationError as e:
@@ -624,4 +628,5 @@ KIND = ExperimentKind(
     describe_tune,
     record=record_tune,
     summary_lines=tune_lines,
+    compile_read=compile_tune_read,
 )

@@ -213,9 +213,10 @@ class ReplaySegment(StepBase):
             await run.events.flush_durably()
 
 
-def load_replay(path: Path | str) -> tuple[ReplaySpec, SourcedYaml, Trace]:
+def load_replay(path: Path | str, src: SourcedYaml | None = None) -> tuple[ReplaySpec, SourcedYaml, Trace]:
+    """A replay experiment and its trace; `src`: the file as already read (`compile_experiment`'s)."""
     path = Path(path)
-    src = load_yaml(path, "experiment")
+    src = src if src is not None else load_yaml(path, "experiment")
     try:
         spec = ReplaySpec.model_validate(src.data)
     except ValidationError as e:
@@ -298,7 +299,11 @@ def build_replay_plan(
 
 
 def load_replay_plan(path: Path, inventory: Inventory) -> Plan:
-    spec, src, trace = load_replay(path)
+    return _compile_read(path, load_yaml(path, "experiment"), inventory)
+
+
+def _compile_read(path: Path, src: SourcedYaml, inventory: Inventory) -> Plan:
+    spec, src, trace = load_replay(path, src)
     return build_replay_plan(spec, trace, inventory, src, path)
 
 
@@ -397,4 +402,5 @@ KIND = ExperimentKind(
     profile_update=_profile_update,
     record=record_replay,
     summary_lines=replay_lines,
+    compile_read=_compile_read,
 )
