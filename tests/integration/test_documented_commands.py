@@ -170,6 +170,8 @@ DRY: dict[str, str] = {
     ),
     "labctl run experiments/replay-opus-testbed-linkup.yaml": "about 40 s (the opus-testbed firmware link-up)",
     "labctl run reconfig-timeline": "about a minute (the opus-testbed profile); the fast one runs below",
+    # docs/how-to/tune.md
+    "labctl tune tune-autoneg-fec --profile fast": "a tune run is tests/integration/test_tune_cli.py's",
 }
 
 SKIP: dict[str, str] = {
@@ -180,20 +182,44 @@ SKIP: dict[str, str] = {
     "python3 -m pip install -q -e '.[test]' -c constraints.txt && python3 -m pytest -n 3": (
         "installs, and runs this whole suite"
     ),
-    "printf 'listener 1883 127.0.0.1\\nallow_anonymous true\\nset_tcp_nodelay true\\n' > /tmp/mosquitto.conf": (
-        "the agents lab on one machine: a mosquitto and four agents (tests/integration/test_agents.py)"
+    # docs/tutorial/: each step's commands build on the ones before (a lab directory, a broker, agents, a
+    # queue in the home directory), so they run in order, as one script, in tests/integration/test_tutorial.py
+    **dict.fromkeys(
+        (
+            "python3 -m pip install -e .",
+            "mkdir -p ~/labctl-tutorial && cd ~/labctl-tutorial",
+            "labctl run reconfig-timeline --profile fast",
+            "ls runs/*/",
+            "labctl report",
+            "cd ~/labctl-tutorial",
+            "labctl init mylab",
+            "cd mylab",
+            "sed -i 's/^lab: opus-testbed$/lab: mylab/' inventory.yaml",
+            "printf 'profiles:\\n my-nic: {extends: fast, firmware_up_ms: [20, 30]}\\n' >> inventory.yaml",
+            "labctl inventory check",
+            "labctl run experiments/reconfig-timeline.yaml --profile fast",
+            "labctl run experiments/reconfig-timeline.yaml --profile my-nic",
+            "labctl runs",
+            "labctl compare --experiment reconfig-timeline profile=fast vs profile=my-nic",
+            "cd ~/labctl-tutorial/mylab",
+            "printf 'listener 1883 127.0.0.1\\nallow_anonymous true\\nset_tcp_nodelay true\\n' > mosquitto.conf",
+            "mosquitto -c mosquitto.conf 2> mosquitto.log &",
+            "{ cat inventory.yaml; printf 'kind: agents\\nbroker: {url: \"mqtt://127.0.0.1:1883\"}\\n'; } > agents.yaml",
+            "labctl inventory check agents.yaml",
+            "for h in h1 h2 h3 h4; do labctl agent --host $h -i agents.yaml 2> agent-$h.log & done",
+            "labctl run experiments/reconfig-timeline.yaml -i agents.yaml --profile fast",
+            "kill $(jobs -p)",
+            "labctl submit experiments/reconfig-timeline.yaml --profile fast --name quick",
+            "labctl submit experiments/reconfig-timeline.yaml --profile my-nic --name quick-nic --priority 10",
+            "labctl submit experiments/reconfig-timeline.yaml --cron '0 2 * * *' --name nightly",
+            "labctl queue",
+            "labctl cancel nightly",
+            "labctl serve --exit-when-idle",
+            "labctl history",
+            "labctl report --experiment reconfig-timeline --profile fast",
+        ),
+        "the tutorial, run end to end and in order by tests/integration/test_tutorial.py",
     ),
-    "mosquitto -c /tmp/mosquitto.conf -d": "starts a broker daemon (tests/integration/test_agents.py)",
-    "{ cat inventory.yaml; printf 'kind: agents\\nbroker: {url: \"mqtt://127.0.0.1:1883\"}\\n'; } > /tmp/agents.yaml": (
-        "writes into /tmp; part of the agents lab (tests/integration/test_agents.py)"
-    ),
-    "for h in h1 h2 h3 h4; do labctl agent --host $h -i /tmp/agents.yaml & done": (
-        "four agents in the background, needing the broker (tests/integration/test_agents.py)"
-    ),
-    "labctl run experiments/reconfig-timeline.yaml -i /tmp/agents.yaml --profile fast": (
-        "needs the broker and the agents above (tests/integration/test_agents.py)"
-    ),
-    "python3 bench/agents.py --runs 5": "a benchmark: minutes, a broker and agents",
     "export POLATIS_PASSWORD=... LABCTL_MQTT_KEY=...": "a real lab's secrets",
     "labctl lab check -i opus.yaml": "a real lab (opus.yaml, its switch and agents)",
     "labctl run experiments/reconfig-timeline.yaml -i opus.yaml --dry-run": "a real lab's opus.yaml",
@@ -268,10 +294,10 @@ SKIP: dict[str, str] = {
 
 INLINE: list[tuple[str, str, int]] = [
     # (doc, command as its prose names it, exit code): run on the shared run, in this order
-    ("README.md", "labctl report runs/", 0),
+    ("docs/results.md", "labctl report runs/", 0),
     ("README.md", "labctl report", 0),
-    ("README.md", "labctl runs", 0),
-    ("README.md", "labctl report --experiment reconfig-timeline --since monday", 0),
+    ("docs/results.md", "labctl runs", 0),
+    ("docs/results.md", "labctl report --experiment reconfig-timeline --since monday", 0),
     ("README.md", "labctl export RUN", 0),
     ("docs/reference.md", "labctl schema inventory --out schemas/inventory.schema.json", 0),
 ]
@@ -448,15 +474,16 @@ def _unitless(header: str) -> str:
 def test_the_readme_breakdown_table_is_what_the_run_prints(lab: Lab) -> None:
     """The README's example (opus-testbed profile) against the fast run: the same columns in the same
     order, the same phases over the same units and counts; the numbers are each run's own."""
-    shown = _table_rows(_shown("README.md", "┃ phase"))
-    printed = _table_rows(lab.run_stdout)
-    assert shown and printed
-    assert [_unitless(h) for h in shown[0]] == [_unitless(h) for h in printed[0]]
-    assert [row[:3] for row in shown[1:]] == [row[:3] for row in printed[1:]]
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    resolution = next(line for line in readme.splitlines() if line.startswith("mark resolution"))
-    said = next(line for line in lab.run_stdout.splitlines() if line.startswith("mark resolution"))
-    assert resolution.split(":")[0] == said.split(":")[0]
+    for doc in ("README.md", "docs/results.md"):  # the README's example, and the site's beside its columns
+        shown = _table_rows(_shown(doc, "┃ phase"))
+        printed = _table_rows(lab.run_stdout)
+        assert shown and printed
+        assert [_unitless(h) for h in shown[0]] == [_unitless(h) for h in printed[0]]
+        assert [row[:3] for row in shown[1:]] == [row[:3] for row in printed[1:]]
+        readme = (REPO / doc).read_text(encoding="utf-8")
+        resolution = next(line for line in readme.splitlines() if line.startswith("mark resolution"))
+        said = next(line for line in lab.run_stdout.splitlines() if line.startswith("mark resolution"))
+        assert resolution.split(":")[0] == said.split(":")[0]
 
 
 def test_the_readme_agent_clocks_table_is_what_labctl_prints() -> None:
@@ -466,7 +493,7 @@ def test_the_readme_agent_clocks_table_is_what_labctl_prints() -> None:
 
     from labctl.cli.tables import clock_table
 
-    block = _shown("README.md", "agent clocks (offset")
+    block = _shown("docs/how-to/real-lab.md", "agent clocks (offset")
     shown = _table_rows(block)
     header = shown[0]
     scale = {"(s)": 1e9, "(ms)": 1e6, "(µs)": 1e3, "(ns)": 1}
@@ -552,7 +579,7 @@ def test_help_starts_with_a_command_that_works_outside_a_clone() -> None:
 def test_the_readme_layout_names_folders_that_exist() -> None:
     """Each folder the README's layout names under labctl/ is there (it named labctl/drivers/ once: it is
     labctl/ocs/drivers/)."""
-    block = _shown("README.md", "inventory.yaml   the default lab")
+    block = _shown("docs/development.md", "inventory.yaml   the default lab")
     parents: dict[int, Path] = {}
     named = 0
     for line in block.splitlines():

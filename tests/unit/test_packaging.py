@@ -20,11 +20,11 @@ def test_every_directory_of_modules_is_a_package(repo: Path) -> None:
 
 
 def test_every_path_the_readme_names_exists(repo: Path) -> None:
-    """A new user follows the README: a file it names that the repository does not hold (a tests/ tier, a
-    design document) is a dead end on the first day."""
+    """A new user follows the README and the site it leads to (docs/): a file they name that the repository
+    does not hold (a tests/ tier, a design document) is a dead end on the first day."""
     import re
 
-    text = (repo / "README.md").read_text()
+    text = "\n".join(p.read_text() for p in [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))])
     named = set(re.findall(r"(?<![\w/.~-])((?:tests|docs|experiments|bench|\.ci)/[\w./-]*[\w/])", text))
     assert len(named) > 10
     missing = [p for p in sorted(named) if not (repo / p).exists() and not list(repo.glob(p + "*"))]
