@@ -365,7 +365,7 @@ def _into_reconfigurations(out: Path) -> Path:
 def test_an_agent_restarted_at_once_fails_the_run_and_the_next_run_works(
     rehearsal: dict[str, str], replacement_agents: list[subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
-    """systemd's Restart=on-failure (the README's unit) brings a crashed agent back in ~100 ms, well inside
+    """systemd's Restart=on-failure (the unit in docs/how-to/real-lab.md) brings a crashed agent back in ~100 ms, well inside
     the grace that tolerates a broker restart. The new process runs none of the run's probes: the run must
     fail naming the host, not end `completed` with its recoveries timed out; the next run uses the new
     agent. (Before the SIGKILL test below, which leaves h3 dead; this one leaves h2 a replacement.)"""
@@ -436,7 +436,7 @@ def test_an_agent_killed_mid_run_gives_a_clear_outcome(rehearsal: dict[str, str]
     assert list(lost) == ["h3"] and killed_wall_ns <= lost["h3"]["wall_ns"] <= killed_wall_ns + 5 * 10**9
     assert lost["h3"]["reason"] == "offline"
     # Nothing the agent published before it died went missing on the way. (What it had sampled but not yet
-    # published died with it, uncounted: README, "Agents".)
+    # published died with it, uncounted: docs/how-to/real-lab.md, "Agents".)
     assert meta["agents"]["streams"]["h3"]["missing_events"] == 0, meta["agents"]["streams"]
     events = list(read_events(events_file))
     [gone] = [e for e in events if e.kind == "agent.lost"]

@@ -41,7 +41,9 @@ async def test_the_verbs_rc_probe_marks_t5_on_the_labs_ports(
 ) -> None:
     missing = [port.label for port in lab.ports if port.rdma is None]
     if missing:
-        pytest.skip(f"the lab's ports have no `rdma:` keys ({', '.join(missing[:3])}, ...): see the README")
+        pytest.skip(
+            f"the lab's ports have no `rdma:` keys ({', '.join(missing[:3])}, ...): see docs/how-to/rdma.md"
+        )
     outcome = await run_experiment(
         _rdma_experiment(tmp_path), lab_path, out_dir=tmp_path / "runs", plots=False
     )
