@@ -92,7 +92,7 @@ def dead_pid() -> int:
 
 def make_runs(templates: list[Path], runs: Path, count: int, now_ns: int) -> None:
     """`count` run directories from the templates, as described above."""
-    from labctl.analysis.catalog import write_record
+    from labctl.analysis.catalog_record import write_record
 
     rng = random.Random(27)
     metas = [json.loads((t / "run.json").read_text()) for t in templates]
@@ -137,7 +137,8 @@ def old_report(paths: list[str]) -> dict[str, Any]:
     import numpy as np
     import pandas as pd
 
-    from labctl.analysis.breakdown import DURATIONS, phase_values, summarize
+    from labctl.analysis.breakdown_table import DURATIONS
+    from labctl.analysis.phase_stats import phase_values, summarize
     from labctl.analysis.store import load_run
 
     frames, runs = [], []

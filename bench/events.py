@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from labctl.analysis.breakdown import EventIndex, compute_breakdown
+from labctl.analysis.breakdown import compute_breakdown
+from labctl.analysis.event_index import EventIndex
 from labctl.core.clock import Timebase
 from labctl.core.events import EventLog
 

@@ -1,15 +1,15 @@
 """Across runs: one breakdown from several runs (same experiment, other seeds or days), and two sets of runs
 compared phase by phase, each median with its bootstrap interval and the difference with its own.
 
-The rows come from the runs' breakdown.parquet files, read in one DuckDB scan (labctl.analysis.catalog;
-never events.jsonl, but for a run that has no usable Parquet file, named in `notes`). Values are pooled
-over each phase's unit (labctl.analysis.breakdown.UNITS) across the runs; rows flagged impossible or
-unresolved stay out, as in a single run's summary. Intervals resample whole reconfigurations, each run's
-its own (the ports of one reconfiguration move together: decision 0042). Each run's own median is kept
-too, so run-to-run spread is visible beside the pooled interval (a slow day moves every reconfiguration of
-a run, which even the cluster bootstrap does not see).
+The rows come from the runs' breakdown.parquet files, read in one DuckDB scan
+(labctl.analysis.catalog_breakdowns; never events.jsonl, but for a run that has no usable Parquet file,
+named in `notes`). Values are pooled over each phase's unit (labctl.analysis.phase_stats.UNITS) across
+the runs; rows flagged impossible or unresolved stay out, as in a single run's summary. Intervals resample
+whole reconfigurations, each run's its own (the ports of one reconfiguration move together: decision
+0042). Each run's own median is kept too, so run-to-run spread is visible beside the pooled interval (a
+slow day moves every reconfiguration of a run, which even the cluster bootstrap does not see).
 
-The numbers equal those of labctl.analysis.breakdown.summarize over the same rows pooled in pandas (a test
+The numbers equal those of labctl.analysis.phase_stats.summarize over the same rows pooled in pandas (a test
 holds them equal); only the way there is cheaper: the selection in SQL, and the cluster bootstrap through
 the few ranks where a resample's median can fall (`cluster_bootstrap_medians`, decision 0058).
 """
@@ -24,18 +24,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from labctl.analysis.breakdown import (
+from labctl.analysis.breakdown_table import DURATIONS
+from labctl.analysis.catalog import iso, select_runs
+from labctl.analysis.catalog_breakdowns import load_breakdowns
+from labctl.analysis.catalog_filters import Filters
+from labctl.analysis.phase_stats import (
     BOOTSTRAP_RESAMPLES,
-    DURATIONS,
     POOLED_CLUSTER,
     UNITS,
     ci_text,
     percentile_interval,
 )
-from labctl.analysis.breakdown import (
-    describe as describe_phase,
-)
-from labctl.analysis.catalog import Filters, iso, load_breakdowns, select_runs
+from labctl.analysis.phase_stats import describe as describe_phase
 from labctl.analysis.settings import PHASES as SETTING_PHASES
 from labctl.analysis.settings import difference as setting_difference
 from labctl.analysis.settings import reference_of, section
@@ -67,7 +67,7 @@ PILOT = 64
 
 
 def cluster_bootstrap_medians(values: np.ndarray, clusters: np.ndarray, *, seed: int = 0) -> np.ndarray:
-    """The same medians as labctl.analysis.breakdown.bootstrap_medians(values, seed=seed,
+    """The same medians as labctl.analysis.phase_stats.bootstrap_medians(values, seed=seed,
     clusters=clusters), at a fraction of the cost for many values: a resample's median is a weighted
     median of the sorted values, and only a band of ranks around the middle can hold it. The first PILOT
     resamples are worked out in a wide band (±3 N/√k ranks, doubled until it holds them), and the band for
@@ -134,14 +134,14 @@ class _Band:
 
 
 def median_ci(values: np.ndarray, clusters: np.ndarray, *, seed: int = 0) -> tuple[int, int] | None:
-    """As labctl.analysis.breakdown.median_ci with clusters, through cluster_bootstrap_medians."""
+    """As labctl.analysis.phase_stats.median_ci with clusters, through cluster_bootstrap_medians."""
     if values.size < 2 or np.unique(clusters).size < 2:
         return None
     return percentile_interval(cluster_bootstrap_medians(values, clusters, seed=seed))
 
 
 def describe(values: np.ndarray, clusters: np.ndarray, unit: str) -> dict[str, Any]:
-    """labctl.analysis.breakdown.describe over pooled runs: the clusters are each run's reconfigurations and
+    """labctl.analysis.phase_stats.describe over pooled runs: the clusters are each run's reconfigurations and
     the median's CI comes from cluster_bootstrap_medians (the same draws, cheaper)."""
 
     def ci(v: np.ndarray, c: np.ndarray | None) -> tuple[int, int] | None:
@@ -174,7 +174,7 @@ class Pool:
         )
 
     def phase(self, column: str, setting: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One phase's values over its own unit, flagged rows left out (as breakdown.phase_clustered with
+        """One phase's values over its own unit, flagged rows left out (as phase_stats.phase_clustered with
         `run_id`): the values, each one's cluster (its run × reconfiguration, numbered in (run_id,
         reconfig) order) and its run's place in `runs`. `setting`: only the rows of that link_setting."""
         name = column.removesuffix("_ns")

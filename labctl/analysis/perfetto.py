@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from labctl.analysis.breakdown import COLUMNS
+from labctl.analysis.breakdown_table import COLUMNS
 
 MARKS = tuple(COLUMNS[COLUMNS.index("t0_command_ns") : COLUMNS.index("t5_traffic_ns") + 1])
 PHASES = (  # name, start mark, end mark: as labctl.analysis.breakdown defines them

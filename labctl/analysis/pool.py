@@ -14,9 +14,9 @@ before the last hold, and so is the summary. So the run asks the workers to work
 the timeline, and the headline with it, after the second reconfiguration, the distributions and the summary
 after the last), in memory,
 while the run goes on. At the end a worker works the data out again from the whole run and writes what it
-drew (`labctl.analysis.plots.DrawnFigure`) or summarized (`labctl.analysis.summary.Summarized`) if they are
-the same, and draws or summarizes again if not (events that reached the file late): the files are those
-working them out at the end gives, either way, and nothing is written for a run that ends aborted.
+drew (`labctl.analysis.figures_ahead.DrawnFigure`) or summarized (`labctl.analysis.summary.Summarized`) if
+they are the same, and draws or summarizes again if not (events that reached the file late): the files are
+those working them out at the end gives, either way, and nothing is written for a run that ends aborted.
 
 A worker that did not start, died, or failed is not trusted with anything: the run analyses in its own
 process instead, where an error surfaces as it always did. Workers read their job from stdin (after any
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import os
 import sys
@@ -40,7 +41,7 @@ from labctl.analysis.figures import DRAWN_WITH, FIGURES, WORKER_FIGURES
 from labctl.core.sched import background, foreground
 
 if TYPE_CHECKING:
-    from labctl.analysis.plots import DrawnFigure
+    from labctl.analysis.figures_ahead import DrawnFigure
     from labctl.analysis.summary import Summarized
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -175,8 +176,11 @@ def _warm_up() -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from labctl.analysis.plots import render_files, styled
+    from labctl.analysis.plot_files import render_files
+    from labctl.analysis.plot_style import styled
 
+    # Every figure's module (~20 ms), imported here while the run goes on rather than when the figure is due.
+    importlib.import_module("labctl.analysis.plots")
     with styled(None):
         fig = plt.figure(figsize=(2, 1), layout="constrained")
         box, cdf = fig.subplots(1, 2)

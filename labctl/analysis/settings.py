@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from labctl.analysis.breakdown import (
+from labctl.analysis.phase_stats import (
     POOLED_CLUSTER,
     UNITS,
     bootstrap_medians,
@@ -36,7 +36,7 @@ Clustered = tuple[np.ndarray, np.ndarray]
 Bootstrap = Callable[..., np.ndarray]
 """bootstrap_medians(values, seed=, clusters=) or a function giving the same medians for the same seed."""
 Describe = Callable[[np.ndarray, np.ndarray, str], dict[str, Any]]
-"""(values, clusters, unit) → breakdown.describe's dict, the median's CI resampling the clusters."""
+"""(values, clusters, unit) → phase_stats.describe's dict, the median's CI resampling the clusters."""
 
 
 def _bootstrap(values: np.ndarray, *, seed: int = 0, clusters: np.ndarray | None = None) -> np.ndarray:

@@ -7,7 +7,8 @@
   circuit end whose total link-up is that setting's median, each phase a bar from the command (t0) in
   pipeline order (switch, optical, firmware, carrier, transport), the total written at its end.
 
-Plots in labctl.analysis.plots' conventions: its style (`styled`), phase colours, atomic files per format.
+Plots in the conventions of labctl.analysis.plots' figures: their style (`styled`) and phase colours
+(labctl.analysis.plot_style), atomic files per format (labctl.analysis.plot_files).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from labctl.analysis.breakdown import UNITS, phase_values
+from labctl.analysis.distributions_plot import RECOVERY_PHASES
 from labctl.analysis.figures import DEFAULT_FORMATS
-from labctl.analysis.plots import PHASE_COLOURS, RECOVERY_PHASES, _draw_and_save
+from labctl.analysis.phase_stats import UNITS, phase_values
+from labctl.analysis.plot_files import draw_and_save
+from labctl.analysis.plot_style import PHASE_COLOURS
 
 __all__ = [
     "SETTINGS_FIGURES",
@@ -161,13 +164,13 @@ def plot_settings(
     if not settings_of(frame):
         return []
     return [
-        *_draw_and_save(
+        *draw_and_save(
             lambda: settings_distributions_figure(frame, reference),
             out_dir / SETTINGS_FIGURES[0],
             style,
             formats,
         ),
-        *_draw_and_save(
+        *draw_and_save(
             lambda: settings_timeline_figure(frame, reference), out_dir / SETTINGS_FIGURES[1], style, formats
         ),
     ]

@@ -143,7 +143,9 @@ def load_run(path: Path | str) -> Run:
     """
     import pandas as pd
 
-    from labctl.analysis.breakdown import clock_uncertainties, compute_breakdown, read_breakdown_csv
+    from labctl.analysis.breakdown import compute_breakdown
+    from labctl.analysis.breakdown_table import read_breakdown_csv
+    from labctl.analysis.clock_uncertainty import clock_uncertainties
 
     run_path = resolve_run_path(path)
     meta = _json_object(run_path / RUN_JSON)

@@ -7,21 +7,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from labctl.analysis.breakdown import (
-    EventIndex,
-    clock_caveats,
-    clock_uncertainties,
-    compute_breakdown,
-    summarize,
-    write_breakdown,
-)
+from labctl.analysis.breakdown import compute_breakdown
+from labctl.analysis.breakdown_table import write_breakdown
+from labctl.analysis.clock_uncertainty import clock_caveats, clock_uncertainties
+from labctl.analysis.event_index import EventIndex
 from labctl.analysis.figures import FIGURES
+from labctl.analysis.phase_stats import summarize
 from labctl.analysis.settings import by_setting
 from labctl.analysis.store import read_run_json
 from labctl.core.fileio import write_json_atomic
 
 if TYPE_CHECKING:
-    from labctl.analysis.plots import DrawnFigure
+    from labctl.analysis.figures_ahead import DrawnFigure
 
 
 def _breakdown(run_dir: Path, threshold_dbm: float | None) -> tuple[EventIndex, dict[str, Any], Any]:
@@ -125,9 +122,9 @@ def draw_ahead(
     run_dir: Path, threshold_dbm: float | None, figure: str, *, plot_formats: Sequence[str]
 ) -> DrawnFigure | None:
     """One of the run's figures from the events on record so far, rendered in memory, once what it shows
-    is on record (see labctl.analysis.plots.draw_ahead); None before. `analyse` and `draw` (`drawn=`)
+    is on record (see labctl.analysis.figures_ahead.draw_ahead); None before. `analyse` and `draw` (`drawn=`)
     write it at the end if the whole run's events give the same data, and draw it again otherwise."""
-    from labctl.analysis.plots import draw_ahead as draw_figure_ahead
+    from labctl.analysis.figures_ahead import draw_ahead as draw_figure_ahead
 
     index, _, frame = _breakdown(run_dir, threshold_dbm)
     return draw_figure_ahead(figure, index, frame, threshold_dbm=threshold_dbm, formats=plot_formats)

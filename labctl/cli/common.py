@@ -14,7 +14,7 @@ from labctl.core.errors import InputError
 from labctl.core.units import fmt_ns
 
 if TYPE_CHECKING:
-    from labctl.analysis.catalog import Filters
+    from labctl.analysis.catalog_filters import Filters
 
 __all__ = ["fmt_ns"]  # re-exported: every command formats durations the same way
 
@@ -205,6 +205,6 @@ def filters(
     experiment: str | None, lab: str | None, profile: str | None, since: str | None, status: str | None
 ) -> Filters:
     """The options as catalogue filters (a bad date or status: one line, exit code 2)."""
-    from labctl.analysis.catalog import filters_from
+    from labctl.analysis.catalog_filters import filters_from
 
     return filters_from(experiment=experiment, lab=lab, profile=profile, since=since, status=status)

@@ -23,12 +23,12 @@ from labctl.cli.common import (
 from labctl.core.errors import InputError
 
 if TYPE_CHECKING:
-    from labctl.analysis.catalog import Filters
+    from labctl.analysis.catalog_filters import Filters
 
 
 def _side(tokens: list[str]) -> tuple[list[str], Filters]:
     """A compare side's tokens: run or runs directories, and key=value filters (FILTER_KEYS) narrowing it."""
-    from labctl.analysis.catalog import FILTER_KEYS, filters_from
+    from labctl.analysis.catalog_filters import FILTER_KEYS, filters_from
 
     paths, given = [], {}
     for token in tokens:

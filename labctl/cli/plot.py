@@ -60,7 +60,8 @@ def plot(
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise InputError(f"{out_dir}: cannot create the output directory: {e.strerror}") from None
-    from labctl.analysis.breakdown import EventIndex, compute_breakdown
+    from labctl.analysis.breakdown import compute_breakdown
+    from labctl.analysis.event_index import EventIndex
     from labctl.analysis.settings import reference_of
     from labctl.analysis.settings_plots import plot_settings
     from labctl.analysis.store import read_run_json

@@ -95,7 +95,7 @@ def _run_summary(run_dir: Path, meta: dict[str, Any]) -> tuple[dict[str, Any], i
         except (OSError, ValueError) as e:
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             notes.append(f"{SUMMARY} is damaged ({reason}): recomputed from the breakdown")
-    from labctl.analysis.breakdown import summarize
+    from labctl.analysis.phase_stats import summarize
 
     parquet = run_dir / BREAKDOWN_PARQUET
     why = f"no {BREAKDOWN_PARQUET} (the run ended before its analysis)"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from labctl.analysis.catalog import write_record
+from labctl.analysis.catalog_record import write_record
 from labctl.analysis.pool import FigureWorkers
 from labctl.analysis.store import RunDir, new_run_id, versions
 from labctl.core import sched

@@ -111,7 +111,7 @@ async def run_sweep(
     paths: list[Path] = []
     done = [r for r in rows if r["status"] == "completed" and r["step_ns"] != ""]
     if plots and done:
-        from labctl.analysis.plots import plot_step_time_vs_delay
+        from labctl.analysis.sweep_plot import plot_step_time_vs_delay
 
         paths = plot_step_time_vs_delay(
             done, sweep_dir / PLOT_NAME, title=f"{trace.name}: step time vs switching delay"

@@ -209,7 +209,7 @@ def recoveries_from_breakdown(
     """The `total` phase (t5 − t0) over circuit ends, flagged rows and the baseline (reconfiguration 0)
     left out: one recovery, or one per `link_setting` (in order of first appearance) where the column
     exists; also whether it did."""
-    from labctl.analysis.breakdown import phase_values
+    from labctl.analysis.phase_stats import phase_values
 
     if "total_ns" not in frame or "reconfig" not in frame:
         raise InputError(f"{where}: no total_ns/reconfig columns: not a labctl breakdown")
@@ -537,7 +537,7 @@ def plot_whatif(result: WhatIf, out: Path, *, title: str = "") -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    from labctl.analysis.plots import styled
+    from labctl.analysis.plot_style import styled
     from labctl.core.fileio import atomic_path
 
     used = [o.recovery_used_ns for row in result.rows for o in row.outcomes.values()]

@@ -593,7 +593,7 @@ def run_owned_fabric_swept() -> Iterator[None]:
 async def test_emulated_reconfig_timeline_has_every_mark(
     tmp_path: Path, fabric_prefix: str, run_owned_fabric_swept: None
 ) -> None:
-    from labctl.analysis.breakdown import read_breakdown_csv
+    from labctl.analysis.breakdown_table import read_breakdown_csv
     from labctl.run.lifecycle import run_experiment
 
     experiment = tmp_path / "timeline.yaml"
@@ -785,7 +785,7 @@ async def test_emulated_run_over_rdma_recovers_within_the_ack_timeout_it_was_giv
     phase (carrier up to the first completed SEND) is bounded by the configured local ACK timeout: a
     requester idle in the dark retries once per timeout, so traffic is back at most one timeout (plus a
     ping interval and this machine's slack) after the link. Two timeouts, two bounds."""
-    from labctl.analysis.breakdown import read_breakdown_csv
+    from labctl.analysis.breakdown_table import read_breakdown_csv
     from labctl.run.lifecycle import run_experiment
 
     medians = {}
@@ -837,7 +837,7 @@ async def test_emulated_run_past_the_retry_budget_reconnects_or_times_out_by_pol
     """A dark gap (switching + 100-150 ms firmware) longer than the retry budget (timeout 10: 8 x 4.2 ms):
     under `reconnect` every QP errors, is reset with fresh PSNs and recovers, and run.json counts it;
     under `survive` the ports stay down and time out, and run.json says why (errors counted)."""
-    from labctl.analysis.breakdown import read_breakdown_csv
+    from labctl.analysis.breakdown_table import read_breakdown_csv
     from labctl.run.lifecycle import run_experiment
 
     outcomes = {}

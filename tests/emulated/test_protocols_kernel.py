@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.analysis.breakdown import read_breakdown_csv
+from labctl.analysis.breakdown_table import read_breakdown_csv
 from labctl.core.events import Kind, read_events
 from labctl.linux import netns
 from labctl.run.lifecycle import run_experiment

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.analysis.catalog import RECORD, record_of
+from labctl.analysis.catalog_record import RECORD, record_of
 from labctl.run.lifecycle import run_experiment
 from tests.conftest import REPO
 from tests.integration.test_run_records import SHORT as RECORDS_SHORT

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.analysis.breakdown import read_breakdown_csv
+from labctl.analysis.breakdown_table import read_breakdown_csv
 from labctl.analysis.compare import aggregate, compare, split_sets
 from labctl.core.errors import InputError
 from labctl.run.lifecycle import run_experiment

@@ -13,15 +13,14 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_hex
 
-from labctl.analysis.breakdown import EventIndex, compute_breakdown
-from labctl.analysis.plots import (
-    ALL_FORMATS,
-    STYLE_ENV,
-    distributions_figure,
-    draw_ahead,
-    plot_run,
-    timeline_figure,
-)
+from labctl.analysis.breakdown import compute_breakdown
+from labctl.analysis.distributions_plot import distributions_figure
+from labctl.analysis.event_index import EventIndex
+from labctl.analysis.figures import ALL_FORMATS
+from labctl.analysis.figures_ahead import draw_ahead
+from labctl.analysis.plot_style import STYLE_ENV
+from labctl.analysis.plots import plot_run
+from labctl.analysis.timeline_plot import timeline_figure
 from labctl.core.errors import InputError
 from labctl.core.events import Event, Kind
 from labctl.run.lifecycle import run_experiment

@@ -11,13 +11,10 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_hex
 
-from labctl.analysis.plots import (
-    MARKS,
-    distributions_figure,
-    headline_figure,
-    median_port,
-    timeline_figure,
-)
+from labctl.analysis.distributions_plot import distributions_figure
+from labctl.analysis.headline_plot import headline_figure, median_port
+from labctl.analysis.plot_style import MARKS
+from labctl.analysis.timeline_plot import timeline_figure
 from tests.integration.test_plots import axis, by_gid, synth
 
 PIPELINE = ["switch", "optical", "firmware", "carrier", "transport", "total"]

@@ -15,13 +15,10 @@ import pytest
 from matplotlib.colors import to_rgba
 from matplotlib.transforms import Bbox
 
-from labctl.analysis.plots import (
-    NEAR_PX,
-    NO_LIGHT_DBM,
-    distributions_figure,
-    headline_figure,
-    median_port,
-)
+from labctl.analysis.distributions_plot import distributions_figure
+from labctl.analysis.headline_labels import NEAR_PX
+from labctl.analysis.headline_plot import headline_figure, median_port
+from labctl.analysis.plot_style import NO_LIGHT_DBM
 from tests.integration.test_plots import axis, by_gid, synth
 
 MS = 1_000_000

@@ -11,7 +11,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pytest
 
-from labctl.analysis.plots import styled
+from labctl.analysis.plot_style import styled
 from labctl.analysis.settings_plots import (
     plot_settings,
     settings_distributions_figure,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from labctl.analysis.plots import ALL_FORMATS, plot_run
+from labctl.analysis.figures import ALL_FORMATS
+from labctl.analysis.plots import plot_run
 from labctl.analysis.store import load_run
 from labctl.run.lifecycle import run_experiment
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from labctl.analysis.breakdown import write_breakdown
+from labctl.analysis.breakdown_table import write_breakdown
 from labctl.workload.stall import switch_points
 from labctl.workload.trace import get_trace
 from labctl.workload.whatif import model_stall_ns

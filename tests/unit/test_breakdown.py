@@ -8,14 +8,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from labctl.analysis.breakdown import (
-    COLUMNS,
-    EventIndex,
-    compute_breakdown,
-    read_breakdown_csv,
-    summarize,
-    write_breakdown,
-)
+from labctl.analysis.breakdown import compute_breakdown
+from labctl.analysis.breakdown_table import COLUMNS, read_breakdown_csv, write_breakdown
+from labctl.analysis.event_index import EventIndex
+from labctl.analysis.phase_stats import summarize
 from labctl.core.clock import Timebase
 from labctl.core.events import Event, EventLog
 
@@ -294,7 +290,7 @@ def test_traffic_to_the_old_peer_never_counts_as_recovery() -> None:
 
 
 def test_a_clock_offset_wider_than_a_phase_it_crosses_is_said() -> None:
-    from labctl.analysis.breakdown import clock_caveats
+    from labctl.analysis.clock_uncertainty import clock_caveats
 
     frame = pd.DataFrame(
         {

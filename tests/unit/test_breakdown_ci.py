@@ -8,10 +8,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from labctl.analysis.breakdown import (
+from labctl.analysis.breakdown_table import COLUMNS, DURATIONS
+from labctl.analysis.phase_stats import (
     BOOTSTRAP_RESAMPLES,
-    COLUMNS,
-    DURATIONS,
     bootstrap_medians,
     median_ci,
     percentile_interval,

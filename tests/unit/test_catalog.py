@@ -19,30 +19,12 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from labctl.analysis.breakdown import (
-    COLUMNS,
-    DURATIONS,
-    INT_COLUMNS,
-    bootstrap_medians,
-    phase_values,
-    summarize,
-    write_breakdown,
-)
-from labctl.analysis.catalog import (
-    CACHE,
-    PHASES,
-    RECORD,
-    Catalog,
-    Filters,
-    filters_from,
-    parse_since,
-    parse_statuses,
-    public,
-    record_of,
-    select_runs,
-    write_record,
-)
+from labctl.analysis.breakdown_table import COLUMNS, DURATIONS, INT_COLUMNS, write_breakdown
+from labctl.analysis.catalog import CACHE, Catalog, public, select_runs
+from labctl.analysis.catalog_filters import Filters, filters_from, parse_since, parse_statuses
+from labctl.analysis.catalog_record import PHASES, RECORD, record_of, write_record
 from labctl.analysis.compare import aggregate, cluster_bootstrap_medians, compare, set_differences
+from labctl.analysis.phase_stats import bootstrap_medians, phase_values, summarize
 from labctl.cli.tables import quality_lines, summary_table
 from labctl.core.errors import InputError
 from labctl.core.units import UnitColumn, fmt_ns, fmt_pair, pick_unit

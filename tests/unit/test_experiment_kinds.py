@@ -33,7 +33,7 @@ OWNERS = {
 }
 # The same word meaning something else: the timeline figure (its name and file name).
 OTHER_MEANINGS = {
-    ("labctl/analysis/plots.py", "timeline"),
+    ("labctl/analysis/figures_ahead.py", "timeline"),
     ("labctl/analysis/figures.py", "timeline"),
     ("labctl/run/lifecycle.py", "timeline"),  # asking the figure workers for the timeline figure ahead
     ("labctl/cli/__init__.py", "replay"),  # the `labctl replay` command group, in the lazy command table

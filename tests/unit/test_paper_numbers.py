@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from labctl.analysis.breakdown import EventIndex, compute_breakdown, median_ci, summarize
+from labctl.analysis.breakdown import compute_breakdown
+from labctl.analysis.event_index import EventIndex
+from labctl.analysis.phase_stats import median_ci, summarize
 from labctl.core.events import encode_event
 from tests.unit.test_breakdown import MS, A, B, Stream, recovery
 

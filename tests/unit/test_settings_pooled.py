@@ -12,9 +12,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from labctl.analysis.breakdown import POOLED_CLUSTER, summarize, write_breakdown
-from labctl.analysis.catalog import write_record
+from labctl.analysis.breakdown_table import write_breakdown
+from labctl.analysis.catalog_record import write_record
 from labctl.analysis.compare import aggregate, compare
+from labctl.analysis.phase_stats import POOLED_CLUSTER, summarize
 from labctl.analysis.settings import by_setting, default_reference, reference_of
 from labctl.cli import app
 from labctl.cli.report import _run_summary

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from labctl.analysis.breakdown import write_breakdown
+from labctl.analysis.breakdown_table import write_breakdown
 from labctl.core.errors import InputError
 from labctl.workload.stall import model_rows, switch_points
 from labctl.workload.trace import get_trace
