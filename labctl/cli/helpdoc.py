@@ -63,7 +63,7 @@ def help_text(path: tuple[str, ...]) -> str:
 
     done = CliRunner().invoke(app, [*path, "--help"], env=ENV, prog_name="labctl")
     if done.exit_code != 0:
-        raise RuntimeError(f"labctl {' '.join(path)} --help exited {done.exit_code}:\n{done.output}")
+        raise RuntimeError(f"{' '.join(('labctl', *path, '--help'))} exited {done.exit_code}:\n{done.output}")
     lines = [line.rstrip() for line in done.output.splitlines()]
     while lines and not lines[0]:
         lines.pop(0)
