@@ -326,7 +326,8 @@ def test_the_hardware_tier_runs_against_the_rehearsal(rehearsal: dict[str, str])
     assert out.returncode == 0, out.stdout[-3000:]
     assert "4 passed, 2 skipped" in out.stdout
     assert "rdma:` keys" in out.stdout
-    assert "this lab's NICs take no link settings" in out.stdout  # veths: the tune sweep is refused, unchanged
+    # veths: the tune sweep is refused, nothing changed
+    assert "this lab's NICs take no link settings" in out.stdout
 
 
 def _baseline_patches() -> set[tuple[int, int]]:
