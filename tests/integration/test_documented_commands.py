@@ -176,6 +176,19 @@ DRY: dict[str, str] = {
 
 SKIP: dict[str, str] = {
     # command as documented → why it does not run here
+    # docs/dashboard.md: servers that run until stopped, and a request to one on another host
+    **dict.fromkeys(
+        ("labctl serve --http 8080", "labctl dashboard runs/ --http 8080"),
+        "a server that runs until stopped: tests/integration/test_dashboard.py starts both on a free port",
+    ),
+    "labctl serve --http 0.0.0.0:8080 --token-file ~/.config/labctl/dashboard.token": (
+        "listens on every address (tests bind 127.0.0.1 only); tests/integration/test_dashboard.py checks the "
+        "token rules"
+    ),
+    'curl -X POST -H "X-Labctl-Token: $(cat ~/.config/labctl/dashboard.token)" '
+    "http://labhost:8080/api/jobs/12/cancel": (
+        "a serve with a token on host labhost; tests/integration/test_dashboard.py posts with and without one"
+    ),
     "python3 -m pip install -e . && labctl run experiments/reconfig-timeline.yaml": (
         "installs into the environment; the run takes a minute (the fast run below is the same experiment)"
     ),
