@@ -23,6 +23,7 @@ from labctl.agents.hub_streams import HostLink
 from labctl.agents.wire import Reply, Signer
 from labctl.core.clock import now_ns
 from labctl.core.errors import HardwareError
+from labctl.core.events import Event, Kind
 
 log = logging.getLogger("labctl.agents")
 
@@ -194,6 +195,23 @@ class ClockExchange(CommandChannel):
             )
         if link.identity is not None:
             link.clock.shared = self.identity.shares(ClockIdentity.from_dict(link.identity))
+        # in the host's stream too, as it is measured: what a live view shows of the clocks
+        link.queue.put(
+            Event(
+                t_ns=now_ns(),
+                kind=Kind.AGENT_CLOCK,
+                source=f"agent:{host}",
+                host=host,
+                value=est.offset_ns,
+                meta={
+                    "uncertainty_ns": est.uncertainty_ns,
+                    "rtt_min_ns": est.rtt_min_ns,
+                    "samples": est.samples,
+                    "via": link.clock_via,
+                    "shared_clock": link.clock.shared,
+                },
+            )
+        )
         return est
 
     def discipline(self, host: str, controller_sync: dict[str, Any] | None) -> None:

@@ -94,6 +94,9 @@ class Kind:
     AGENT_GAP: Final = (
         "agent.gap"  # a host's events went missing (value: how many; meta: after_ns, before_ns)
     )
+    # The controller measured a host's agent clock (value: the offset its stamps are moved by, ns; meta:
+    # uncertainty_ns, rtt_min_ns, samples, via): the live page's clock state; run.json has the record
+    AGENT_CLOCK: Final = "agent.clock"
     # Workload replay (labctl.workload, issue 16)
     WORKLOAD_TOPO: Final = "workload.topo_write"  # a topo_id write on every rail (value: the topo_id)
     WORKLOAD_OP: Final = "workload.op"  # a replayed collective (value: its label; meta: times, exposed)

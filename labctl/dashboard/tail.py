@@ -7,9 +7,9 @@ never slow the run (the event log flushes whole lines; a partial last line is ke
 progress (n of N), per moved port which marks it has reached (t0 `ocs.command`, t1 `ocs.complete`, t2 Rx
 power back above the threshold, t3 firmware link up, t4 carrier up, t5 traffic with the new peer, as
 labctl.analysis.breakdown defines them), the moved ports' latest Rx power, each finished port's total as a
-row of the table filling in, loop lag and dropped samples, and the run's end. It is a progress display, not
-the measurement: the breakdown of record (brackets, clock uncertainty, flags) is the analysis's, shown on the
-run's page once the run has ended.
+row of the table filling in, loop lag and dropped samples, each agent's clock as measured, and the run's
+end. It is a progress display, not the measurement: the breakdown of record (brackets, clock uncertainty,
+flags) is the analysis's, shown on the run's page once the run has ended.
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ class LiveView:
         self.lag_ns: int | None = None
         self.lag_max_ns = 0
         self.dropped: dict[str, int] = {}
+        self.clocks: dict[str, dict[str, Any]] = {}
+        """Per host, its agent's clock as last measured (`agent.clock`): offset, uncertainty, how."""
         self.warnings: list[str] = []
         self.rows: list[dict[str, Any]] = []
         self.events = 0
@@ -156,6 +158,15 @@ class LiveView:
                     f"event loop {value / 1e6:.1f} ms late (reconfiguration {self.reconfig}): "
                     "marks can be that late"
                 )
+        elif kind == "agent.clock" and isinstance(value, int):
+            host = str(e.get("host") or source.removeprefix("agent:"))
+            self.clocks[host] = {
+                "offset_ns": value,
+                "uncertainty_ns": meta.get("uncertainty_ns"),
+                "rtt_min_ns": meta.get("rtt_min_ns"),
+                "via": meta.get("via"),
+                "shared": bool(meta.get("shared_clock")),
+            }
         elif kind == "sampler.drop" and isinstance(value, int):
             self.dropped[source] = value
             self._warn(f"{source}: {value} samples dropped so far")
@@ -220,6 +231,7 @@ class LiveView:
             "lag_ns": self.lag_ns,
             "lag_max_ns": self.lag_max_ns,
             "warnings": self.warnings,
+            "clocks": self.clocks,
             "events": self.events,
             "seq": self.last_seq,
             "wall_ns": self.last_wall_ns,

@@ -490,6 +490,23 @@ async def test_agent_clock_offsets_are_measured_and_removed(
         # What the stamps were moved by stays within the stated uncertainty of the truth.
         end = ex["last_ns"]
         assert abs(est["offset_ns"] - (truth.local(end) - end)) <= est["uncertainty_ns"], (host, est)
+    # Each measurement is an `agent.clock` event in the host's stream too (the live page's clock state):
+    # its offset within the burst's own uncertainty of the truth when it was measured (plus what a 100 ppm
+    # drift moves during a burst of a few ms: well under 1 µs).
+    measured: dict[str, list[Any]] = {}
+    for e in read_events(dist.run_dir / "events.jsonl"):
+        if e.kind == "agent.clock":
+            measured.setdefault(e.host, []).append(e)
+    assert set(measured) == set(HOSTS)
+    for host, events in measured.items():
+        assert all(e.source == f"agent:{host}" and e.meta["via"] == "udp" for e in events), events
+        if host == "h4":
+            assert all(e.meta["shared_clock"] for e in events)
+            continue
+        truth = HostClock(**offsets[host]["identity"]["clock"])
+        for e in events:
+            error_ns = abs(int(e.value or 0) - (truth.local(e.t_ns) - e.t_ns))
+            assert error_ns <= e.meta["uncertainty_ns"] + 1_000, (host, e)
     assert_flags_within_brackets(dist.run_dir)
     assert_breakdowns_match(breakdown(one.run_dir), breakdown(dist.run_dir), dist.run_dir)
     # The previous sample each report names (a mark's bracket starts there) moved with the report: on the

@@ -162,6 +162,25 @@ def test_the_live_view_marks_each_moved_port_t0_to_t5_and_the_run_end() -> None:
     assert all(p["marks"] == {} for p in view.state()["ports"])
 
 
+def test_the_live_view_shows_each_agents_clock_as_last_measured() -> None:
+    clock = {"uncertainty_ns": 40_000, "rtt_min_ns": 80_000, "samples": 16}
+    view = LiveView("r")
+    view.fold_lines(
+        [
+            _event(0, "agent.clock", 10, source="agent:h1", value=2_500_000_000, via="udp", **clock),
+            _event(
+                1, "agent.clock", 20, source="agent:h2", value=0, via="broker", shared_clock=True, **clock
+            ),
+            _event(2, "agent.clock", 30, source="agent:h1", value=2_500_100_000, via="udp", **clock),
+        ]
+    )
+    assert view.state()["clocks"] == {
+        "h1": {"offset_ns": 2_500_100_000, "uncertainty_ns": 40_000, "rtt_min_ns": 80_000, "via": "udp",
+               "shared": False},
+        "h2": {"offset_ns": 0, "uncertainty_ns": 40_000, "rtt_min_ns": 80_000, "via": "broker", "shared": True},
+    }  # fmt: skip
+
+
 def test_a_replay_or_tune_has_no_planned_count() -> None:
     assert planned_reconfigurations({"kind": "replay"}) is None
 

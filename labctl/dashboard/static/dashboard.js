@@ -65,6 +65,19 @@ function showState(s) {
       cell(row, at === undefined ? "…" : (m === "t0" ? "✓" : ms(at)), (at === undefined ? "waiting " : "reached ") + m);
     }
   }
+  const clocks = Object.entries(s.clocks || {});
+  document.getElementById("clocks-box").hidden = clocks.length === 0;
+  const clockBody = document.querySelector("#clocks tbody");
+  clockBody.replaceChildren();
+  for (const [host, c] of clocks) {
+    const row = clockBody.insertRow();
+    row.dataset.host = host;
+    cell(row, host);
+    cell(row, c.shared ? "0 (same clock)" : ms(c.offset_ns));
+    cell(row, ms(c.uncertainty_ns));
+    cell(row, ms(c.rtt_min_ns));
+    cell(row, c.via || "");
+  }
   const warnings = document.getElementById("warnings");
   warnings.replaceChildren(...s.warnings.map((w) => { const li = document.createElement("li"); li.textContent = w; return li; }));
   document.body.dataset.seq = String(s.seq);
