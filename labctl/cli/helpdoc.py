@@ -57,11 +57,19 @@ def command_paths() -> Iterator[tuple[str, ...]]:
 
 def help_text(path: tuple[str, ...]) -> str:
     """`labctl PATH --help` as printed, each line's trailing blanks (rich pads to the width) removed."""
+    import typer.rich_utils
     from typer.testing import CliRunner
 
     from labctl.cli import app
 
-    done = CliRunner().invoke(app, [*path, "--help"], env=ENV, prog_name="labctl")
+    # typer reads TERMINAL_WIDTH once, when typer.rich_utils is first imported: a process that imported it
+    # under another width (a test's own environment, a terminal) would print at that width whatever ENV says
+    saved = typer.rich_utils.MAX_WIDTH
+    typer.rich_utils.MAX_WIDTH = WIDTH
+    try:
+        done = CliRunner().invoke(app, [*path, "--help"], env=ENV, prog_name="labctl")
+    finally:
+        typer.rich_utils.MAX_WIDTH = saved
     if done.exit_code != 0:
         raise RuntimeError(f"{' '.join(('labctl', *path, '--help'))} exited {done.exit_code}:\n{done.output}")
     lines = [line.rstrip() for line in done.output.splitlines()]
