@@ -67,6 +67,8 @@ SCRIPTS: dict[str, Settings] = {
         quick_env={"BENCH_CYCLES": "50", "BENCH_MANY_CYCLES": "20"}, root=True, tools=("ip",)
     ),
     "dashboard": Settings(quick=("--rounds", "1")),
+    # the lent device machine's read-only check: a report, not a file, from here (the GPU part records rows)
+    "device_check": Settings(quick=("--dry-run",), full=("--dry-run",), gpu=True),
     "dom": Settings(quick=("--rounds", "3", "--seconds", "0.2"), root_tools=("ip", "ethtool")),
     "events": Settings(quick=("--repeat", "3")),
     "gpu_device_check": Settings(
