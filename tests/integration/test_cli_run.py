@@ -256,3 +256,36 @@ def test_dry_run_prints_the_plan_and_touches_nothing(
     assert "reconfig 1 → pp  step 0: 16 ports get a new peer" in out.stdout
     assert "nic:h1/ens1f0np0: nic:h2/ens1f0np0 → nic:h3/ens1f0np0" in out.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_one_run_reads_its_experiment_file_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A whole `labctl run` (the built-in experiment on the built-in simulated lab) reads and compiles the
+    experiment file once: the CLI reads both input files and hands them down to the run, which reads
+    neither again; the experiment's kind comes from the same read as its plan."""
+    from collections import Counter
+
+    from typer.testing import CliRunner
+
+    import labctl.core.yamlio as yamlio
+    from labctl.cli import app
+    from labctl.core.shipped import builtin_inventory, resolve_experiment
+
+    reads: Counter[Path] = Counter()
+    real = yamlio.load_yaml
+
+    def counting(path: Path, what: str) -> yamlio.SourcedYaml:
+        reads[Path(path).resolve()] += 1
+        return real(path, what)
+
+    # Every module's own name for the loader, and the module's, for those imported during the run.
+    for module in [m for name, m in sys.modules.items() if name.startswith("labctl")]:
+        if getattr(module, "load_yaml", None) is real:
+            monkeypatch.setattr(module, "load_yaml", counting)
+    monkeypatch.chdir(tmp_path)  # no inventory.yaml here: the built-in simulated lab
+    result = CliRunner().invoke(
+        app,
+        ["run", "reconfig-timeline", "--profile", "fast", "--no-plots", "--out", str(tmp_path / "runs")],
+    )
+    assert result.exit_code == 0, result.output
+    assert reads[resolve_experiment("reconfig-timeline").resolve()] == 1, reads
+    assert reads[builtin_inventory().resolve()] == 1, reads

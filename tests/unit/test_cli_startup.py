@@ -25,6 +25,7 @@ import labctl
 import labctl.cli
 from labctl.cli import COMMANDS, app
 from labctl.cli.lazy import UNUSED_BY_HELP, _listing, _registered, preload_rich_help
+from tests.helpers.architecture import parsed
 
 REPO = Path(__file__).resolve().parents[2]
 LABCTL = REPO / "labctl"
@@ -106,7 +107,7 @@ def load_time_closure(module: str) -> dict[str, str]:
         if path is None:
             continue
         parents = [".".join(current.split(".")[:i]) for i in range(1, current.count(".") + 1)]
-        for name in [*parents, *_load_time_imports(ast.parse(path.read_text(), str(path)).body)]:
+        for name in [*parents, *_load_time_imports(parsed(path).body)]:
             if name not in reached and name != module:
                 reached[name] = current
                 if name == "labctl" or name.startswith("labctl."):

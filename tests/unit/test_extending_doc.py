@@ -62,6 +62,7 @@ from labctl.run.experiment import (
     experiment_kinds,
 )
 from labctl.run.steps import Hold, Reconfigure, StepBase
+from tests.helpers.architecture import parsed
 
 REPO = Path(__file__).resolve().parents[2]
 EXTENDING = REPO / "docs" / "extending.md"
@@ -268,11 +269,13 @@ def source_index(example: dict[str, ModuleType]) -> Index:
         )
         for p, rel in files.items()
     }
-    sources = [(modules[p], p.read_text()) for p in files]
-    sources += [(module.__name__, named_blocks(EXTENDING)[doc]) for doc, module in example.items()]
+    sources = [(modules[p], parsed(p).body) for p in files]
+    sources += [
+        (module.__name__, ast.parse(named_blocks(EXTENDING)[doc]).body) for doc, module in example.items()
+    ]
     index: Index = {}
-    for module_name, text in sources:
-        for node in ast.parse(text).body:
+    for module_name, body in sources:
+        for node in body:
             if isinstance(node, ast.ClassDef):
                 index.setdefault(node.name, []).append((module_name, node))
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):

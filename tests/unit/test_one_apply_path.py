@@ -12,6 +12,8 @@ import ast
 import re
 from pathlib import Path
 
+from tests.helpers.architecture import parsed
+
 LABCTL = Path(__file__).resolve().parents[2] / "labctl"
 SENDING = {"apply", "disconnect"}
 # What a switch is called where one is at hand; a receiver named otherwise (a DataFrame's `.apply`, the
@@ -61,7 +63,7 @@ def test_only_send_mapping_sends_mappings_to_a_switch() -> None:
         module = path.relative_to(LABCTL.parent).as_posix()
         if module.startswith(SUITES):
             continue
-        found += sends(ast.parse(path.read_text(), str(path)), module)
+        found += sends(parsed(path), module)
     assert found == [], "send mappings through labctl.ocs.protocol.send_mapping:\n" + "\n".join(found)
 
 
@@ -120,7 +122,7 @@ def test_a_run_writes_its_rails_through_one_writer() -> None:
     found = []
     for path in sorted(LABCTL.rglob("*.py")):
         module = path.relative_to(LABCTL.parent).as_posix()
-        found += send_mapping_calls(ast.parse(path.read_text(), str(path)), module)
+        found += send_mapping_calls(parsed(path), module)
     assert found == [], "a run writes its rails through labctl.run.rails.RailWriter.write:\n" + "\n".join(
         found
     )

@@ -37,10 +37,18 @@ def _as_json(path: Path) -> Any:
     return json.loads(json.dumps(load_yaml(path, "file").data))
 
 
+_VALIDATORS: dict[str, Any] = {}
+
+
 def _validator(schema: dict[str, Any]) -> Any:
-    jsonschema = pytest.importorskip("jsonschema")
-    jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema)
+    """A validator for `schema`, which is itself checked against the meta-schema once (that check is most of
+    a validation's cost, and `labctl schema` gives the same schema to every test)."""
+    key = json.dumps(schema, sort_keys=True)
+    if key not in _VALIDATORS:
+        jsonschema = pytest.importorskip("jsonschema")
+        jsonschema.Draft202012Validator.check_schema(schema)
+        _VALIDATORS[key] = jsonschema.Draft202012Validator(schema)
+    return _VALIDATORS[key]
 
 
 def _errors(schema: dict[str, Any], data: Any) -> list[str]:

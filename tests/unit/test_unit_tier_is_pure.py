@@ -12,6 +12,8 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.helpers.architecture import parsed
+
 UNIT = Path(__file__).resolve().parent
 TESTS = UNIT.parent
 REPO = TESTS.parent
@@ -160,7 +162,7 @@ def unit_tier_files() -> list[Path]:
     seen = set(files)
     queue = list(files)
     while queue:
-        tree = ast.parse(queue.pop().read_text())
+        tree = parsed(queue.pop())
         for module in helper_modules(tree):
             path = REPO / (module.replace(".", "/") + ".py")
             if path.exists() and path not in seen:
