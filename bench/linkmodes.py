@@ -24,11 +24,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from labctl.linux import netns
 from labctl.linux.ethtool_link import EthtoolLink
 from labctl.linux.ethtool_msgs import ETH_SS_LINK_MODES
 from labctl.linux.netlink import NetlinkError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+from _table import record
 
 
 def timed(call: Callable[[], object], calls: int, rounds: int) -> list[int]:
@@ -101,9 +105,11 @@ def main() -> None:
         med, p99 = stats(mine)
         if other is None:
             print(f"{label:34} {med:12.1f} {p99:8.1f} {'n/a':>13} {'':>8} {'':>6}")
+            record("linkmodes", f"{label} median", med, "µs")
             continue
         omed, op99 = stats(other)
         print(f"{label:34} {med:12.1f} {p99:8.1f} {omed:13.1f} {op99:8.1f} {med / omed:6.2f}")
+        record("linkmodes", f"{label} median", med, "µs", peer="pyroute2 ethtool", peer_value=omed)
     print(f"load average: {os.getloadavg()}")
     print("note: pyroute2's get_stringset asks for every string set of the device, ours for one")
 
