@@ -23,6 +23,7 @@ from labctl.inventory.profiles import resolve_profile
 from labctl.inventory.schema import load_inventory
 from labctl.run.lifecycle import run_experiment
 from tests.helpers.agents import broker_section, write_lab
+from tests.helpers.tune import settings_events
 from tests.mosquitto import Mosquitto
 
 pytestmark = pytest.mark.xdist_group("agents")
@@ -102,15 +103,6 @@ async def read_agents(inv: Path) -> dict[str, dict[str, Any]]:
         await hub.stop()
 
 
-def link_events(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for line in (run_dir / "events.jsonl").read_text().splitlines():
-        event = json.loads(line)
-        if event["kind"] == "link.settings":
-            out.setdefault(event["source"], []).append(event)
-    return out
-
-
 @pytest.mark.slow
 def test_a_tune_run_through_four_agents_ranks_the_settings_and_puts_every_port_back(
     broker: Mosquitto, tmp_path: Path, agent_procs: list[subprocess.Popen[bytes]]
@@ -137,7 +129,7 @@ def test_a_tune_run_through_four_agents_ranks_the_settings_and_puts_every_port_b
         assert entry["reconfigurations"] == 2
     assert resolve_profile("fast").link == profile.link
     # every port's settings after the run are those before (the recorded read-backs), and its agent says so
-    events = link_events(outcome.run_dir)
+    events = settings_events(outcome.run_dir)
     assert len(events) == 8  # every port of the lab (4 hosts × 2), each moved by the cycle
     for source, seq in events.items():
         assert [e["meta"]["stage"] for e in seq] == ["before", "apply", "apply", "restore"], source
@@ -190,7 +182,7 @@ async def test_serve_restores_the_ports_of_a_tune_run_killed_mid_sweep(
             if row.run_dir and (Path(row.run_dir) / "events.jsonl").exists():
                 applied = [
                     e
-                    for seq in link_events(Path(row.run_dir)).values()
+                    for seq in settings_events(Path(row.run_dir)).values()
                     for e in seq
                     if e["meta"]["stage"] == "apply"
                 ]
@@ -294,7 +286,12 @@ async def test_an_agent_restarted_mid_sweep_gets_its_ports_put_back_when_it_retu
     for _ in range(1200):
         dirs = list(runs.glob("*/events.jsonl")) if runs.exists() else []
         applied = (
-            [e for seq in link_events(dirs[0].parent).values() for e in seq if e["meta"]["stage"] == "apply"]
+            [
+                e
+                for seq in settings_events(dirs[0].parent).values()
+                for e in seq
+                if e["meta"]["stage"] == "apply"
+            ]
             if dirs
             else []
         )
@@ -317,7 +314,7 @@ async def test_an_agent_restarted_mid_sweep_gets_its_ports_put_back_when_it_retu
         outcome.status == "failed" and "h2" in (outcome.error or "") and "restarted" in (outcome.error or "")
     )
     assert "NOT restored" not in (outcome.error or ""), outcome.error
-    events = link_events(outcome.run_dir)
+    events = settings_events(outcome.run_dir)
     for source, seq in events.items():
         stages = [e["meta"]["stage"] for e in seq]
         assert stages[0] == "before" and stages[-1] == "restore", (source, stages)
