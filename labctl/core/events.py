@@ -83,6 +83,9 @@ class Kind:
     GPU_ERROR: Final = "gpu.error"
     PHASE: Final = "phase"  # the controller starts a reconfiguration
     SAMPLER_DROP: Final = "sampler.drop"
+    # A sampler skipped ticks after stalls of its loop, as the run goes on (value: skipped so far; meta:
+    # stalls, stall_longest_ns): a live reader sees a thinned sampler at once; run.json `probes` the record
+    SAMPLER_SKIP: Final = "sampler.skip"
     SAMPLER_ERROR: Final = "sampler.error"  # a sampler gave up on one source (value: why); the rest go on
     LOOP_LAG: Final = "loop.lag"
     RUN_START: Final = "run.start"

@@ -14,6 +14,7 @@ from typing import Any
 
 from labctl.dashboard.fanout import Fanout
 from labctl.dashboard.tail import LiveView, Tail, planned_reconfigurations
+from labctl.probes.sampling import tick_counts
 
 POLL_S = 0.05
 """How often a watched run's log is read: well inside the 1 s from an event in the log to the page (the run
@@ -46,9 +47,10 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
         return {}
     probes: dict[str, Any] = meta["probes"] if isinstance(meta.get("probes"), dict) else {}
     skipped = {
-        name: stats["ticks_skipped"]
+        part: counts["ticks_skipped"]
         for name, stats in probes.items()
-        if isinstance(stats, dict) and isinstance(stats.get("ticks_skipped"), int)
+        if isinstance(stats, dict)
+        for part, counts in tick_counts(name, stats).items()
     }
     lag = meta.get("loop_lag_ns") if isinstance(meta.get("loop_lag_ns"), dict) else {}
     return {"status": meta.get("status"), "ticks_skipped": skipped, "loop_lag": lag}

@@ -7,9 +7,9 @@ never slow the run (the event log flushes whole lines; a partial last line is ke
 progress (n of N), per moved port which marks it has reached (t0 `ocs.command`, t1 `ocs.complete`, t2 Rx
 power back above the threshold, t3 firmware link up, t4 carrier up, t5 traffic with the new peer, as
 labctl.analysis.breakdown defines them), the moved ports' latest Rx power, each finished port's total as a
-row of the table filling in, loop lag and dropped samples, each agent's clock as measured, and the run's
-end. It is a progress display, not the measurement: the breakdown of record (brackets, clock uncertainty,
-flags) is the analysis's, shown on the run's page once the run has ended.
+row of the table filling in, loop lag, dropped samples and skipped ticks, each agent's clock as measured,
+and the run's end. It is a progress display, not the measurement: the breakdown of record (brackets, clock
+uncertainty, flags) is the analysis's, shown on the run's page once the run has ended.
 """
 
 from __future__ import annotations
@@ -88,6 +88,8 @@ class LiveView:
         self.lag_ns: int | None = None
         self.lag_max_ns = 0
         self.dropped: dict[str, int] = {}
+        self.skipped: dict[str, int] = {}
+        """Per sampler, the ticks it skipped so far after stalls of its loop (`sampler.skip`)."""
         self.clocks: dict[str, dict[str, Any]] = {}
         """Per host, its agent's clock as last measured (`agent.clock`): offset, uncertainty, how."""
         self.warnings: list[str] = []
@@ -170,6 +172,13 @@ class LiveView:
         elif kind == "sampler.drop" and isinstance(value, int):
             self.dropped[source] = value
             self._warn(f"{source}: {value} samples dropped so far")
+        elif kind == "sampler.skip" and isinstance(value, int):
+            self.skipped[source.removeprefix("probe:")] = value
+            longest = meta.get("stall_longest_ns")
+            self._warn(
+                f"{source}: {value} ticks skipped so far after stalls of its loop"
+                + (f" (longest {longest / 1e6:.1f} ms)" if isinstance(longest, int) and longest else "")
+            )
         elif kind in ("run.abort", "run.fault", "run.timeout", "agent.lost", "agent.gap", "ocs.error"):
             self._warn(f"{kind}: {value}")
 
@@ -231,6 +240,7 @@ class LiveView:
             "lag_ns": self.lag_ns,
             "lag_max_ns": self.lag_max_ns,
             "warnings": self.warnings,
+            "skipped": self.skipped,
             "clocks": self.clocks,
             "events": self.events,
             "seq": self.last_seq,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Annotated, Literal, Protocol, Self, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, Self, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -344,6 +344,22 @@ class TickCount:
             if any(self.causes.values()):
                 out.update({f"stalls_{cause}": n for cause, n in self.causes.items()})
         return out
+
+
+def tick_counts(name: str, stats: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """From a probe's `stats()`, per sampler that counts its ticks: `ticks_skipped`, `stalls` and
+    `stall_longest_ns`, named as run.json's probes are (an agent's entry holds its own probes: `name/sub`)."""
+    nested = {k: v for k, v in stats.items() if isinstance(v, Mapping)}
+    parts = [(f"{name}/{sub}", v) for sub, v in nested.items()] if nested else [(name, stats)]
+    return {
+        part: {
+            "ticks_skipped": counts["ticks_skipped"],
+            "stalls": int(counts.get("stalls") or 0),
+            "stall_longest_ns": int(counts.get("stall_longest_ns") or 0),
+        }
+        for part, counts in parts
+        if isinstance(counts.get("ticks_skipped"), int)
+    }
 
 
 class _Sampler:

@@ -29,7 +29,7 @@ from labctl.labs.base import Lab
 from labctl.linux.looplag import LoopLagMonitor, frozen_heap, middle_generation_deferred, slice_deadline
 from labctl.ocs.protocol import YIELD_ABOVE_PORTS
 from labctl.probes.base import ProbeContext, probe_kinds
-from labctl.probes.sampling import Probe
+from labctl.probes.sampling import Probe, tick_counts
 from labctl.run.experiment import Plan, RailPhase
 from labctl.run.rails import RailWrite, RailWriter, moved_ports
 from labctl.run.recovery import LinkWatch, RecoveryTracker
@@ -73,6 +73,8 @@ class RunEngine:
         self.reconfig = 0
         self.drops: dict[str, int] = {}
         """Each probe's dropped events, as last recorded (run.json `drops`)."""
+        self.skipped: dict[str, int] = {}
+        """Each sampler's skipped ticks, as last recorded (`sampler.skip`)."""
         self.loop_lag = LoopLagMonitor()
         self._moved_cache: dict[tuple[int, Mapping, Mapping], list[tuple[NicPort, NicPort | None]]] = {}
         self._affected_cache: dict[tuple[tuple[int, Mapping, Mapping], ...], list[dict[str, Any]]] = {}
@@ -325,11 +327,22 @@ class RunEngine:
         self.lab.fault.raise_(f"probe {probe.name} stopped: {cause}")
 
     def _record_drops(self) -> None:
+        """Dropped events and skipped ticks, each time they grow: a live reader (the dashboard) sees a thinned
+        sampler while the run goes on, not only in run.json at its end."""
         for probe in self.lab.probes:
             dropped = probe.dropped
             if dropped > self.drops.get(probe.name, 0):
                 self.drops[probe.name] = dropped
                 self.events.emit(now_ns(), Kind.SAMPLER_DROP, f"probe:{probe.name}", dropped)
+            stats = getattr(probe, "stats", None)
+            if stats is None:
+                continue
+            for name, counts in tick_counts(probe.name, stats()).items():
+                skipped = counts["ticks_skipped"]
+                if skipped > self.skipped.get(name, 0):
+                    self.skipped[name] = skipped
+                    meta = {"stalls": counts["stalls"], "stall_longest_ns": counts["stall_longest_ns"]}
+                    self.events.emit(now_ns(), Kind.SAMPLER_SKIP, f"probe:{name}", skipped, meta=meta)
 
     async def _flusher(self) -> None:
         while True:

@@ -181,6 +181,24 @@ def test_the_live_view_shows_each_agents_clock_as_last_measured() -> None:
     }  # fmt: skip
 
 
+def test_the_live_view_shows_skipped_ticks_as_they_grow() -> None:
+    view = LiveView("r")
+    assert view.state()["skipped"] == {}
+    view.fold_lines(
+        [
+            _event(0, "sampler.skip", 10, source="probe:rx-power", value=3, stalls=1, stall_longest_ns=4_200_000),
+            _event(1, "sampler.skip", 20, source="probe:agent:h2/rx-power", value=7, stalls=2),
+            _event(2, "sampler.skip", 30, source="probe:rx-power", value=9, stalls=2, stall_longest_ns=6_000_000),
+        ]
+    )
+    state = view.state()
+    assert state["skipped"] == {"rx-power": 9, "agent:h2/rx-power": 7}
+    assert state["warnings"][-1] == (
+        "probe:rx-power: 9 ticks skipped so far after stalls of its loop (longest 6.0 ms)"
+    )
+    assert state["warnings"][1] == "probe:agent:h2/rx-power: 7 ticks skipped so far after stalls of its loop"
+
+
 def test_a_replay_or_tune_has_no_planned_count() -> None:
     assert planned_reconfigurations({"kind": "replay"}) is None
 

@@ -231,6 +231,20 @@ def test_tick_counts_say_how_many_stalls_of_each_cause_and_the_longest() -> None
     }
 
 
+def test_tick_counts_name_each_sampler_as_run_json_does_an_agents_own_nested() -> None:
+    from labctl.probes.sampling import tick_counts
+
+    one = {"dropped": 0, "ticks_skipped": 4, "stalls": 1, "stall_longest_ns": 5_000_000, "pings": 10}
+    assert tick_counts("model-traffic", one) == {
+        "model-traffic": {"ticks_skipped": 4, "stalls": 1, "stall_longest_ns": 5_000_000}
+    }
+    agent = {"rx-power": {"ticks_skipped": 0, "stalls": 0}, "model-link": {"dropped": 0}}
+    assert tick_counts("agent:h1", {"dropped": 0, **agent}) == {
+        "agent:h1/rx-power": {"ticks_skipped": 0, "stalls": 0, "stall_longest_ns": 0}
+    }
+    assert tick_counts("carrier", {"dropped": 0, "polls": 5}) == {}
+
+
 def test_a_sampler_that_skipped_ticks_gets_a_line_saying_whose_stalls_they_were() -> None:
     from labctl.cli.tables import stall_lines
 

@@ -50,6 +50,8 @@ function showState(s) {
   set("phase", s.phase || "–");
   set("lag", ms(s.lag_ns) || "–");
   set("lagmax", ms(s.lag_max_ns) || "–");
+  const skipped = Object.entries(s.skipped || {});
+  set("skipped", skipped.length ? skipped.map(([k, v]) => k + " " + v).join(", ") : "0");
   set("events", String(s.events));
   const body = document.querySelector("#ports tbody");
   body.replaceChildren();
