@@ -28,7 +28,7 @@ from labctl.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from labctl.run.lifecycle import RunOutcome
+    from labctl.run.lifecycle import RunInputs, RunOutcome
     from labctl.run.steps import Stage
 
 
@@ -218,10 +218,11 @@ def execute(
     no_plots: bool,
     formats: tuple[str, ...] | None = None,
     rt_priority: int | None = None,
+    inputs: RunInputs | None = None,
 ) -> tuple[RunOutcome, bool]:
     """One experiment run with progress and signal handling, as `labctl run` and `labctl tune` do it: a
     signal before the run directory exists is one line and exit 130. Returns the outcome and whether a
-    signal came during the run."""
+    signal came during the run. `inputs`: the two files as the caller read them (else read here, once)."""
     import asyncio
 
     from labctl.core import sched
@@ -229,7 +230,8 @@ def execute(
 
     if rt_priority is not None:
         sched.permitted(rt_priority)  # refused before the files are read, as run_experiment alone did
-    inputs = RunInputs.read(experiment, inventory)  # once: run_experiment gets them, reads nothing again
+    # once: run_experiment gets them, reads nothing again
+    inputs = inputs or RunInputs.read(experiment, inventory)
     progress = RichProgress(input_lines(experiment, inventory))
     signals = _Signals()
     try:
@@ -309,12 +311,28 @@ def run(
     """
 
     formats = parse_plot_formats(plot_format)
+    run_and_report(experiment, inventory, profile, out_dir, seed, no_plots, formats, rt_priority, dry_run)
 
+
+def run_and_report(
+    experiment: Path,
+    inventory: Path,
+    profile: str | None,
+    out_dir: Path,
+    seed: int | None,
+    no_plots: bool,
+    formats: tuple[str, ...] | None = None,
+    rt_priority: int | None = None,
+    dry_run: bool = False,
+    inputs: RunInputs | None = None,
+) -> None:
+    """`labctl run` once its options are parsed (and `labctl tune`'s, with the inputs it read): the run,
+    then its tables and status line; exit 130 for a signal, 1 for a run that did not complete."""
     if dry_run:
-        _dry_run(experiment, inventory, profile)
+        _dry_run(experiment, inventory, profile, inputs)
         return
     outcome, signalled = execute(
-        experiment, inventory, profile, out_dir, seed, no_plots, formats, rt_priority
+        experiment, inventory, profile, out_dir, seed, no_plots, formats, rt_priority, inputs
     )
     from labctl.cli.tables import clock_table, quality_lines, stall_lines, summary_table
 
@@ -365,13 +383,13 @@ def run(
         raise typer.Exit(1)
 
 
-def _dry_run(experiment: Path, inventory_path: Path, profile: str | None) -> None:
+def _dry_run(experiment: Path, inventory_path: Path, profile: str | None, inputs: RunInputs | None) -> None:
     """What the run would do, as its experiment kind describes its plan; nothing is sent."""
-    from labctl.labs import load
-    from labctl.run.experiment import compile_experiment, experiment_kinds
+    from labctl.run.experiment import experiment_kinds
+    from labctl.run.lifecycle import RunInputs
 
-    inventory = load(inventory_path)
-    plan = compile_experiment(experiment, inventory)
+    inputs = inputs or RunInputs.read(experiment, inventory_path)
+    inventory, plan = inputs.inventory, inputs.plan
     inventory.profile(profile)
     for line in experiment_kinds.get(plan.kind).describe(plan, inventory):
         out.print(line, markup=False, highlight=False)

@@ -44,20 +44,23 @@ def tune(
     applied (verified by read-back) before its reconfigurations, and every port is set back as found at the
     end, on Ctrl-C and on failure. The report ranks the settings by median total link-up with 95% CIs and
     says which ones the data cannot tell apart. `--json`: the run's outcome and `by_link_setting`."""
-    from labctl.run.experiment import experiment_kind
+    from labctl.cli import run as run_cli
+    from labctl.run.lifecycle import RunInputs
 
-    kind = experiment_kind(experiment)
-    if kind.name != "tune":
+    inputs = RunInputs.read(experiment, inventory)  # once: the kind is checked on what the run is given
+    if inputs.plan.kind != "tune":
         raise InputError(
-            f"{experiment}: a kind {kind.name} experiment: `labctl tune` runs kind: tune "
+            f"{experiment}: a kind {inputs.plan.kind} experiment: `labctl tune` runs kind: tune "
             "(`labctl run` runs any)"
         )
-    from labctl.cli import run as run_cli
-
     if dry_run or not as_json:
-        run_cli.run(experiment, inventory, profile, out_dir, seed, no_plots, None, None, dry_run)
+        run_cli.run_and_report(
+            experiment, inventory, profile, out_dir, seed, no_plots, dry_run=dry_run, inputs=inputs
+        )
         return
-    outcome, signalled = run_cli.execute(experiment, inventory, profile, out_dir, seed, no_plots)
+    outcome, signalled = run_cli.execute(
+        experiment, inventory, profile, out_dir, seed, no_plots, inputs=inputs
+    )
     print(
         json.dumps(
             {

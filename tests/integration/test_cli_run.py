@@ -258,10 +258,21 @@ def test_dry_run_prints_the_plan_and_touches_nothing(
     assert not (tmp_path / "runs").exists()
 
 
-def test_one_run_reads_its_experiment_file_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("command", "experiment", "options"),
+    [
+        ("run", "reconfig-timeline", ["--no-plots"]),
+        ("run", "reconfig-timeline", ["--dry-run"]),
+        ("tune", "tune-autoneg-fec", ["--dry-run"]),
+    ],
+)
+def test_one_run_reads_its_experiment_file_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, command: str, experiment: str, options: list[str]
+) -> None:
     """A whole `labctl run` (the built-in experiment on the built-in simulated lab) reads and compiles the
     experiment file once: the CLI reads both input files and hands them down to the run, which reads
-    neither again; the experiment's kind comes from the same read as its plan."""
+    neither again; the experiment's kind comes from the same read as its plan. So do a dry run and
+    `labctl tune`, which checks the kind on the inputs it hands down."""
     from collections import Counter
 
     from typer.testing import CliRunner
@@ -283,9 +294,8 @@ def test_one_run_reads_its_experiment_file_once(monkeypatch: pytest.MonkeyPatch,
             monkeypatch.setattr(module, "load_yaml", counting)
     monkeypatch.chdir(tmp_path)  # no inventory.yaml here: the built-in simulated lab
     result = CliRunner().invoke(
-        app,
-        ["run", "reconfig-timeline", "--profile", "fast", "--no-plots", "--out", str(tmp_path / "runs")],
+        app, [command, experiment, "--profile", "fast", *options, "--out", str(tmp_path / "runs")]
     )
     assert result.exit_code == 0, result.output
-    assert reads[resolve_experiment("reconfig-timeline").resolve()] == 1, reads
+    assert reads[resolve_experiment(experiment).resolve()] == 1, reads
     assert reads[builtin_inventory().resolve()] == 1, reads
