@@ -162,13 +162,17 @@ def create_app(settings: Settings) -> Starlette:
                 while True:
                     try:
                         async with asyncio.timeout(KEEPALIVE_S):
-                            message = await client.next()
+                            batch = await client.next_batch()
                     except TimeoutError:
                         yield b": keep-alive\n\n"
                         continue
-                    if message == CLOSED:
+                    ended = batch[-1] == CLOSED
+                    if ended:
+                        batch.pop()
+                    if batch:
+                        yield b"".join(batch)
+                    if ended:
                         return
-                    yield message
             finally:
                 live.unwatch(watched, client)
 

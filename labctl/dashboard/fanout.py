@@ -25,6 +25,15 @@ class Client:
         self.sent += 1
         return message
 
+    async def next_batch(self) -> list[bytes]:
+        """The next message and every one queued behind it (a page then gets them in one write, not one
+        each); CLOSED, if there, is last."""
+        batch = [await self.next()]
+        while batch[-1] != CLOSED and not self.queue.empty():
+            batch.append(self.queue.get_nowait())
+            self.sent += 1
+        return batch
+
 
 class Fanout:
     """Bounded per-client queues behind one `publish`."""

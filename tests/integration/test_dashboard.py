@@ -60,6 +60,21 @@ def test_the_queue_shows_the_job_and_the_live_stream_reaches_completed(served: S
     assert set(end["ticks_skipped"]) == {"rx-power", "model-traffic"}
 
 
+def _policy(stat: Path) -> int:
+    return int(stat.read_text().rsplit(")", 1)[1].split()[38])  # field 41 of proc(5): 0 normal, 5 idle
+
+
+def test_the_pages_are_served_below_the_scheduler_and_its_runs(served: Served) -> None:
+    """The dashboard's thread (and the threads it starts) runs SCHED_IDLE, so a run's sampler that wakes takes
+    the core from it at once; the scheduler's thread, whose runs inherit its policy, is as it was."""
+    import os
+
+    proc = Path(f"/proc/{served.proc.pid}")
+    assert _policy(proc / "stat") == os.SCHED_OTHER
+    policies = {_policy(task / "stat") for task in (proc / "task").iterdir()}
+    assert policies == {os.SCHED_OTHER, os.SCHED_IDLE}, policies
+
+
 def test_the_history_lists_the_run_and_its_figures_load(served: Served, done: dict[str, object]) -> None:
     run = str(done["run"])
     status, _, body = served.get("/api/runs")

@@ -186,9 +186,13 @@ def test_the_live_view_shows_skipped_ticks_as_they_grow() -> None:
     assert view.state()["skipped"] == {}
     view.fold_lines(
         [
-            _event(0, "sampler.skip", 10, source="probe:rx-power", value=3, stalls=1, stall_longest_ns=4_200_000),
+            _event(
+                0, "sampler.skip", 10, source="probe:rx-power", value=3, stalls=1, stall_longest_ns=4_200_000
+            ),
             _event(1, "sampler.skip", 20, source="probe:agent:h2/rx-power", value=7, stalls=2),
-            _event(2, "sampler.skip", 30, source="probe:rx-power", value=9, stalls=2, stall_longest_ns=6_000_000),
+            _event(
+                2, "sampler.skip", 30, source="probe:rx-power", value=9, stalls=2, stall_longest_ns=6_000_000
+            ),
         ]
     )
     state = view.state()
@@ -216,6 +220,18 @@ async def test_a_slow_client_is_dropped_and_never_waited_for() -> None:
     assert fast in fan.clients and not fast.dropped and fast.sent == 11
     fan.unsubscribe(fast)
     assert fan.clients == set()
+
+
+async def test_a_page_gets_what_queued_up_in_one_batch_and_the_end_last() -> None:
+    fan = Fanout(maxsize=8)
+    client = fan.subscribe([b"a"])
+    fan.publish(b"b")
+    fan.publish(b"c")
+    assert await client.next_batch() == [b"a", b"b", b"c"] and client.sent == 3
+    fan.publish(b"d")
+    fan.close()
+    assert await client.next_batch() == [CLOSED]  # closing makes room for the end: what was queued is lost
+    assert client.sent == 4
 
 
 async def test_closing_ends_every_stream_and_a_snapshot_is_cut_to_fit() -> None:
