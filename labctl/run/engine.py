@@ -29,7 +29,7 @@ from labctl.labs.base import Lab
 from labctl.linux.looplag import LoopLagMonitor, frozen_heap, middle_generation_deferred, slice_deadline
 from labctl.ocs.protocol import YIELD_ABOVE_PORTS
 from labctl.probes.base import ProbeContext, probe_kinds
-from labctl.probes.sampling import Probe, tick_counts
+from labctl.probes.sampling import Probe, TickCount, tick_counts
 from labctl.run.experiment import Plan, RailPhase
 from labctl.run.rails import RailWrite, RailWriter, moved_ports
 from labctl.run.recovery import LinkWatch, RecoveryTracker
@@ -326,18 +326,25 @@ class RunEngine:
         cause = str(failure) if isinstance(failure, LabctlError) else f"{type(failure).__name__}: {failure}"
         self.lab.fault.raise_(f"probe {probe.name} stopped: {cause}")
 
-    def _record_drops(self) -> None:
+    def _record_drops(self, *, final: bool = False) -> None:
         """Dropped events and skipped ticks, each time they grow: a live reader (the dashboard) sees a thinned
-        sampler while the run goes on, not only in run.json at its end."""
+        sampler while the run goes on, not only in run.json at its end. While it goes on, only a sampler's
+        own tick count is read (a probe's whole `stats()` can take milliseconds of loop time at hundreds of
+        ports); once the probes have stopped (`final`), their stats, an agent's samplers' with them."""
         for probe in self.lab.probes:
             dropped = probe.dropped
             if dropped > self.drops.get(probe.name, 0):
                 self.drops[probe.name] = dropped
                 self.events.emit(now_ns(), Kind.SAMPLER_DROP, f"probe:{probe.name}", dropped)
+            count = getattr(probe, "tick_count", None)
             stats = getattr(probe, "stats", None)
-            if stats is None:
+            if isinstance(count, TickCount):
+                counted = tick_counts(probe.name, count.stats())
+            elif final and stats is not None:
+                counted = tick_counts(probe.name, stats())
+            else:
                 continue
-            for name, counts in tick_counts(probe.name, stats()).items():
+            for name, counts in counted.items():
                 skipped = counts["ticks_skipped"]
                 if skipped > self.skipped.get(name, 0):
                     self.skipped[name] = skipped
@@ -648,7 +655,7 @@ class RunEngine:
             if isinstance(queue, EventQueue):
                 for event in queue.drain():
                     self.events.record(event)
-        self._record_drops()
+        self._record_drops(final=True)
         self.lab.close()
         return status, error
 
