@@ -311,8 +311,8 @@ def _netns_of(host: str) -> str:
 
 
 def test_the_hardware_tier_runs_against_the_rehearsal(rehearsal: dict[str, str]) -> None:
-    """tests/hardware, pointed at the rehearsal as at a real lab, its preflight included (the ports declare
-    no module, the meters tap them); the RDMA test skips, saying why: no `rdma:` keys; so does the tune sweep:
+    """tests/hardware, pointed at the rehearsal as at a real lab, its preflight and the dashboard beside a
+    scheduler included (the ports declare no module, the meters tap them); the RDMA test skips, saying why: no `rdma:` keys; so does the tune sweep:
     veths take no link settings, refused before anything changed."""
     pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/hardware"]
     out = subprocess.run(
@@ -324,7 +324,7 @@ def test_the_hardware_tier_runs_against_the_rehearsal(rehearsal: dict[str, str])
         timeout=300,
     )
     assert out.returncode == 0, out.stdout[-3000:]
-    assert "4 passed, 2 skipped" in out.stdout
+    assert "5 passed, 2 skipped" in out.stdout
     assert "rdma:` keys" in out.stdout
     # veths: the tune sweep is refused, nothing changed
     assert "this lab's NICs take no link settings" in out.stdout

@@ -55,21 +55,29 @@ def request(
 
 
 def submit_fast(db: Path, name: str = "dash") -> None:
+    submit(db, REPO / "experiments" / "reconfig-timeline.yaml", REPO / "inventory.yaml", "--profile", "fast",
+           name=name)  # fmt: skip
+
+
+def submit(db: Path, experiment: Path, inventory: Path, *options: str, name: str = "dash") -> None:
     subprocess.run(
-        labctl_argv(
-            "submit", str(REPO / "experiments" / "reconfig-timeline.yaml"), "-i", str(REPO / "inventory.yaml"),
-            "--profile", "fast", "--db", str(db), "--name", name,
-        ),
+        labctl_argv("submit", str(experiment), "-i", str(inventory), *options, "--db", str(db), "--name", name),
         check=True, capture_output=True,
     )  # fmt: skip
 
 
-def serve_http(tmp: Path, *extra: str) -> Iterator[Served]:
-    """`labctl serve --http 127.0.0.1:0` on a queue with one fast run submitted, until the caller is done;
+def serve_http(
+    tmp: Path, *extra: str, job: tuple[Path, Path, tuple[str, ...]] | None = None
+) -> Iterator[Served]:
+    """`labctl serve --http 127.0.0.1:0` on a queue with one run submitted (`job`: experiment, inventory and
+    submit options; default: the main experiment, fast, on the simulated lab), until the caller is done;
     then SIGTERM (the serve stops its run, restores its baseline) and reaped, killed if it hangs."""
     tmp.mkdir(parents=True, exist_ok=True)
     db, runs, token_file = tmp / "q.sqlite", tmp / "runs", tmp / "token"
-    submit_fast(db)
+    if job is None:
+        submit_fast(db)
+    else:
+        submit(db, job[0], job[1], *job[2])
     argv = labctl_argv(
         "serve", "--db", str(db), "--out", str(runs), "--poll", "0.1",
         "--http", "127.0.0.1:0", "--token-file", str(token_file), *extra,
@@ -100,7 +108,7 @@ def serve_http(tmp: Path, *extra: str) -> Iterator[Served]:
 
 
 def wait_until_done(served: Served, timeout_s: float = 120.0) -> dict[str, Any]:
-    """The fast run's job once it has finished (the queue's `done`)."""
+    """The queued run's job once it has finished (the queue's `done`)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         view = served.queue()
