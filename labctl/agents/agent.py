@@ -478,6 +478,8 @@ class Agent(AgentCommands):
                     self.mirror.apply(
                         item, self.clock.raw(item.t_ns + self.world_offset_ns), snapshot=world.snapshot
                     )
+                if world.through_ns is not None:  # after its items: the model is complete through it
+                    self.mirror.confirm(self.clock.raw(world.through_ns + self.world_offset_ns))
                 return
             if topic_name != self._topics["cmd"]:
                 raise Rejected("unauthorised", f"unexpected topic {topic_name}")

@@ -55,6 +55,10 @@ from labctl.probes.sampling import ProbeSettings
 
 log = logging.getLogger("labctl.agents")
 
+HORIZON_INTERVAL_S = 0.02
+"""How often a run's mirrors hear how far the model is complete when nothing changes: well inside the
+mirrors' lag (decision 0046), so a quiet feed never holds their samplers."""
+
 
 class AgentHub(HubConnection, StreamReceiver, ClockExchange):
     """The controller's single MQTT client: receives every agent's events and replies, sends commands and
@@ -77,6 +81,11 @@ class AgentHub(HubConnection, StreamReceiver, ClockExchange):
         self.connected = asyncio.Event()
         self.identity = ClockIdentity.here()  # the controller's clock: an agent with the same one shares it
         self.world_snapshot: Callable[[], list[WorldItem]] | None = None
+        self.world_horizon: Callable[[], int] | None = None
+        """Where the lab has a model the agents mirror: the model time it is complete through (every
+        change up to it made, hence handed to `world`). Each world message says it, after its items, and
+        one goes out every HORIZON_INTERVAL_S while probes run, so that a mirror's samplers never read past
+        what has reached them (decision 0086)."""
         self.controller_time_sync: dict[str, Any] | None = None
         """This host's clock discipline (labctl.linux.timesync), for the daemon source of the clock model."""
         self.on_lost: Callable[[str], None] | None = None
@@ -115,6 +124,7 @@ class AgentHub(HubConnection, StreamReceiver, ClockExchange):
             asyncio.create_task(self._connection(), name="hub:connection"),
             asyncio.create_task(self._sender(), name="hub:sender"),
             asyncio.create_task(self._sync_clocks(), name="hub:clock-sync"),
+            asyncio.create_task(self._world_horizons(), name="hub:world-horizon"),
         ]
         waits = [asyncio.ensure_future(self.connected.wait()), asyncio.ensure_future(self._refused.wait())]
         try:
@@ -229,13 +239,23 @@ class AgentHub(HubConnection, StreamReceiver, ClockExchange):
             asyncio.get_running_loop().call_soon(self._flush_world)
         self._world_pending.append(item)
 
-    def _flush_world(self) -> None:
+    def _flush_world(self, *, horizon: bool = False) -> None:
+        """What is pending as one message, with the model's horizon; `horizon`: the horizon alone too."""
         items, self._world_pending = self._world_pending, []
-        if items:
+        if items or horizon:
             self.world_messages += 1
             self.world_items += len(items)
-            payload = _enc.encode(World(items=items))
+            through = self.world_horizon() if self.world_horizon is not None else None
+            payload = _enc.encode(World(items=items, through_ns=through))
             self._outgoing.put_nowait(_Outgoing(world_topic(self.lab), lambda: payload))
+
+    async def _world_horizons(self) -> None:
+        """While a run's agents mirror the model: its horizon every HORIZON_INTERVAL_S, with or without
+        changes (a mirror waits for it before reading further)."""
+        while True:
+            await asyncio.sleep(HORIZON_INTERVAL_S)
+            if self.world_horizon is not None and any(link.probes_running for link in self.links.values()):
+                self._flush_world(horizon=True)
 
     def resnapshot(self) -> None:
         """The whole world again, to every agent, if a run's agents mirror it: after an outage a mirror's
@@ -248,7 +268,8 @@ class AgentHub(HubConnection, StreamReceiver, ClockExchange):
         """Queue world items as one message now, after the updates already pending; `snapshot`: they are
         the whole world as it is (a run's start), which a mirror applies without counting them late."""
         self._flush_world()
-        payload = _enc.encode(World(items=items, snapshot=snapshot))
+        through = self.world_horizon() if self.world_horizon is not None else None
+        payload = _enc.encode(World(items=items, snapshot=snapshot, through_ns=through))
         self._outgoing.put_nowait(_Outgoing(world_topic(self.lab), lambda: payload))
 
 

@@ -163,6 +163,15 @@ class FabricMirror(SimFabric):
             # model did (the command reached the model that much after its announced moment).
             self.early_ns[direction].append(t_local_ns - applied)
 
+    def confirm(self, t_local_ns: int) -> None:
+        """The controller's model is complete through model time `t_local_ns` (this host's clock): every
+        change up to it has reached this copy (the world feed's `through_ns`, after its items). The samplers
+        read no instant past it (plus the lag): an instant they read is one this copy holds every change of,
+        so a ping never passes a link that went down before it, however late the feed came (decision 0086).
+        Without a lag no schedule holds the samplers: nothing to do."""
+        if self.schedule is not None:
+            self.schedule.raise_ceiling(t_local_ns + self.lag_ns)
+
     def at(self, t_ns: int, callback: Callable[[], None]) -> None:
         """Run `callback` when this copy reaches t_ns (on its own clock), in order with its changes."""
         self._announced.at(t_ns, callback)
@@ -237,6 +246,11 @@ class FabricMirror(SimFabric):
                 out[f"{name}_min_ns"] = ordered[0]
                 out[f"{name}_median_ns"] = ordered[len(ordered) // 2]
         out["lag_ns"] = self.lag_ns
+        if self.schedule is not None:
+            # how often the samplers waited for the feed to confirm what they were about to read
+            out["held_for_feed"] = self.schedule.holds
+            out["held_for_feed_longest_ns"] = self.schedule.held_longest_ns
+            out["feed_confirmation_given_up"] = self.schedule.ceilings_given_up
         out["transitions_on_time"] = self.transitions["on_time"]
         out["transitions_late"] = self.transitions["late"]
         if self.transition_late_ns:

@@ -145,6 +145,9 @@ class WorldItem(msgspec.Struct, array_like=True):
 class World(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     items: list[WorldItem]
     snapshot: bool = False  # the whole world as it is now (a run's start), not changes as they happen
+    through_ns: int | None = None
+    """The controller's model is complete through this model time: every change up to it is in this
+    message or an earlier one (a mirror reads no instant past it; decision 0086). None: not said."""
 
 
 _enc = msgspec.json.Encoder()

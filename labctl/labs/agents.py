@@ -229,6 +229,15 @@ def build(ctx: LabContext) -> Lab:
         model.add_announce_listener(functools.partial(on_announce, name))
     fabric.add_listener(on_transition)
     hub.world_snapshot = snapshot
+    timelines = [fabric.timeline, *(model.timeline for model in models.values())]
+
+    def horizon() -> int:
+        """The model time the model is complete through: before its earliest change still to come, and
+        never past now (a change is handed to the feed when its time comes, not before)."""
+        due = [t for t in (tl.earliest_ns() for tl in timelines) if t is not None]
+        return min([now_ns(), *due]) - 1
+
+    hub.world_horizon = horizon
     lab.link_control = AgentLinkControl(hub, link_observer(fabric, inv, ctx))
     return lab
 

@@ -125,6 +125,15 @@ class Timeline:
         while heap and heap[0][2].cancelled:
             heapq.heappop(heap)
 
+    def earliest_ns(self) -> int | None:
+        """The model time of the earliest change still to come: an entry waiting, or a deferred callback's
+        (None: nothing is). Every change before it has been made."""
+        due = [t for t, _ in self._deferred.values()]
+        waiting = self.next_due_ns()
+        if waiting is not None:
+            due.append(waiting)
+        return min(due, default=None)
+
     def next_due_ns(self) -> int | None:
         """The model time of the earliest entry still waiting (None: nothing is)."""
         heap = self._heap

@@ -9,6 +9,7 @@ stays small enough to keep for every run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from types import TracebackType
@@ -401,6 +402,28 @@ class ModelSchedule:
         self._alarm: Alarm | None = None
         self._alarm_tried = False
         self._handle: asyncio.Handle | None = None
+        self.ceiling_ns: int | None = None
+        """No instant after this is read (None: no ceiling): where the model is known complete only so far
+        (a mirror fed over a network: decision 0086). Instants held by it are read once it moves on, at
+        their own times, never skipped as missed; `hold_max_ns` after it last moved it is given up."""
+        self.hold_max_ns = 2_000_000_000
+        self._ceiling_moved_ns = 0
+        self._held_through_ns = -1  # instants up to this waited for the ceiling: read, never skipped
+        self.holds = 0
+        """How many times the samplers waited for the ceiling."""
+        self.held_longest_ns = 0
+        self.ceilings_given_up = 0
+        self._hold_since: int | None = None
+
+    def raise_ceiling(self, t_ns: int) -> None:
+        """The model is complete through `t_ns` (this host's clock): instants up to it may be read."""
+        if self.ceiling_ns is not None and t_ns <= self.ceiling_ns:
+            return
+        self.ceiling_ns = t_ns
+        self._ceiling_moved_ns = now_ns()
+        if self._hold_since is not None and self._samplers:
+            with contextlib.suppress(RuntimeError):  # no running loop: the next tick reads it
+                self._wake(asyncio.get_running_loop())
 
     async def run(
         self, period_ns: int, on_tick: Callable[[int], bool | None], count: TickCount | None = None
@@ -434,9 +457,22 @@ class ModelSchedule:
             self._alarm = None
         self._alarm_tried = False
 
+    def _limit(self, now: int) -> int:
+        """The latest instant that may be read now: now, or the ceiling where one holds it back (given up
+        `hold_max_ns` after it last moved: a feed that stopped must not stop the samplers)."""
+        ceiling = self.ceiling_ns
+        if ceiling is None or ceiling >= now:
+            return now
+        if now - self._ceiling_moved_ns > self.hold_max_ns:
+            self.ceiling_ns = None
+            self.ceilings_given_up += 1
+            return now
+        return ceiling
+
     def _fire(self) -> None:
         self._handle = None
         now = now_ns()
+        limit = self._limit(now)
         deadline = slice_deadline()
         while True:
             live = [s for s in self._samplers if not s.finished.done()]
@@ -444,10 +480,22 @@ class ModelSchedule:
                 return
             sampler = min(live, key=lambda s: s.next_t)  # ties: the first started goes first
             t = sampler.next_t
-            if t > now:
+            if t > limit:
+                if t <= now:  # due, but the model is not known complete that far: wait for the ceiling
+                    if self._hold_since is None:
+                        self._hold_since = now
+                        self.holds += 1
+                    self._held_through_ns = max(self._held_through_ns, now)
+                    # raise_ceiling wakes it; this timer only gives a stopped feed up (`_limit`)
+                    self._arm(self._ceiling_moved_ns + self.hold_max_ns + 1)
+                    return
                 break
+            if self._hold_since is not None:  # the ceiling moved on: what waited is read now, at its instants
+                self.held_longest_ns = max(self.held_longest_ns, now - self._hold_since)
+                self._held_through_ns = max(self._held_through_ns, now)
+                self._hold_since = None
             behind = now - t
-            if behind > self.catch_up_ns:  # too far behind to be worth reading: skip to now
+            if behind > self.catch_up_ns and t > self._held_through_ns:  # too far behind: skip to now
                 if sampler.count is not None:
                     sampler.count.stalled(behind, behind // sampler.period_ns, None)
                 sampler.next_t = t + (behind // sampler.period_ns) * sampler.period_ns

@@ -67,11 +67,11 @@ def write_lab(tmp_path: Path, broker_yaml: str = "", repeat: int = 1) -> tuple[P
 
 MIRROR_LAG_MS = 250
 """How far the test labs' agent mirrors run behind the model (default 50 ms; decision 0046). A world update
-that reaches an agent later than the feed's lead plus this is applied late, and a mirror that learns of a
-lost light late lets traffic through it meanwhile: a causality violation of the emulation, not of labctl's
-measurement (run.json records it as `light_*_late`). On CI's four workers over two cores, updates took
-longer than 100 ms now and then (agents runs in 3 loaded suite runs on 2026-12-06); the lag only delays what
-the agents observe, never their stamps (model times)."""
+that reaches an agent later than the feed's lead plus this makes its samplers wait for it (decision 0086:
+they read no instant past what the feed has confirmed) rather than read a stale copy; run.json records the
+waits as `held_for_feed`. On CI's four workers over two cores, updates took longer than 100 ms now and then
+(agents runs in 3 loaded suite runs on 2026-12-06), up to ~700 ms in one; the lag only delays what the
+agents observe, never their stamps (model times)."""
 
 
 def broker_section(url: str, extra: str = "") -> str:

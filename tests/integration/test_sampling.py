@@ -221,3 +221,45 @@ async def test_a_model_schedule_reads_every_instant_in_time_order_through_a_stal
     await asyncio.gather(late.run(1_000_000, tick, count), stall(30_000_000))
     assert count.stalls >= 1 and count.skipped >= 20
     assert got == sorted(got) and len(got) == 10
+
+
+async def test_a_model_schedule_reads_no_instant_past_its_ceiling_and_skips_none_it_held() -> None:
+    """A mirror's schedule with a ceiling (the model known complete only so far: decision 0086): no instant
+    after it is read; once it moves on, the instants that waited are read at their own times, in order,
+    none skipped as missed even when they waited longer than the catch-up budget. A ceiling that stops
+    moving is given up after `hold_max_ns`, and the samplers go on."""
+    schedule = ModelSchedule(catch_up_ns=5_000_000)
+    start = now_ns()
+    schedule.raise_ceiling(start + 3_000_000)
+    got: list[int] = []
+    count = TickCount()
+    done = asyncio.Event()
+
+    def tick(t: int) -> bool:
+        got.append(t)
+        if len(got) >= 40:
+            done.set()
+            return False
+        return True
+
+    async def feed() -> None:
+        await asyncio.sleep(0.03)  # the ceiling waits 30 ms (past the 5 ms budget) with instants due
+        assert got and max(got) <= start + 3_000_000, "nothing past the ceiling was read"
+        schedule.raise_ceiling(now_ns() + 10_000_000)
+
+    await asyncio.gather(schedule.run(1_000_000, tick, count), feed())
+    assert all(b - a == 1_000_000 for a, b in itertools.pairwise(got)), "every instant, in order"
+    assert count.skipped == count.stalls == 0
+    assert schedule.holds >= 1 and schedule.held_longest_ns >= 20_000_000
+    # A ceiling that never moves again: given up after hold_max_ns, and the sampler reads on.
+    stuck = ModelSchedule(catch_up_ns=500_000_000)
+    stuck.hold_max_ns = 50_000_000
+    stuck.raise_ceiling(now_ns())
+    after: list[int] = []
+
+    def tick_on(t: int) -> bool:
+        after.append(t)
+        return len(after) < 20
+
+    await asyncio.wait_for(stuck.run(1_000_000, tick_on), 5)
+    assert len(after) == 20 and stuck.ceilings_given_up == 1 and stuck.ceiling_ns is None
