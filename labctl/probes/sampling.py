@@ -410,7 +410,7 @@ class ModelSchedule:
         self._ceiling_moved_ns = 0
         self._held_through_ns = -1  # instants up to this waited for the ceiling: read, never skipped
         self.holds = 0
-        """How many times the samplers waited for the ceiling."""
+        """How many times the samplers waited for the ceiling to move on."""
         self.held_longest_ns = 0
         self.ceilings_given_up = 0
         self._hold_since: int | None = None
@@ -484,13 +484,13 @@ class ModelSchedule:
                 if t <= now:  # due, but the model is not known complete that far: wait for the ceiling
                     if self._hold_since is None:
                         self._hold_since = now
-                        self.holds += 1
                     self._held_through_ns = max(self._held_through_ns, now)
                     # raise_ceiling wakes it; this timer only gives a stopped feed up (`_limit`)
                     self._arm(self._ceiling_moved_ns + self.hold_max_ns + 1)
                     return
                 break
             if self._hold_since is not None:  # the ceiling moved on: what waited is read now, at its instants
+                self.holds += 1  # (one still waiting when the samplers stop, at a run's end, is not counted)
                 self.held_longest_ns = max(self.held_longest_ns, now - self._hold_since)
                 self._held_through_ns = max(self._held_through_ns, now)
                 self._hold_since = None
