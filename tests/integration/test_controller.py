@@ -384,28 +384,38 @@ async def test_a_fault_reported_while_the_lab_stops_still_fails_the_run(
 
 
 async def test_skipped_ticks_reach_the_event_log_while_the_run_goes_on(
-    short_experiment: Path, tmp_path: Path, inventory_path: Path
+    tmp_path: Path, inventory_path: Path
 ) -> None:
-    """Block the run's loop on purpose mid-run: the samplers skip the ticks they missed, and each time a count
-    grows a `sampler.skip` event says so while the run goes on (the live page's warning), the last of each
-    equal to run.json's count at the end."""
+    """Block the run's loop on purpose after each of its first reconfigurations (its samplers running): they
+    skip the ticks they missed, and each time a count grows a `sampler.skip` event says so while the run
+    goes on (the live page's warning), the last of each equal to run.json's count at the end."""
     import time
 
-    run = asyncio.create_task(
-        run_experiment(short_experiment, inventory_path, profile="fast", out_dir=tmp_path, plots=False)
+    from labctl.run.engine import NullProgress
+
+    class Stalling(NullProgress):
+        stalls = 0
+
+        def reconfig_done(self, stage: Any, timed_out: list[str]) -> None:
+            if self.stalls < 2:
+                self.stalls += 1
+                time.sleep(
+                    0.03
+                )  # the whole loop stalls 30 ms: 30 ticks missed at 1 kHz, past the 2 ms catch-up
+
+    experiment = tmp_path / "held.yaml"
+    experiment.write_text(SHORT.replace("repeat: 1", "repeat: 2").replace("hold_s: 0.05", "hold_s: 0.4"))
+    outcome = await run_experiment(
+        experiment, inventory_path, profile="fast", out_dir=tmp_path, plots=False, progress=Stalling()
     )
-    for _ in range(3):
-        await asyncio.sleep(0.15)
-        time.sleep(0.03)  # noqa: ASYNC251 -- on purpose: the loop stalls 30 ms, past the 2 ms catch-up
-    outcome = await run
     assert outcome.status == "completed", outcome.error
     skips: dict[str, list[Event]] = {}
-    end_ns = None
+    phases: list[int] = []
     for e in read_events(outcome.run_dir / "events.jsonl"):
         if e.kind == "sampler.skip":
             skips.setdefault(e.source.removeprefix("probe:"), []).append(e)
-        elif e.kind == "run.end" and end_ns is None:
-            end_ns = e.t_ns
+        elif e.kind == "phase":
+            phases.append(e.t_ns)
     probes = json.loads((outcome.run_dir / "run.json").read_text())["probes"]
     counted = {name: stats["ticks_skipped"] for name, stats in probes.items() if stats.get("ticks_skipped")}
     assert counted, probes  # the stalls above thinned at least one sampler
@@ -414,5 +424,5 @@ async def test_skipped_ticks_reach_the_event_log_while_the_run_goes_on(
         values = [e.value for e in events]
         assert values == sorted(set(values)), values  # one event per growth, never repeated
         assert all(e.meta["stalls"] >= 1 and e.meta["stall_longest_ns"] > 0 for e in events)
-    # said while the run went on, not only at its end
-    assert end_ns is not None and min(e.t_ns for events in skips.values() for e in events) < end_ns
+    # said while the run went on (before its last reconfiguration started), not only at its end
+    assert min(e.t_ns for events in skips.values() for e in events) < phases[-1]
