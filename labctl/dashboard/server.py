@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import logging
 import signal
 import socket
 import sys
@@ -21,8 +21,11 @@ from typing import Any
 import uvicorn
 
 from labctl.core.errors import InputError
+from labctl.core.sched import idle_thread
 from labctl.dashboard.app import Settings, create_app
 from labctl.dashboard.security import Bind
+
+log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 2
 """Seconds uvicorn gives open requests at shutdown (live streams are ended first, so this is rarely used)."""
@@ -47,31 +50,9 @@ def listen(bind: Bind) -> socket.socket:
     return sock
 
 
-DASHBOARD_NICE = 10
-"""Where SCHED_IDLE is refused: how much lower than the process's own the dashboard thread's nice value is."""
-
-
-def give_way() -> str:
-    """Put the calling thread (the dashboard's) below everything else on the machine's cores: SCHED_IDLE,
-    which any ordinary thread that wakes preempts at once (a nice value alone lets the running thread finish
-    its slice first: a few ms under EEVDF, longer than a 1 kHz sampler's catch-up budget). Where that is
-    refused, DASHBOARD_NICE. Returns how ("idle", "nice", or "" where neither was permitted)."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: the calling thread
-        return "idle"
-    except (OSError, AttributeError):
-        pass
-    try:
-        tid = threading.get_native_id()  # Linux: a thread's own nice value
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + DASHBOARD_NICE))
-        return "nice"
-    except OSError:
-        return ""
-
-
 class Http:
     """A running dashboard server: `start`, then `stop`. It runs on a thread of its own with its own event
-    loop, at a lower CPU priority than anything else (`give_way`): it shares nothing with the
+    loop, below every ordinary thread (labctl.core.sched.idle_thread): it shares nothing with the
     scheduler's loop but the process (its pages read the queue's store and the runs directory), and the runs
     the scheduler starts inherit the scheduler's priority, not the dashboard's."""
 
@@ -94,15 +75,14 @@ class Http:
         self.thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._failure: BaseException | None = None
-        self.gave_way = ""
-        """How the thread's CPU priority was lowered (`give_way`)."""
 
     @property
     def url(self) -> str:
         return self.bind.url(self.port)
 
     def _run(self) -> None:
-        self.gave_way = give_way()
+        if not idle_thread():
+            log.warning("dashboard: its thread's CPU priority could not be lowered; it runs beside the runs")
         try:
             asyncio.run(self._serve())
         except BaseException as e:  # reported by start() or stop() on the caller's loop

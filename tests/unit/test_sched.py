@@ -59,3 +59,29 @@ def test_a_worker_drops_an_inherited_realtime_policy(monkeypatch: pytest.MonkeyP
     assert (fake.policy, fake.priority) == (os.SCHED_OTHER, 0)
     sched.ordinary()  # already ordinary: no call
     assert len(fake.calls) == 1
+
+
+def test_idle_thread_lowers_only_the_calling_thread() -> None:
+    """SCHED_IDLE (or nice +10 where refused) for the thread that asks; the rest of the process as it was."""
+    import os
+    import threading
+
+    from labctl.core.sched import idle_thread
+
+    got: dict[str, object] = {}
+
+    def worker() -> None:
+        got["how"] = idle_thread()
+        got["policy"] = os.sched_getscheduler(0)
+        got["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert got["how"] in ("idle", "nice")
+    if got["how"] == "idle":
+        assert got["policy"] == os.SCHED_IDLE
+    else:
+        assert got["nice"] == min(19, before[1] + 10)
+    assert (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())) == before
