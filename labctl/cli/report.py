@@ -131,7 +131,8 @@ def _with_settings(summary: dict[str, Any], frame: Any, meta: dict[str, Any]) ->
 
 def _report_one(row: dict[str, Any], as_json: bool) -> None:
     from labctl.analysis.store import read_run_json
-    from labctl.cli.tables import clock_table, flat_probe_stats, quality_lines, summary_table
+    from labctl.cli.tables import clock_table, quality_lines, summary_table
+    from labctl.probes.sampling import flat_probe_stats
 
     run_dir = Path(row["path"])
     meta = read_run_json(run_dir)

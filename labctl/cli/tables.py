@@ -74,18 +74,6 @@ def ci_caption(summary: dict[str, Any]) -> str | None:
     )
 
 
-def flat_probe_stats(probes: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """run.json `probes` as (name, stats) rows: an agent's entry (`agent:<host>`) holds its own probes."""
-    rows = []
-    for name, stats in probes.items():
-        nested = {k: v for k, v in stats.items() if isinstance(v, dict)}
-        if nested and all(isinstance(v, dict) for v in stats.values()):
-            rows += [(f"{name}/{sub}", sub_stats) for sub, sub_stats in nested.items()]
-        else:
-            rows.append((name, stats))
-    return rows
-
-
 def clock_table(meta: dict[str, Any]) -> Table | None:
     """Per agent host: which source set its clock offset (shared-clock, exchange, chrony/ptp4l), the offset
     removed from its stamps and the uncertainty that bounds every phase crossing from the controller's clock
@@ -134,6 +122,7 @@ def quality_lines(summary: dict[str, Any], probes: dict[str, Any] | None = None)
     mark's resolution, and the modules' DOM update interval where the poller measured one. Two durations
     said together share one unit, and each statistic says how many it is over."""
     from labctl.core.units import fmt_pair
+    from labctl.probes.sampling import flat_probe_stats
 
     lines = []
     flagged = summary.get("flagged_rows") or 0
@@ -187,6 +176,7 @@ def stall_lines(probes: dict[str, Any]) -> list[str]:
     """One line per sampler that gave up ticks after stalls of the loop: how many, the longest, and whose
     the stalls were (labctl.linux.schedstat), so a thinned sampler is never read as a quiet signal."""
     from labctl.core.units import fmt_ns
+    from labctl.probes.sampling import flat_probe_stats
 
     lines = []
     for name, stats in flat_probe_stats(probes):

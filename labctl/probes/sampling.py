@@ -347,18 +347,33 @@ class TickCount:
         return out
 
 
+def flat_probe_stats(probes: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """run.json `probes` (or one probe's `stats()` under its name) as (name, stats) rows, one per sampler:
+    an agent's entry (`agent:<host>`) holds its own probes by name (`agent:<host>/<probe>`, each a row) and
+    its own counters (a row under its name, where it has any)."""
+    rows: list[tuple[str, Mapping[str, Any]]] = []
+    for name, stats in probes.items():
+        nested = {k: v for k, v in stats.items() if isinstance(v, Mapping)}
+        if not nested:
+            rows.append((name, stats))
+            continue
+        rows += [(f"{name}/{sub}", sub_stats) for sub, sub_stats in nested.items()]
+        own = {k: v for k, v in stats.items() if k not in nested}
+        if own:
+            rows.append((name, own))
+    return rows
+
+
 def tick_counts(name: str, stats: Mapping[str, Any]) -> dict[str, dict[str, int]]:
     """From a probe's `stats()`, per sampler that counts its ticks: `ticks_skipped`, `stalls` and
-    `stall_longest_ns`, named as run.json's probes are (an agent's entry holds its own probes: `name/sub`)."""
-    nested = {k: v for k, v in stats.items() if isinstance(v, Mapping)}
-    parts = [(f"{name}/{sub}", v) for sub, v in nested.items()] if nested else [(name, stats)]
+    `stall_longest_ns`, named as `flat_probe_stats` names them."""
     return {
         part: {
             "ticks_skipped": counts["ticks_skipped"],
             "stalls": int(counts.get("stalls") or 0),
             "stall_longest_ns": int(counts.get("stall_longest_ns") or 0),
         }
-        for part, counts in parts
+        for part, counts in flat_probe_stats({name: stats})
         if isinstance(counts.get("ticks_skipped"), int)
     }
 

@@ -252,8 +252,15 @@ def test_a_sampler_that_skipped_ticks_gets_a_line_saying_whose_stalls_they_were(
         "rx-power": {"ticks_skipped": 5, "stalls": 1, "stall_longest_ns": 6_840_000, "stalls_asleep": 1},
         "model-traffic": {"ticks_skipped": 0, "stalls": 0},
         "agent:h1": {"rx-power": {"ticks_skipped": 2, "stalls": 1, "stall_longest_ns": 3_100_000}},
+        # as run.json holds an agent's entry: its own drop count and its mirror's `world` beside its probes
+        "agent:h2": {
+            "dropped": 0,
+            "rx-power": {"ticks_skipped": 4, "stalls": 2, "stall_longest_ns": 5_000_000},
+            "world": {"lag_ns": 250_000_000},
+        },
     }
     lines = stall_lines(probes)
     assert lines[0].startswith("rx-power: 5 ticks skipped in 1 stall, longest 6.8 ms: 1 asleep (")
     assert lines[1] == "agent:h1/rx-power: 2 ticks skipped in 1 stall, longest 3.1 ms"
-    assert len(lines) == 2
+    assert lines[2] == "agent:h2/rx-power: 4 ticks skipped in 2 stalls, longest 5.0 ms"
+    assert len(lines) == 3
