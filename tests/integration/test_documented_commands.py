@@ -192,7 +192,7 @@ SKIP: dict[str, str] = {
     "python3 -m pip install -e . && labctl run experiments/reconfig-timeline.yaml": (
         "installs into the environment; the run takes a minute (the fast run below is the same experiment)"
     ),
-    "python3 -m pip install -q -e '.[test]' -c constraints.txt && python3 -m pytest -n 3": (
+    "python3 -m pip install -q uv -c constraints.txt && python3 -m uv pip install -q --python python3 --compile-bytecode -e '.[test]' -c constraints.txt && python3 -m pytest -n 3": (
         "installs, and runs this whole suite"
     ),
     # docs/tutorial/: each step's commands build on the ones before (a lab directory, a broker, agents, a

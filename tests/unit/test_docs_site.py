@@ -130,18 +130,21 @@ def test_the_readme_fits_one_screen_of_reading() -> None:
 
 
 def quick_start() -> list[str]:
-    """The commands of the README's quick start block, each `a && b` split in two."""
+    """The two commands of the README's quick start block."""
     text = README.read_text(encoding="utf-8")
     block = re.search(r"^## Quick start\n+```sh\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
     assert block is not None, "README.md has no `## Quick start` with a sh block"
     lines = [line.strip() for line in block.group(1).splitlines() if line.strip()]
     assert len(lines) == 2, f"the quick start is two commands: {lines}"
-    return [part.strip() for line in lines for part in line.split(" && ")]
+    return lines
 
 
 def test_the_readme_quick_start_is_what_ci_runs() -> None:
-    """`.ci/run` runs README command 2 as its own two lines (its comment says to keep them identical)."""
-    install, test = quick_start()[2:]
+    """`.ci/run` runs README command 2 as its own lines, in order (its comment says to keep them identical)."""
+    *installs, test = [part.strip() for part in quick_start()[1].split(" && ")]
     ci = [line.strip() for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
-    last = len(ci) - 1 - ci[::-1].index(install)  # the lock's install, after the newest-releases branch
-    assert test in ci[last + 1 :], f".ci/run runs `{install}` but not `{test}` after it"
+    # the lock's install, after the newest-releases branch: the last occurrence of each step, in order
+    at = [len(ci) - 1 - ci[::-1].index(step) if step in ci else -1 for step in installs]
+    assert -1 not in at, f".ci/run does not run `{installs[at.index(-1)]}`"
+    assert at == sorted(at), f".ci/run runs README command 2's installs out of order: {installs}"
+    assert test in ci[at[-1] + 1 :], f".ci/run runs `{installs[-1]}` but not `{test}` after it"
