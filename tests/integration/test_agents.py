@@ -354,9 +354,16 @@ async def test_fast_profile_on_four_agent_processes_five_times(
             int(meta["probes"][f"agent:{host}"]["rx-power"].get("stall_longest_ns") or 0) for host in HOSTS
         )
         assert t2_res <= SAMPLING_PERIOD_NS + uncertainty + stalled, (i, t2_res, stalled)
+        # Each agent sampled at its configured rate or said why not: every tick of its sampling span was
+        # read (each port once) or is counted skipped, with the stalls that skipped it. Not a rate floor: a
+        # CI run on a saturated machine starved the agents for up to 490 ms at a time (431 ticks/s read,
+        # 569 skipped), which the run must report, not hide.
         for host in HOSTS:
             rx = meta["probes"][f"agent:{host}"]["rx-power"]
-            assert rx["samples_per_s_per_port"] >= 500, (host, rx)  # (configured: 1000)
+            accounted_per_s = rx["ticks_per_s"] + rx["ticks_skipped"] / rx["sampling_s"]
+            assert abs(accounted_per_s - 1e9 / SAMPLING_PERIOD_NS) <= 10, (host, rx)  # of 1000/s
+            assert rx["samples_per_s_per_port"] == rx["ticks_per_s"], (host, rx)  # every port, every tick
+            assert (rx["ticks_skipped"] > 0) == (rx["stalls"] > 0), (host, rx)
     for proc in agent_procs:  # SIGTERM: each agent winds down (last events out, `offline`) and exits 0
         proc.terminate()
     assert [await asyncio.to_thread(proc.wait, 10) for proc in agent_procs] == [0] * len(HOSTS)
