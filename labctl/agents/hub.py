@@ -190,6 +190,7 @@ class AgentHub(HubConnection, StreamReceiver, ClockExchange):
                         "t_ns": link.lost_at_ns,
                         "wall_ns": link.lost_at_wall_ns,
                         "reason": link.lost_reason,
+                        "seen": link.lost_seen,
                     }
                     for host, link in self.links.items()
                     if link.lost_at_ns is not None

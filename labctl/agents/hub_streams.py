@@ -72,6 +72,7 @@ class HostLink:
     lost_at_ns: int | None = None  # when the agent went offline while its probes ran (controller clock)
     lost_at_wall_ns: int | None = None
     lost_reason: str | None = None  # "offline" (past the grace) or "restarted" (a new agent process)
+    lost_seen: str | None = None  # what stamped the loss: "last will" (seen going) or "successor" (seen back)
     time_sync: dict[str, Any] | None = None  # the host's clock discipline, as its agent read it at start
     clock_udp: tuple[str, int] | None = None  # where the agent's clock responder listens (its broker pongs)
     clock_via: str | None = None  # how the latest burst went: "udp" or "broker"
@@ -248,10 +249,14 @@ class StreamReceiver:
         will) and did not come back within `agent_grace_s` (a broker restart would have brought it back), or
         came back as a new process (`reason` "restarted"): say so in its stream, where it stops, and tell the
         run. `t_rx` is when it was seen going (or, if that was missed, seen restarted)."""
+        # Stamped when the old process was seen going, unless its will was missed (or came after its
+        # successor): then when the successor was seen, later than the loss by its restart.
+        seen = "last will" if reason == "offline" or link.offline_since is not None else "successor"
         link.cancel_grace()
         link.lost_at_ns = t_rx
         link.lost_at_wall_ns = time.time_ns() - (now_ns() - t_rx)
         link.lost_reason = reason
+        link.lost_seen = seen
         link.queue.put(
             Event(
                 t_ns=t_rx,
@@ -263,6 +268,7 @@ class StreamReceiver:
                     "events_received": link.delivered,
                     "batches": link.batches,
                     "reason": reason,
+                    "seen": seen,
                     "incarnation": link.incarnation,
                     **({"new_incarnation": link.online_incarnation} if reason == "restarted" else {}),
                 },

@@ -400,11 +400,14 @@ def test_an_agent_restarted_at_once_fails_the_run_and_the_next_run_works(
     assert meta["status"] == "failed" and meta["error"].startswith("agent h2 restarted at "), meta["error"]
     lost = meta["agents"]["lost"]
     assert list(lost) == ["h2"] and lost["h2"]["reason"] == "restarted"
-    # When the old process was seen going (its last will), not when its successor came (a second later).
-    assert killed_wall_ns <= lost["h2"]["wall_ns"] <= killed_wall_ns + 500_000_000, lost
+    # When the old process was seen going (its last will), not when its successor came (0.3 s and an import
+    # later): the record says which. (Not a wall-clock margin: on a saturated machine the controller read
+    # the will 1.16 s after the kill, past a 500 ms bound, and still before the successor.)
+    assert lost["h2"]["seen"] == "last will", lost
+    assert killed_wall_ns <= lost["h2"]["wall_ns"] <= killed_wall_ns + 5 * 10**9, lost
     events = list(read_events(events_file))
     [gone] = [e for e in events if e.kind == "agent.lost"]
-    assert gone.host == "h2" and gone.meta["reason"] == "restarted"
+    assert gone.host == "h2" and gone.meta["reason"] == "restarted" and gone.meta["seen"] == "last will"
     assert any(e.kind == "run.fault" and str(e.value).startswith("agent h2 restarted") for e in events)
     _assert_baseline_restored(events, gone.t_ns)
     assert successor.poll() is None, "the successor agent must still run"
@@ -435,7 +438,7 @@ def test_an_agent_killed_mid_run_gives_a_clear_outcome(rehearsal: dict[str, str]
     assert meta["status"] == "failed" and meta["error"].startswith("agent h3 went offline at "), meta["error"]
     lost = meta["agents"]["lost"]
     assert list(lost) == ["h3"] and killed_wall_ns <= lost["h3"]["wall_ns"] <= killed_wall_ns + 5 * 10**9
-    assert lost["h3"]["reason"] == "offline"
+    assert lost["h3"]["reason"] == "offline" and lost["h3"]["seen"] == "last will"
     # Nothing the agent published before it died went missing on the way. (What it had sampled but not yet
     # published died with it, uncounted: docs/how-to/real-lab.md, "Agents".)
     assert meta["agents"]["streams"]["h3"]["missing_events"] == 0, meta["agents"]["streams"]

@@ -748,6 +748,7 @@ async def test_the_same_agent_process_back_within_the_grace_is_an_outage_not_a_l
     [reason] = lost
     assert reason.startswith("agent h2 went offline at "), reason
     assert hub.report()["agents"]["lost"]["h2"]["reason"] == "offline"
+    assert hub.report()["agents"]["lost"]["h2"]["seen"] == "last will"
 
 
 async def test_a_new_agent_process_is_a_loss_at_once_however_quickly_it_came(
@@ -762,12 +763,14 @@ async def test_a_new_agent_process_is_a_loss_at_once_however_quickly_it_came(
     [event] = [e async for e in _drain(link.queue)]
     assert event.kind == "agent.lost" and event.meta["reason"] == "restarted"
     assert (event.meta["incarnation"], event.meta["new_incarnation"]) == ("A", "B")
+    assert event.meta["seen"] == link.lost_seen == "last will"
     await asyncio.sleep(GRACE_S * 2)
     assert len(lost) == 1, "the grace timer must not report it a second time"
     # Its last will missed (the controller was reconnecting): the new process's `online` says it all.
     other = _running(hub, "h2", "C")
     _status(hub, "h2", "online D", 40)
     assert _loss(other) == (40, "restarted")
+    assert hub.report()["agents"]["lost"]["h2"]["seen"] == "successor"  # later than the loss: it says so
 
 
 async def test_status_without_an_agent_process_is_rejected_and_a_stale_will_ignored(hub: AgentHub) -> None:

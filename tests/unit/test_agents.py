@@ -61,7 +61,7 @@ async def test_a_reply_from_a_new_agent_process_is_a_loss(hub: AgentHub) -> None
     assert _loss(link) == (None, None)
     new = msgspec.json.encode(Reply(host="h1", id=2, op="window", ok=True, incarnation="B"))
     hub._on_message(name, hub.signer.seal(name, new), 6)
-    assert _loss(link) == (6, "restarted")
+    assert _loss(link) == (6, "restarted") and link.lost_seen == "successor"
 
 
 async def test_a_lagging_mirror_applies_what_it_learned_within_its_lag_at_the_model_time(
