@@ -194,6 +194,12 @@ class UdpTrafficProbe(QueueProbe):
         t = now_ns()
         for source, circuit in list(self.circuits.items()):
             out = circuit.outstanding
+            if out and t - next(iter(out.values())) >= self.timeout_ns:
+                # Before calling a ping lost, read what has come: after a stall of this loop the timer may
+                # run before the socket's reader, with the answers waiting in the buffer. A prober that ran
+                # late is not a link that lost traffic (on a saturated host every circuit flapped lost/ok
+                # at each stall, a flood that held the agents' streams back past the recovery timeout).
+                self._readable(source, self._socks[source])
             while out:
                 seq, sent = next(iter(out.items()))
                 if t - sent < self.timeout_ns:
