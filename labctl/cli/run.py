@@ -6,6 +6,7 @@ tables all of them print are labctl/cli/tables.py."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -209,44 +210,50 @@ def input_lines(experiment: Path, inventory: Path) -> list[str]:
     return lines
 
 
-def execute(
-    experiment: Path,
-    inventory: Path,
-    profile: str | None,
-    out_dir: Path,
-    seed: int | None,
-    no_plots: bool,
-    formats: tuple[str, ...] | None = None,
-    rt_priority: int | None = None,
-    inputs: RunInputs | None = None,
-) -> tuple[RunOutcome, bool]:
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    """What `labctl run` and `labctl tune` ask of one run, as their options parsed it."""
+
+    experiment: Path
+    inventory: Path
+    profile: str | None = None
+    out_dir: Path = RUNS
+    seed: int | None = None
+    plots: bool = True
+    formats: tuple[str, ...] | None = None
+    rt_priority: int | None = None
+    inputs: RunInputs | None = None
+    """The two files as the caller read them (else read once, here)."""
+
+
+def execute(request: RunRequest) -> tuple[RunOutcome, bool]:
     """One experiment run with progress and signal handling, as `labctl run` and `labctl tune` do it: a
     signal before the run directory exists is one line and exit 130. Returns the outcome and whether a
-    signal came during the run. `inputs`: the two files as the caller read them (else read here, once)."""
+    signal came during the run."""
     import asyncio
 
     from labctl.core import sched
     from labctl.run.lifecycle import RunInputs, run_experiment
 
-    if rt_priority is not None:
-        sched.permitted(rt_priority)  # refused before the files are read, as run_experiment alone did
+    if request.rt_priority is not None:
+        sched.permitted(request.rt_priority)  # refused before the files are read, as run_experiment alone did
     # once: run_experiment gets them, reads nothing again
-    inputs = inputs or RunInputs.read(experiment, inventory)
-    progress = RichProgress(input_lines(experiment, inventory))
+    inputs = request.inputs or RunInputs.read(request.experiment, request.inventory)
+    progress = RichProgress(input_lines(request.experiment, request.inventory))
     signals = _Signals()
     try:
         outcome = asyncio.run(
             _run_with_signals(
                 run_experiment(
-                    experiment,
-                    inventory,
-                    profile=profile,
-                    out_dir=out_dir,
-                    seed=seed,
+                    request.experiment,
+                    request.inventory,
+                    profile=request.profile,
+                    out_dir=request.out_dir,
+                    seed=request.seed,
                     progress=progress,
-                    plots=not no_plots,
-                    plot_formats=formats,
-                    rt_priority=rt_priority,
+                    plots=request.plots,
+                    plot_formats=request.formats,
+                    rt_priority=request.rt_priority,
                     inputs=inputs,
                 ),
                 progress,
@@ -310,30 +317,26 @@ def run(
     analysis written; `labctl plot RUN` draws an aborted run's figures.
     """
 
-    formats = parse_plot_formats(plot_format)
-    run_and_report(experiment, inventory, profile, out_dir, seed, no_plots, formats, rt_priority, dry_run)
+    request = RunRequest(
+        experiment,
+        inventory,
+        profile,
+        out_dir,
+        seed,
+        plots=not no_plots,
+        formats=parse_plot_formats(plot_format),
+        rt_priority=rt_priority,
+    )
+    run_and_report(request, dry_run=dry_run)
 
 
-def run_and_report(
-    experiment: Path,
-    inventory: Path,
-    profile: str | None,
-    out_dir: Path,
-    seed: int | None,
-    no_plots: bool,
-    formats: tuple[str, ...] | None = None,
-    rt_priority: int | None = None,
-    dry_run: bool = False,
-    inputs: RunInputs | None = None,
-) -> None:
+def run_and_report(request: RunRequest, *, dry_run: bool = False) -> None:
     """`labctl run` once its options are parsed (and `labctl tune`'s, with the inputs it read): the run,
     then its tables and status line; exit 130 for a signal, 1 for a run that did not complete."""
     if dry_run:
-        _dry_run(experiment, inventory, profile, inputs)
+        _dry_run(request)
         return
-    outcome, signalled = execute(
-        experiment, inventory, profile, out_dir, seed, no_plots, formats, rt_priority, inputs
-    )
+    outcome, signalled = execute(request)
     from labctl.cli.tables import clock_table, quality_lines, stall_lines, summary_table
 
     if outcome.summary.get("rows"):
@@ -372,7 +375,7 @@ def run_and_report(
         out.print(f"[red]{line}[/]", highlight=False)
     if outcome.figures_interrupted:
         out.print(f"figures: not drawn (interrupted); `labctl plot {outcome.run_dir}` draws them")
-    elif outcome.status == "aborted" and not no_plots and outcome.summary.get("rows"):
+    elif outcome.status == "aborted" and request.plots and outcome.summary.get("rows"):
         out.print(f"figures: not drawn for an aborted run; `labctl plot {outcome.run_dir}` draws them")
     from labctl.cli import signals as guard
 
@@ -383,14 +386,14 @@ def run_and_report(
         raise typer.Exit(1)
 
 
-def _dry_run(experiment: Path, inventory_path: Path, profile: str | None, inputs: RunInputs | None) -> None:
+def _dry_run(request: RunRequest) -> None:
     """What the run would do, as its experiment kind describes its plan; nothing is sent."""
     from labctl.run.experiment import experiment_kinds
     from labctl.run.lifecycle import RunInputs
 
-    inputs = inputs or RunInputs.read(experiment, inventory_path)
+    inputs = request.inputs or RunInputs.read(request.experiment, request.inventory)
     inventory, plan = inputs.inventory, inputs.plan
-    inventory.profile(profile)
+    inventory.profile(request.profile)
     for line in experiment_kinds.get(plan.kind).describe(plan, inventory):
         out.print(line, markup=False, highlight=False)
 

@@ -53,14 +53,13 @@ def tune(
             f"{experiment}: a kind {inputs.plan.kind} experiment: `labctl tune` runs kind: tune "
             "(`labctl run` runs any)"
         )
-    if dry_run or not as_json:
-        run_cli.run_and_report(
-            experiment, inventory, profile, out_dir, seed, no_plots, dry_run=dry_run, inputs=inputs
-        )
-        return
-    outcome, signalled = run_cli.execute(
-        experiment, inventory, profile, out_dir, seed, no_plots, inputs=inputs
+    request = run_cli.RunRequest(
+        experiment, inventory, profile, out_dir, seed, plots=not no_plots, inputs=inputs
     )
+    if dry_run or not as_json:
+        run_cli.run_and_report(request, dry_run=dry_run)
+        return
+    outcome, signalled = run_cli.execute(request)
     print(
         json.dumps(
             {

@@ -442,8 +442,10 @@ async def test_an_agent_restarted_at_once_ends_the_run_and_the_next_run_works(
     meta = json.loads((outcome.run_dir / "run.json").read_text())
     lost = meta["agents"]["lost"]
     assert set(lost) == {"h3"} and lost["h3"]["reason"] == "restarted"
-    # The time recorded is when the old process was seen going (its last will), not when the new one came.
-    assert killed_at <= lost["h3"]["wall_ns"] <= killed_at + 500_000_000, (killed_at, lost)
+    # The time recorded is when the old process was seen going (its last will), not when the new one came
+    # (which would say `successor`); how soon after the kill the will is read is the machine's business.
+    assert lost["h3"]["seen"] == "last will", lost
+    assert killed_at <= lost["h3"]["wall_ns"] <= killed_at + 5 * 10**9, (killed_at, lost)
     events = list(read_events(outcome.run_dir / "events.jsonl"))
     [gone] = [e for e in events if e.kind == "agent.lost"]
     assert gone.host == "h3" and gone.meta["reason"] == "restarted"
