@@ -225,7 +225,7 @@ class AgentCommands:
                 if isinstance(probe, CircuitProbe):
                     probe.set_circuits(args.circuits)
 
-        self._after_lag(act, t_rx)
+        self._after_lag(act, t_rx, args.t_ns)
         return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True)
 
     async def _cmd_window(self, cmd: Command, t_rx: int) -> Reply:
@@ -242,7 +242,7 @@ class AgentCommands:
                     else:
                         probe.open_window(args.open)
 
-        self._after_lag(act, t_rx)
+        self._after_lag(act, t_rx, args.t_ns)
         return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True)
 
     async def _cmd_switched(self, cmd: Command, t_rx: int) -> Reply:
@@ -258,18 +258,24 @@ class AgentCommands:
                 if callable(switched):
                     switched(args.sources)
 
-        self._after_lag(act, t_rx)
+        self._after_lag(act, t_rx, args.t_ns)
         return Reply(host=self.host, id=cmd.id, op=cmd.op, ok=True)
 
-    def _after_lag(self, act: Callable[[], None], t_rx: int) -> None:
-        """Run a command's effect on the probes where this host's probes are in time: at once, or, for a
-        mirror running `lag` behind the model, on the mirror's timeline `lag` after it arrived, so that a
-        circuit, window or switch notice reaches the samplers at the same point of the model's time as
-        the light it goes with (in order with it, however late the host runs the samplers)."""
+    def _after_lag(self, act: Callable[[], None], t_rx: int, t_ns: int | None) -> None:
+        """Run a notice's effect on the probes where this host's probes are in time: at once; or, for a
+        mirror running `lag` behind the model, on the mirror's timeline at the controller's moment (`t_ns`,
+        its clock, mapped as the world feed's items are), so that a circuit, window or switch notice reaches
+        the samplers at the point of the model's time the controller's own probes would see it, in order
+        with the light it goes with, however late the broker delivered it (a re-target that waited for a
+        busy broker would otherwise leave the old circuit probed, and the new one's traffic marked late by
+        the delay, on no record). From an older controller (no `t_ns`): `lag` after it arrived."""
         if self.mirror is None or not self.mirror.lag_ns:
             act()
             return
-        self.mirror.at(self.clock.raw(t_rx) + self.mirror.lag_ns, act)
+        if t_ns is None:
+            self.mirror.at(self.clock.raw(t_rx) + self.mirror.lag_ns, act)
+            return
+        self.mirror.notice(self.clock.raw(t_ns + self.world_offset_ns) + self.mirror.lag_ns, act)
 
     async def _cmd_inspect(self, cmd: Command, t_rx: int) -> Reply:
         """Read-only facts about this host's ports, for `labctl lab check` (labctl.agents.inspect)."""

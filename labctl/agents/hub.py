@@ -35,6 +35,7 @@ from labctl.agents.hub_commands import (
 from labctl.agents.hub_connection import HubConnection, _Outgoing
 from labctl.agents.hub_streams import HostLink, StreamReceiver
 from labctl.agents.wire import (
+    NOTICE_T,
     Rejected,
     Rejections,
     ReplayGuard,
@@ -384,7 +385,7 @@ class RemoteProbe:
     def set_circuits(self, peers: dict[str, str | None]) -> None:
         mine = {s: p for s, p in peers.items() if s in self.link.sources}
         if mine:
-            self.hub.post(self.host, "set_circuits", {"circuits": mine})
+            self.hub.post(self.host, "set_circuits", {"circuits": mine, NOTICE_T: now_ns()})
 
     def open_window(self, sources: Collection[str] | None = None) -> None:
         """Forward the controller's reconfiguration window to the agent's probes (dense Rx-power reports,
@@ -392,12 +393,12 @@ class RemoteProbe:
         mine = sorted(self.link.sources if sources is None else set(sources) & self.link.sources)
         self._window_open = bool(mine)
         if mine:
-            self.hub.post(self.host, "window", {"open": mine})
+            self.hub.post(self.host, "window", {"open": mine, NOTICE_T: now_ns()})
 
     def close_window(self) -> None:
         if self._window_open:
             self._window_open = False
-            self.hub.post(self.host, "window", {})
+            self.hub.post(self.host, "window", {NOTICE_T: now_ns()})
 
     def expect_switch_acks(self) -> None:
         """Deliberately nothing: the agent's probes are not told to rely on `switched` alone. It reaches
@@ -409,7 +410,7 @@ class RemoteProbe:
         """Forward the switch's acknowledgement (t1) for this host's ports to its agent's probes."""
         mine = sorted(set(sources) & self.link.sources)
         if mine:
-            self.hub.post(self.host, "switched", {"sources": mine})
+            self.hub.post(self.host, "switched", {"sources": mine, NOTICE_T: now_ns()})
 
 
 def run_probes_on_agents(lab: Lab, ctx: LabContext, probes: Sequence[str]) -> AgentHub:

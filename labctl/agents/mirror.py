@@ -77,6 +77,8 @@ class FabricMirror(SimFabric):
         self._pending_light: dict[tuple[NicPort, str | None], Scheduled] = {}
         self.transitions = {"on_time": 0, "late": 0}  # link, carrier and transport changes
         self.transition_late_ns: list[int] = []
+        self.notices = {"on_time": 0, "late": 0}  # the controller's circuit, window and switch notices
+        self.notice_late_ns: list[int] = []
         self._pending_transitions: dict[tuple[NicPort, str], list[Scheduled]] = {}
 
     def _drop_pending(self, port: NicPort, kind: str) -> None:
@@ -176,6 +178,18 @@ class FabricMirror(SimFabric):
         """Run `callback` when this copy reaches t_ns (on its own clock), in order with its changes."""
         self._announced.at(t_ns, callback)
 
+    def notice(self, t_ns: int, callback: Callable[[], None]) -> None:
+        """`at`, for a controller's notice to the probes stamped with its model time (`wire.NOTICE_T`):
+        counted on time, or late by how much where this copy had already passed t_ns (it then runs at the
+        next reading)."""
+        now = self.now()
+        if t_ns > now:
+            self.notices["on_time"] += 1
+        else:
+            self.notices["late"] += 1
+            self.notice_late_ns.append(now - t_ns)
+        self._announced.at(t_ns, callback)
+
     def now(self) -> int:
         """Where this copy stands: the instant its samplers last read it at (lagging), else the clock's
         now. A change due after it is still on time."""
@@ -238,7 +252,8 @@ class FabricMirror(SimFabric):
     def stats(self) -> dict[str, int]:
         """How the world feed kept up, per direction: light changes applied at their model time, and how
         many were applied late (after a broker hop), by how much (median, max). The light coming back is
-        what the optical mark measures: that many of its samples saw it late by that much."""
+        what the optical mark measures: that many of its samples saw it late by that much. `notices_*`: the
+        controller's circuit, window and switch notices likewise (a late re-target delays a traffic mark)."""
         out: dict[str, int] = {}
         for name, values in (("lead", self.lead_ns), ("confirm_lead", self.confirm_lead_ns)):
             if values:
@@ -255,6 +270,10 @@ class FabricMirror(SimFabric):
         out["transitions_late"] = self.transitions["late"]
         if self.transition_late_ns:
             out["transitions_late_max_ns"] = max(self.transition_late_ns)
+        out["notices_on_time"] = self.notices["on_time"]
+        out["notices_late"] = self.notices["late"]
+        if self.notice_late_ns:
+            out["notices_late_max_ns"] = max(self.notice_late_ns)
         for direction, on_time in self.on_time.items():
             late = sorted(self.late_ns[direction])
             out[f"light_{direction}_on_time"] = on_time

@@ -80,6 +80,8 @@ class StopArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class CircuitArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     circuits: dict[str, str | None]
+    t_ns: int | None = None
+    """When the controller re-targeted (its clock): a mirror applies it at that model time (NOTICE_T)."""
 
 
 class PingArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -90,12 +92,23 @@ class WindowArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A reconfiguration starts (`open`: the affected port sources of this host) or ends (`open` None)."""
 
     open: list[str] | None = None
+    t_ns: int | None = None
+    """When the controller opened or closed it (its clock; NOTICE_T)."""
 
 
 class SwitchedArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The switch acknowledged moving these port sources' light (the controller's t1)."""
 
     sources: list[str]
+    t_ns: int | None = None
+    """When the controller had the acknowledgement (its clock; NOTICE_T)."""
+
+
+NOTICE_T = "t_ns"
+"""The controller's notices to an agent's probes (`set_circuits`, `window`, `switched`) carry the controller's
+clock when it acted. A mirror of the model applies each at that model time, in order with the world feed's
+changes, as the controller's own probes see it in a one-process run; without it (an older controller), at
+the notice's arrival, a broker hop later. A host's own probes (a real lab) act on arrival either way."""
 
 
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^\S+$")]

@@ -8,7 +8,9 @@ reconfiguration. A missing mark is empty (pandas <NA>, an empty CSV cell), never
 Brackets: a sampled mark is the first sample that saw the new state; the sample before it (its event's
 `meta.prev_ns`, or `meta.after_ns` from the carrier and link-state polls) did not, so the change
 happened in (prev_ns, t]. `tN_resolution_ns` is that width (plus a module's DOM update interval for t2,
-where it is longer than the sampling period; 0 for marks stamped as they happen). A host's marks also
+where it is longer than the sampling period; 0 for marks stamped as they happen). A first `traffic.ok`
+with no ping of its circuit before it (a circuit whose first ping got through) is bracketed from where
+its search starts, carrier up (t4): traffic came back somewhere in (t4, t5]. A host's marks also
 carry its clock-offset uncertainty (`clock_uncertainty_ns`) against the controller's t0/t1. A phase
 whose end precedes its start by more than the brackets allow is physically impossible (`impossible`
 names it: a wrong clock, a mislabelled event); one that is negative within them is shorter than the
@@ -47,8 +49,12 @@ class Mark(NamedTuple):
     resolution: int
 
 
-def _find(s: Series, start: int | None, end: float, mask: np.ndarray | None = None) -> Mark | None:
-    """The first sample in [start, end) (where mask holds), with its bracket, or None."""
+def _find(
+    s: Series, start: int | None, end: float, mask: np.ndarray | None = None, *, sampled: bool = False
+) -> Mark | None:
+    """The first sample in [start, end) (where mask holds), with its bracket, or None. A sample with no
+    sample before it is exact (an event stamped as it happened), unless `sampled`: then nothing says when
+    the change came after `start`, and that is its bracket (a new circuit's first ping got through)."""
     if start is None:
         return None
     i = int(np.searchsorted(s.t, start, "left"))
@@ -61,6 +67,8 @@ def _find(s: Series, start: int | None, end: float, mask: np.ndarray | None = No
             return None
         i += int(hits[0])
     t, prev = int(s.t[i]), int(s.prev[i])
+    if prev < 0 and sampled:
+        return Mark(t, max(t - start, 0))
     return Mark(t, t - prev if 0 <= prev <= t else 0)
 
 
@@ -271,12 +279,12 @@ def _marks(
     to_peer = index.series(source, traffic_ok_key(peer)) if peer else None
     if to_peer is not None and to_peer.t.size:
         # Traffic that reached the new peer: the old circuit can never be mistaken for it.
-        t5 = _find(to_peer, t4.t if t4 is not None else h0, end)
+        t5 = _find(to_peer, t4.t if t4 is not None else h0, end, sampled=True)
     else:
         ok = index.series(source, Kind.TRAFFIC_OK)
         # Carrier not observed: traffic back after it was seen lost.
         after = t4 if t4 is not None else lost
-        t5 = _find(ok, after.t, end) if after is not None else None
+        t5 = _find(ok, after.t, end, sampled=True) if after is not None else None
     exact = {"t0": Mark(t0, 0), "t1": Mark(t1, 0) if t1 is not None else None}
     return {**exact, "t2": t2, "t3": t3, "t4": t4, "t5": t5, "down": down, "lost": lost}
 

@@ -147,7 +147,11 @@ class SimTrafficProbe(QueueProbe):
             unknown = [p for p, k, q in zip(peers.values(), known, peer_slots, strict=True) if k and q == -2]
             raise KeyError(unknown[0])
         slots = slots[known]
-        self._peer_of[slots] = peer_slots[known]
+        new_peers = peer_slots[known]
+        # A new circuit's first ping has no ping before it: the old circuit's is not its mark's bracket (a
+        # first ping that gets through says traffic flows, not since when), as a UDP probe's new circuit.
+        self._pinged_t[slots[self._peer_of[slots] != new_peers]] = -1
+        self._peer_of[slots] = new_peers
         self._reported_t[slots] = np.iinfo(np.int64).min // 2  # report each one's next ping
         self._src = np.flatnonzero(self._peer_of >= 0)
         self._dst = self._peer_of[self._src]

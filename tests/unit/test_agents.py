@@ -98,6 +98,40 @@ async def test_a_lagging_mirror_applies_what_it_learned_within_its_lag_at_the_mo
     mirror.cancel_pending()
 
 
+def test_a_lagging_mirror_applies_a_notice_at_the_controllers_moment(tmp_path: Path) -> None:
+    """A circuit, window or switch notice carries the controller's clock when it acted (`wire.NOTICE_T`): a
+    mirror running `lag` behind the model applies it there, in order with the model's changes, however late
+    the broker brought it. (A re-target that waited 75 ms for a busy broker left an agent pinging the old
+    circuit that long past the model's re-target: the new circuit's traffic was marked late by that, with
+    a bracket of one ping.) Later than the lag, it runs at the next reading, counted late; with no stamp (an
+    older controller), `lag` after it arrived, as before."""
+    inv_path, _ = write_lab(tmp_path, broker_section("mqtt://127.0.0.1:1"))
+    inventory = load_inventory(inv_path)
+    agent = Agent(inventory, "h1", BrokerSettings.from_inventory(inventory))
+    lag = 30_000_000
+    mirror = agent.mirror = FabricMirror(inventory, inventory.profile(), random.Random(1), lag_ns=lag)
+    agent.world_offset_ns = 0
+    ran: list[str] = []
+    arrived = now_ns()
+    acted = arrived - 20_000_000  # the controller re-targeted 20 ms before the notice got here
+    agent._after_lag(lambda: ran.append("stamped"), arrived, acted)
+    agent._after_lag(lambda: ran.append("unstamped"), arrived, None)
+    mirror.sync_optics(acted + lag - 1)
+    assert ran == [], "not before the controller's moment on the mirror's clock"
+    mirror.sync_optics(acted + lag)
+    assert ran == ["stamped"], "at the controller's moment, not when the broker brought it"
+    mirror.sync_optics(arrived + lag)
+    assert ran == ["stamped", "unstamped"]
+    stale = now_ns() - lag - 5_000_000  # older than the lag covers: the mirror's readers are past it
+    agent._after_lag(lambda: ran.append("late"), now_ns(), stale)
+    mirror.sync_optics(arrived + lag + 1)
+    assert ran[-1] == "late"
+    stats = mirror.stats()
+    assert (stats["notices_on_time"], stats["notices_late"]) == (1, 1)
+    assert stats["notices_late_max_ns"] >= lag + 5_000_000 - (now_ns() - arrived)
+    mirror.cancel_pending()
+
+
 def test_agent_stamps_in_event_meta_move_with_the_event() -> None:
     """Times a probe writes into meta (the previous sample a mark's bracket starts at, when a ping was sent
     or given up on) are on the observing host's clock like t_ns, and go onto the run timebase with it;

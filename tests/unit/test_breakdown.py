@@ -289,6 +289,24 @@ def test_traffic_to_the_old_peer_never_counts_as_recovery() -> None:
     assert row["t5_traffic_ns"] == t0 + 200 * MS
 
 
+@pytest.mark.parametrize("prev_ms", [None, 195])
+def test_a_first_ping_that_got_through_is_bracketed_from_carrier_up(prev_ms: int | None) -> None:
+    """A traffic mark is the first ping of the new circuit that got through; the one before it (`prev_ns`)
+    did not, and that is its bracket. Where no ping of the circuit came before it (a re-target reached the
+    prober after the link was up), nothing says when traffic came back after carrier: the bracket is
+    (t4, t5], never 0 as for a mark stamped as it happened."""
+    s = Stream()
+    t0 = 5 * MS
+    s.phase(1, t0, "pp", [(A, B)])
+    s.switch(t0, t0 + 25 * MS)
+    s.add(t0 + 100 * MS, "carrier", A, 1)
+    meta = {"peer": B} if prev_ms is None else {"peer": B, "prev_ns": t0 + prev_ms * MS}
+    s.add(t0 + 200 * MS, "traffic.ok", A, 9_000, **meta)
+    (row,) = compute_breakdown(s.events).to_dict("records")
+    assert row["t5_traffic_ns"] == t0 + 200 * MS
+    assert row["t5_resolution_ns"] == (100 * MS if prev_ms is None else 5 * MS)
+
+
 def test_a_clock_offset_wider_than_a_phase_it_crosses_is_said() -> None:
     from labctl.analysis.clock_uncertainty import clock_caveats
 

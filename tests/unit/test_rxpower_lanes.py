@@ -213,6 +213,37 @@ def test_model_traffic_pings_circuit_by_circuit_as_with_arrays(
     assert probes[0].pings == probes[1].pings
 
 
+@pytest.mark.parametrize("scalar", [16, 0])
+def test_a_new_circuits_first_ping_has_no_bracket_from_the_old_circuits(
+    monkeypatch: pytest.MonkeyPatch, scalar: int
+) -> None:
+    """A ping's report names the ping before it (`prev_ns`: the bracket of a traffic mark) only where that
+    ping was of the same circuit: the first ping after a re-target to another peer has none (a first ping
+    that gets through says traffic flows, not since when), as a UDP probe's new circuit; a re-target to the
+    same peer keeps the circuit's pings."""
+    monkeypatch.setattr(model_probes, "SCALAR_SLOTS", scalar)
+    fabric = _fabric(0)
+    port, old_peer, new_peer = (p.source for p in fabric.port_at[:3])
+    probe = SimTrafficProbe(fabric, fabric.port_at, report_interval_ns=15 * MS)
+
+    def ping(t: int) -> list[Event]:
+        probe._ping_all(t)
+        reports = [e for e in probe.queue._items if e.source == port]
+        probe.queue._items.clear()
+        return reports
+
+    t = 10**12
+    probe.set_circuits({port: old_peer})
+    assert [e.meta["peer"] for e in ping(t)] == [old_peer]
+    ping(t + MS)  # the old circuit's last ping
+    probe.set_circuits({port: new_peer})
+    [first] = ping(t + 2 * MS)
+    assert first.meta["peer"] == new_peer and "prev_ns" not in first.meta, first.meta
+    probe.set_circuits({port: new_peer})  # told again, the same circuit: its pings go on
+    [again] = ping(t + 3 * MS)
+    assert again.meta["prev_ns"] == t + 2 * MS, again.meta
+
+
 @pytest.mark.parametrize("pairs", [1, 3, 8, 16])
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.usefixtures("optics")
