@@ -393,9 +393,19 @@ def _dry_run(request: RunRequest) -> None:
 
     inputs = request.inputs or RunInputs.read(request.experiment, request.inventory)
     inventory, plan = inputs.inventory, inputs.plan
-    inventory.profile(request.profile)
-    for line in experiment_kinds.get(plan.kind).describe(plan, inventory):
+    profile = inventory.profile(request.profile)
+    kind = experiment_kinds.get(plan.kind)
+    for line in kind.describe(plan, inventory):
         out.print(line, markup=False, highlight=False)
+    if kind.preview is None:
+        return
+    import asyncio
+
+    lines, ok = asyncio.run(kind.preview(plan, inventory, profile))
+    for line in lines:
+        out.print(line, markup=False, highlight=False)
+    if not ok:  # the run would stop at its first step, having changed nothing: as bad input does
+        raise typer.Exit(2)
 
 
 def register(app: typer.Typer) -> None:

@@ -34,7 +34,11 @@ def tune(
     no_plots: NoPlotsOpt = False,
     dry_run: Annotated[
         bool,
-        typer.Option("--dry-run", help="List each port's changes (from → to) in order; change nothing."),
+        typer.Option(
+            "--dry-run",
+            help="List each port's changes (from → to) in order, then read each port's support for the "
+            "settings from the lab (reads only); exit 2 if a port would refuse one. Change nothing.",
+        ),
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:

@@ -8,7 +8,7 @@ mapping per switch before anything is sent, so a bad experiment fails in full be
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
@@ -19,6 +19,7 @@ from labctl.core.errors import InputError
 from labctl.core.registry import DEFAULT_EXPERIMENT_KIND, Registry
 from labctl.core.yamlio import SourcedYaml, format_loc, load_yaml, pydantic_error_line
 from labctl.inventory.mapping import Mapping
+from labctl.inventory.profiles import Profile
 from labctl.inventory.schema import Inventory
 from labctl.inventory.topology import Link, links_to_mapping, pairs_links, ring_links
 from labctl.probes.sampling import ProbeSettings
@@ -440,6 +441,9 @@ class ExperimentKind:
     compile_read: Callable[[Path, SourcedYaml, Inventory], Plan] | None = None
     """`compile` for a file `compile_experiment` has already read (its YAML, with file:line), so that one
     run reads its experiment file once. A kind without it is compiled by `compile`, which reads it again."""
+    preview: Callable[[Plan, Inventory, Profile], Awaitable[tuple[list[str], bool]]] | None = None
+    """What `--dry-run` reads from the lab after `describe` (reads only: a tune run's ports' support for its
+    settings), and whether the run could go ahead; a kind without it reads nothing."""
 
 
 def _describe_timeline(plan: Plan, inventory: Inventory) -> list[str]:

@@ -19,16 +19,16 @@ from __future__ import annotations
 import contextlib
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from labctl.core.clock import now_ns
+from labctl.core.clock import Timebase, now_ns
 from labctl.core.errors import InputError, LabctlError
-from labctl.core.events import Kind
+from labctl.core.events import EventLog, Kind
 from labctl.core.fileio import write_json_atomic
 from labctl.core.yamlio import SourcedYaml, format_loc, load_yaml, pydantic_error_line
 from labctl.inventory.profiles import Profile
@@ -519,14 +519,13 @@ async def restore_saved(run_dir: Path, control: LinkControl) -> list[str]:
     return lines
 
 
-async def restore_run_link_settings(
-    run_dir: Path, inventory: Inventory, profile: Profile, emit: Any
-) -> list[str]:
-    """`restore_saved` through the LinkControl of a lab built from `inventory` for the purpose (a crashed
-    run's recovery, `labctl lab restore`): started (an agents' hub connects), every saved port put back,
-    then closed. Raises LabctlError where the lab offers no LinkControl."""
-    import random
-
+@contextlib.asynccontextmanager
+async def _link_control_of(
+    inventory: Inventory, profile: Profile, emit: Any, purpose: str
+) -> AsyncIterator[LinkControl]:
+    """The LinkControl of a lab built from `inventory` for one purpose outside a run (a crashed run's
+    recovery, `labctl lab restore`, a dry run's support check): started (an agents' hub connects), then
+    closed. Raises LabctlError where the lab offers none (`purpose` says what could not be done)."""
     from labctl.labs import build_lab
     from labctl.labs.base import LabContext
     from labctl.probes.sampling import ProbeSettings
@@ -535,14 +534,56 @@ async def restore_run_link_settings(
     try:
         if lab.link_control is None:
             raise LabctlError(
-                f"lab {inventory.lab} ({inventory.kind}) offers no link settings control: "
-                f"{run_dir / BEFORE_FILE} cannot be restored from here"
+                f"lab {inventory.lab} ({inventory.kind}) offers no link settings control: {purpose}"
             )
         await lab.start()
-        return await restore_saved(run_dir, lab.link_control)
+        yield lab.link_control
     finally:
         lab.close()
         await lab.aclose()
+
+
+async def restore_run_link_settings(
+    run_dir: Path, inventory: Inventory, profile: Profile, emit: Any
+) -> list[str]:
+    """`restore_saved` through the LinkControl of a lab built from `inventory` for the purpose (a crashed
+    run's recovery, `labctl lab restore`): every saved port put back. Raises LabctlError where the lab
+    offers no LinkControl."""
+    purpose = f"{run_dir / BEFORE_FILE} cannot be restored from here"
+    async with _link_control_of(inventory, profile, emit, purpose) as control:
+        return await restore_saved(run_dir, control)
+
+
+async def preview_tune(plan: Plan, inventory: Inventory, profile: Profile) -> tuple[list[str], bool]:
+    """What `--dry-run` reads from the lab after listing the sweep: each swept port's support for every
+    setting, as the run's first step checks it (`LinkControl.support`: reads only, nothing is set). One line
+    where every port supports every setting, else a line per refusal (the run would stop at its first step,
+    before changing anything), and whether there were none."""
+    read = next(s for s in plan.program if isinstance(s, ReadLinkSettings))
+    refusals = []
+    events = EventLog(None, Timebase.capture())
+    try:
+        purpose = "its ports' support cannot be read"
+        async with _link_control_of(inventory, profile, events.record, purpose) as control:
+            for port, _ in read.ports:
+                support = await control.support(port)
+                refusals += [
+                    f"{port.label}: cannot set {point.label}: {why}"
+                    for point in read.points
+                    if (why := support.refusal(point)) is not None
+                ]
+    finally:
+        events.close()
+    if not refusals:
+        return [
+            "",
+            f"support read from the lab: all {len(read.ports)} swept ports support the {len(read.points)} "
+            "settings (nothing was set)",
+        ], True
+    head = (
+        f"support read from the lab: {len(refusals)} refusal(s); the run would stop before changing anything:"
+    )
+    return ["", head, *(f"  {line}" for line in refusals)], False
 
 
 # -- around the run -------------------------------------------------------------------------------------
@@ -629,4 +670,5 @@ KIND = ExperimentKind(
     record=record_tune,
     summary_lines=tune_lines,
     compile_read=compile_tune_read,
+    preview=preview_tune,
 )
