@@ -8,7 +8,7 @@ mapping per switch before anything is sent, so a bad experiment fails in full be
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
@@ -441,7 +441,7 @@ class ExperimentKind:
     compile_read: Callable[[Path, SourcedYaml, Inventory], Plan] | None = None
     """`compile` for a file `compile_experiment` has already read (its YAML, with file:line), so that one
     run reads its experiment file once. A kind without it is compiled by `compile`, which reads it again."""
-    preview: Callable[[Plan, Inventory, Profile], Awaitable[tuple[list[str], bool]]] | None = None
+    preview: Callable[[Plan, Inventory, Profile], Coroutine[Any, Any, tuple[list[str], bool]]] | None = None
     """What `--dry-run` reads from the lab after `describe` (reads only: a tune run's ports' support for its
     settings), and whether the run could go ahead; a kind without it reads nothing."""
 
