@@ -137,15 +137,22 @@ def test_the_main_experiment_runs_on_the_real_lab_kind(rehearsal: dict[str, str]
     assert (rows.t2_source == "power-meter").all() and rows.t2_resolution_ns.notna().all()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["t2_source"] == {"power-meter": 128}, summary["t2_source"]
-    # No phase built on t2 is flagged: the meter's light comes after the command and before the carrier.
-    # (A flagged row here would be traffic_lost's alone: its mark, the send time of the first unanswered
-    # ping, is on the agent's clock, whose offset over the broker wanders by milliseconds on a loaded
-    # machine; it is not this rehearsal's t2. The summary counts every flagged row.)
+    # No row is impossible, and the summary counts every flagged row. A row may be unresolved where its
+    # marks' brackets say so: traffic_lost (its mark, the send time of the first unanswered ping, is on the
+    # agent's clock, whose offset over the broker wanders by milliseconds on a loaded machine), or the
+    # carrier (no t3 here: the phase from the meter's light to the carrier) where a starved controller polled
+    # the meters late: in one CI run no meter sample came for 154 ms after the command, t2's bracket reaching
+    # back to t0, and the carrier was seen 3.4 ms before the meter's light. Then the carrier must lie inside
+    # t2's bracket: the light arrived before it, the meter said so later.
     flags = {flag: rows[flag].astype("string").fillna("") for flag in ("impossible", "unresolved")}
-    for flag, column in flags.items():
-        named = set(column.str.split(",").explode()) - {""}
-        assert named <= {"traffic_lost"}, (flag, named)
-    assert (flags["impossible"] == "").all()
+    assert (flags["impossible"] == "").all(), rows.loc[
+        flags["impossible"] != "", ["host", "port", "impossible"]
+    ]
+    named = set(flags["unresolved"].str.split(",").explode()) - {""}
+    assert named <= {"traffic_lost", "carrier"}, named
+    carrier = rows[flags["unresolved"].str.split(",").map(lambda names: "carrier" in names).astype(bool)]
+    bracket_start = carrier.t2_rx_power_ns - carrier.t2_resolution_ns - carrier.clock_uncertainty_ns
+    assert (carrier.t4_carrier_up_ns >= bracket_start).all(), carrier
     assert summary["flagged_rows"] == int((flags["unresolved"] != "").sum())
     # Causal row by row, on the controller's clock; agent marks carry their clock offset's uncertainty.
     slack = max(int(est["uncertainty_ns"]) for est in meta["clock_offsets"].values())
