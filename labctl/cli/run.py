@@ -387,7 +387,8 @@ def run_and_report(request: RunRequest, *, dry_run: bool = False) -> None:
 
 
 def _dry_run(request: RunRequest) -> None:
-    """What the run would do, as its experiment kind describes its plan; nothing is sent."""
+    """What the run would do, as its experiment kind describes its plan, and what the kind reads from the lab
+    to check it (its `preview`: a tune run's ports' support); nothing is changed."""
     from labctl.run.experiment import experiment_kinds
     from labctl.run.lifecycle import RunInputs
 

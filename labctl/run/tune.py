@@ -627,7 +627,7 @@ def describe_tune(plan: Plan, inventory: Inventory) -> list[str]:
         f"{spec.reconfigurations} reconfigurations ({total} after the baseline {spec.baseline}), "
         f"{len(read.ports)} ports, reference {read.reference}, order {spec.order}"
         + (f" (seed {spec.order_seed})" if spec.order == "random" else "")
-        + "; nothing is sent",
+        + "; nothing is set",
         "",
         f"read every port's settings (saved as {BEFORE_FILE}); set up the baseline {spec.baseline}",
     ]
