@@ -19,28 +19,15 @@ def _spec(**changes: object) -> dict[str, object]:
     return data
 
 
-def test_the_command_line_says_a_bad_spec_in_one_line_and_exits_2(tmp_path: Path) -> None:
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(_spec(sweep={"fec": ["sideways"]}), sort_keys=False))
-    done = subprocess.run(
-        [sys.executable, "-m", "labctl", "tune", str(path), "-i", str(REPO / "inventory.yaml"), "--dry-run"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.count("\n") == 1 and "bad.yaml:" in done.stderr and "Traceback" not in done.stderr
-
-
-def test_dry_run_lists_each_change_in_order() -> None:
-    done = subprocess.run(
+def _dry_run(experiment: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`labctl tune EXPERIMENT --dry-run` on the built-in simulated lab."""
+    return subprocess.run(
         [
             sys.executable,
             "-m",
             "labctl",
             "tune",
-            str(EXAMPLE),
+            str(experiment),
             "-i",
             str(REPO / "inventory.yaml"),
             "--dry-run",
@@ -49,7 +36,20 @@ def test_dry_run_lists_each_change_in_order() -> None:
         text=True,
         timeout=120,
         check=False,
+        cwd=cwd,
     )
+
+
+def test_the_command_line_says_a_bad_spec_in_one_line_and_exits_2(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(_spec(sweep={"fec": ["sideways"]}), sort_keys=False))
+    done = _dry_run(path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "bad.yaml:" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_dry_run_lists_each_change_in_order() -> None:
+    done = _dry_run(EXAMPLE)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     settings = [line for line in lines if line.startswith("setting ")]
@@ -66,14 +66,7 @@ def test_dry_run_names_each_port_and_setting_the_lab_would_refuse(tmp_path: Path
     refuses (the simulated NIC has no LL-RS FEC), exit 2, and no run directory."""
     path = tmp_path / "llrs.yaml"
     path.write_text(yaml.safe_dump(_spec(sweep={"autoneg": ["on"], "fec": ["rs", "llrs"]}), sort_keys=False))
-    done = subprocess.run(
-        [sys.executable, "-m", "labctl", "tune", str(path), "-i", str(REPO / "inventory.yaml"), "--dry-run"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=tmp_path,
-    )
+    done = _dry_run(path, cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     refusals = [line.strip() for line in done.stdout.splitlines() if "cannot set" in line]
     assert len(refusals) == 16, done.stdout  # every swept port, the one setting
